@@ -1,0 +1,164 @@
+// ProgramBuilder: emits ops into instruction chains and serializes a program.
+//
+//   ProgramBuilder b;
+//   auto x = b.input("x", DType::kF32, {Dim::dynamic(1, 512), 64});
+//   auto w = b.constant("w", DType::kF32, {128, 64});
+//   b.output("y", b.matmul(x, w));                 // y = x @ w^T
+//   auto bytes = b.serialize();                      // validated program file
+//
+// Errors are sticky: the first misuse is recorded, later calls return invalid
+// refs, and serialize()/status() report it. Nothing throws.
+//
+// Integer helpers (size, add_int, ..., product) fold literals at build time,
+// so a static shape produces no runtime scalar ops; emit_if_else with a
+// literal condition emits only the chosen branch, inline, with no If node.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "switchboard/dtype.h"
+#include "switchboard/status.h"
+#include "switchboard/tensor.h"
+
+namespace switchboard {
+
+// One dimension of a declared shape: static, or dynamic within [min, max].
+struct Dim {
+  int64_t size = -1;  // -1: dynamic
+  int64_t min = 0;
+  int64_t max = -1;   // -1: unbounded
+  Dim(int64_t s) : size(s) {}  // NOLINT: static dims read naturally as ints
+  static Dim dynamic(int64_t min = 0, int64_t max = -1) {
+    Dim d(-1);
+    d.min = min;
+    d.max = max;
+    return d;
+  }
+  bool is_static() const { return size >= 0; }
+};
+
+struct TensorRef {
+  uint32_t id = UINT32_MAX;
+  bool valid() const { return id != UINT32_MAX; }
+};
+
+// An integer known at build time, or a runtime host value.
+class IntOrValue {
+ public:
+  IntOrValue(int64_t literal) : literal_(literal) {}  // NOLINT: literals convert implicitly
+  static IntOrValue value(uint32_t vid) {
+    IntOrValue v(0);
+    v.vid_ = vid;
+    v.is_literal_ = false;
+    return v;
+  }
+  bool is_literal() const { return is_literal_; }
+  int64_t literal() const { return literal_; }
+  uint32_t vid() const { return vid_; }
+
+ private:
+  int64_t literal_ = 0;
+  uint32_t vid_ = UINT32_MAX;
+  bool is_literal_ = true;
+};
+
+struct BuilderState;
+
+class ProgramBuilder {
+ public:
+  ProgramBuilder();
+  ~ProgramBuilder();
+  ProgramBuilder(const ProgramBuilder&) = delete;
+  ProgramBuilder& operator=(const ProgramBuilder&) = delete;
+
+  // --- declarations ---------------------------------------------------------
+  TensorRef input(const std::string& name, DType dtype, const std::vector<Dim>& shape);
+  IntOrValue input_value(const std::string& name);
+  TensorRef constant(const std::string& name, DType dtype, const Shape& shape);
+  TensorRef mutable_buffer(const std::string& name, DType dtype, const Shape& shape);
+  void output(const std::string& name, TensorRef t);
+  void output_value(const std::string& name, IntOrValue v);
+  void set_attribute(const std::string& name, int64_t value);
+
+  // --- tensor ops (semantics: schema/program.fbs) ---------------------------
+  TensorRef add(TensorRef a, TensorRef b);
+  TensorRef sub(TensorRef a, TensorRef b);
+  TensorRef mul(TensorRef a, TensorRef b);
+  TensorRef div(TensorRef a, TensorRef b);
+  TensorRef maximum(TensorRef a, TensorRef b);
+  TensorRef minimum(TensorRef a, TensorRef b);
+  TensorRef neg(TensorRef x);
+  TensorRef abs(TensorRef x);
+  TensorRef square(TensorRef x);
+  TensorRef relu(TensorRef x);
+  TensorRef cast(TensorRef x, DType dtype);
+  TensorRef reshape(TensorRef x, const std::vector<IntOrValue>& shape);
+  TensorRef slice(TensorRef x, int axis, IntOrValue start, IntOrValue stop);
+  TensorRef concat(const std::vector<TensorRef>& xs, int axis);
+  // out = a @ b^T (+ bias) when transpose_b, else a @ b (+ bias).
+  TensorRef matmul(TensorRef a, TensorRef b, bool transpose_b = true, TensorRef bias = {});
+  TensorRef sum(TensorRef x, int axis, bool keepdims = false);
+  TensorRef mean(TensorRef x, int axis, bool keepdims = false);
+  TensorRef max(TensorRef x, int axis, bool keepdims = false);
+  TensorRef min(TensorRef x, int axis, bool keepdims = false);
+  TensorRef argmax(TensorRef x, int axis, bool keepdims = false);
+  TensorRef copy(TensorRef x);
+  // dst = src (dst: a mutable buffer, or a temp); persists when dst is a buffer.
+  void assign(TensorRef dst, TensorRef src);
+  // dst[..., start:start+len, ...] = update, in place.
+  void slice_update(TensorRef dst, TensorRef update, int axis, IntOrValue start);
+
+  // --- fold-aware integer helpers ---------------------------------------------
+  IntOrValue size(TensorRef x, int axis);  // literal when the dim is static
+  IntOrValue add_int(IntOrValue a, IntOrValue b);
+  IntOrValue sub_int(IntOrValue a, IntOrValue b);
+  IntOrValue mul_int(IntOrValue a, IntOrValue b);
+  IntOrValue floordiv_int(IntOrValue a, IntOrValue b);
+  IntOrValue max_int(IntOrValue a, IntOrValue b);
+  IntOrValue product(const std::vector<IntOrValue>& xs);
+
+  // --- control flow -----------------------------------------------------------
+  using Branch = std::function<std::vector<TensorRef>()>;
+  // cond literal: runs the chosen branch inline (no If node). Otherwise emits
+  // each branch into its own chain plus an If node; both branches' results are
+  // placed in the same slots, which are returned.
+  std::vector<TensorRef> emit_if_else(IntOrValue cond, const Branch& then_branch, const Branch& else_branch);
+
+  // --- temporaries ------------------------------------------------------------
+  // Temps created while a scope is open return their slot to a free pool when
+  // it closes; keep() hands one to the enclosing scope instead.
+  class TmpScope {
+   public:
+    ~TmpScope();
+    TmpScope(TmpScope&& o) noexcept : b_(o.b_), level_(o.level_) { o.b_ = nullptr; }
+    TensorRef keep(TensorRef t);
+    TmpScope(const TmpScope&) = delete;
+    TmpScope& operator=(const TmpScope&) = delete;
+    TmpScope& operator=(TmpScope&&) = delete;
+
+   private:
+    friend class ProgramBuilder;
+    TmpScope(ProgramBuilder* b, size_t level) : b_(b), level_(level) {}
+    ProgramBuilder* b_;
+    size_t level_;
+  };
+  TmpScope tmp_scope();
+
+  // --- introspection and output -------------------------------------------
+  DType dtype(TensorRef t) const;
+  std::vector<Dim> shape(TensorRef t) const;
+  const Status& status() const;
+  // Coalesces slot ids, validates, and returns the program file bytes.
+  Result<std::vector<uint8_t>> serialize() const;
+  // serialize() written to `path` atomically (temp file + rename).
+  Status save(const std::string& path) const;
+
+ private:
+  std::unique_ptr<BuilderState> s_;
+};
+
+}  // namespace switchboard

@@ -1,0 +1,114 @@
+// Switchboard public API: load a program and its weights, create a session,
+// set inputs, execute, read outputs.
+//
+//   auto program = switchboard::Program::load("model/program.sbp", {"model/weights.safetensors"});
+//   if (!program) { fprintf(stderr, "%s\n", program.status().to_string().c_str()); return 1; }
+//   auto session = switchboard::Session::create(*program);
+//   session.value()->set_input("tokens", tokens);
+//   session.value()->execute();
+//   auto logits = session.value()->output("logits");
+//
+// Every call returns Status or Result<T>; nothing throws or aborts on bad input.
+// A Program is immutable and may be shared by any number of sessions; each
+// Session owns its mutable buffers (e.g. a KV cache) and is used by one thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "switchboard/dtype.h"
+#include "switchboard/status.h"
+#include "switchboard/tensor.h"
+
+namespace switchboard {
+
+// One dimension of a declared shape: size >= 0 is static; -1 is dynamic in [min, max]
+// (max == -1: unbounded).
+struct DimInfo {
+  int64_t size = -1;
+  int64_t min = 0;
+  int64_t max = -1;
+};
+
+// A named input or output of a program.
+struct IoInfo {
+  std::string name;
+  bool is_tensor = true;  // false: a host integer value
+  DType dtype = DType::kF32;
+  std::vector<DimInfo> shape;
+};
+
+struct LoadOptions {
+  // Safetensors files searched in order for each named constant.
+  std::vector<std::string> weights;
+  // When false, constants stay unresolved: the program can be inspected but a
+  // session cannot be created from it.
+  bool resolve_constants = true;
+};
+
+namespace detail {
+struct ProgramImpl;
+class Interpreter;
+}  // namespace detail
+
+class Program {
+ public:
+  // Reads, verifies and validates `path`, then resolves constants by name.
+  static Result<std::shared_ptr<const Program>> load(const std::string& path, const LoadOptions& options = {});
+  // Same, from bytes in memory; `origin` names them in error messages.
+  static Result<std::shared_ptr<const Program>> from_bytes(std::vector<uint8_t> bytes, const std::string& origin,
+                                                           const LoadOptions& options = {});
+
+  const std::vector<IoInfo>& inputs() const;
+  const std::vector<IoInfo>& outputs() const;
+  // Integer attribute stored in the program (e.g. a tuning cutoff), if present.
+  bool attribute(std::string_view name, int64_t* value) const;
+
+  const detail::ProgramImpl& impl() const { return *impl_; }
+  ~Program();
+
+ private:
+  Program();
+  std::unique_ptr<detail::ProgramImpl> impl_;
+};
+
+struct SessionOptions {
+  // "cpu"; empty means $SWITCHBOARD_DEVICE, or "cpu" when that is unset.
+  std::string device;
+};
+
+class Session {
+ public:
+  // Opens the device, plans every chain for it, zero-fills the mutable buffers
+  // and runs the init chain if the program has one.
+  static Result<std::unique_ptr<Session>> create(std::shared_ptr<const Program> program,
+                                                 const SessionOptions& options = {});
+
+  // Inputs are checked against the program's declared dtype and shape bounds.
+  Status set_input(std::string_view name, Tensor value);
+  Status set_input_value(std::string_view name, int64_t value);
+  // Runs the main chain. Inputs stay set between executions; mutable buffers persist.
+  Status execute();
+  Result<Tensor> output(std::string_view name) const;
+  Result<int64_t> output_value(std::string_view name) const;
+  // The current contents of a mutable buffer (e.g. for checkpointing a cache).
+  Result<Tensor> mutable_buffer(std::string_view name) const;
+  // Zero-fills the mutable buffers and reruns the init chain.
+  Status reset();
+
+  const std::string& device_name() const;
+  ~Session();
+
+ private:
+  Session();
+  std::shared_ptr<const Program> program_;
+  std::unique_ptr<detail::Interpreter> interp_;
+};
+
+// Library version string, e.g. "0.1.0".
+const char* version();
+
+}  // namespace switchboard

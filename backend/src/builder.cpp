@@ -1,0 +1,801 @@
+// ProgramBuilder: slot allocation with scoped recycling, shape propagation,
+// literal folding, If emission, and serialization with id coalescing.
+#include "switchboard/builder.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <set>
+
+#include "log.h"
+#include "op_info.h"
+#include "program_impl.h"
+
+namespace switchboard {
+
+namespace {
+constexpr int kNoChain = -1;
+constexpr uint32_t kNone = UINT32_MAX;
+
+struct BSlot {
+  SlotRole role = SlotRole::kTemp;
+  DType dtype = DType::kF32;
+  std::vector<Dim> shape;
+  std::string name;           // constants and mutable buffers
+  int64_t temp_id = -1;       // temps: recycled physical id
+  int64_t scope = -1;         // owning scope level, -1: never released
+  uint32_t alias = kNone;     // If results from the else branch share the then slot
+  bool released = false;
+  int writer_chain = kNoChain;  // chain of the last instruction that wrote it
+};
+}  // namespace
+
+struct BuilderState {
+  Status status;
+  std::vector<BSlot> slots;
+  uint32_t num_values = 0;
+  std::vector<std::unique_ptr<fb::ChainT>> chains;
+  int current = 0;
+  std::vector<std::vector<uint32_t>> scopes;              // temps owned by each open scope
+  std::map<std::pair<int, size_t>, std::vector<int64_t>> free_temps;  // (dtype, rank) -> ids
+  int64_t next_temp = 0;
+  std::vector<std::pair<std::string, TensorRef>> outputs;
+  std::vector<std::pair<std::string, uint32_t>> value_inputs, value_outputs;
+  std::vector<std::pair<std::string, int64_t>> attributes;
+  std::set<std::string> io_names;
+
+  bool fail(const std::string& msg) {
+    if (status.is_ok()) status = Status(StatusCode::kInvalidArgument, "builder: " + msg);
+    return false;
+  }
+  bool ok(TensorRef t, const char* op) {
+    if (!status.is_ok()) return false;
+    if (!t.valid() || t.id >= slots.size()) return fail(std::string(op) + ": invalid tensor ref");
+    if (slots[t.id].released) return fail(strformat("%s: tensor %u used after its tmp_scope ended", op, t.id));
+    return true;
+  }
+  uint32_t resolve(uint32_t id) const {
+    while (slots[id].alias != kNone) id = slots[id].alias;
+    return id;
+  }
+  TensorRef new_slot(SlotRole role, DType dtype, std::vector<Dim> shape) {
+    BSlot s;
+    s.role = role;
+    s.dtype = dtype;
+    s.shape = std::move(shape);
+    if (role == SlotRole::kTemp) {
+      auto& pool = free_temps[{static_cast<int>(dtype), s.shape.size()}];
+      if (pool.empty()) {
+        s.temp_id = next_temp++;
+      } else {
+        s.temp_id = pool.back();
+        pool.pop_back();
+      }
+      if (!scopes.empty()) {
+        s.scope = static_cast<int64_t>(scopes.size()) - 1;
+        scopes.back().push_back(static_cast<uint32_t>(slots.size()));
+      }
+    }
+    slots.push_back(std::move(s));
+    return TensorRef{static_cast<uint32_t>(slots.size() - 1)};
+  }
+  void release(uint32_t id) {
+    BSlot& s = slots[id];
+    if (s.released || s.alias != kNone) return;
+    s.released = true;
+    free_temps[{static_cast<int>(s.dtype), s.shape.size()}].push_back(s.temp_id);
+  }
+  fb::InstructionT& emit(fb::OpNodeUnion op) {
+    auto ins = std::make_unique<fb::InstructionT>();
+    ins->op = std::move(op);
+    for_each_slot(ins->op, [&](const SlotRef& r) {
+      if (r.is_tensor && r.is_write && r.idx && *r.idx < slots.size()) slots[*r.idx].writer_chain = current;
+    });
+    chains[current]->instructions.push_back(std::move(ins));
+    return *chains[current]->instructions.back();
+  }
+};
+
+namespace {
+
+std::unique_ptr<fb::Tid> tid(TensorRef t) { return std::make_unique<fb::Tid>(t.id); }
+
+std::unique_ptr<fb::IntOrVidT> iov(IntOrValue v) {
+  auto r = std::make_unique<fb::IntOrVidT>();
+  if (v.is_literal()) {
+    r->literal = v.literal();
+  } else {
+    r->is_vid = true;
+    r->vid = std::make_unique<fb::Vid>(v.vid());
+  }
+  return r;
+}
+
+template <class T>
+fb::OpNodeUnion make_op(std::unique_ptr<T> node) {
+  fb::OpNodeUnion u;
+  u.Set(std::move(*node));
+  return u;
+}
+
+// Dims that differ become dynamic with bounds covering both.
+Dim merge_dim(const Dim& a, const Dim& b) {
+  if (a.is_static() && b.is_static() && a.size == b.size) return a;
+  int64_t lo_a = a.is_static() ? a.size : a.min, lo_b = b.is_static() ? b.size : b.min;
+  int64_t hi_a = a.is_static() ? a.size : a.max, hi_b = b.is_static() ? b.size : b.max;
+  return Dim::dynamic(std::min(lo_a, lo_b), (hi_a < 0 || hi_b < 0) ? -1 : std::max(hi_a, hi_b));
+}
+
+Dim broadcast_dim(const Dim& a, const Dim& b, bool* ok) {
+  if (a.is_static() && a.size == 1) return b;
+  if (b.is_static() && b.size == 1) return a;
+  if (a.is_static() && b.is_static()) {
+    *ok = a.size == b.size;
+    return a;
+  }
+  return a.is_static() ? a : b.is_static() ? b : merge_dim(a, b);
+}
+
+std::unique_ptr<fb::TensorMetaT> to_meta(DType dtype, const std::vector<Dim>& shape) {
+  auto m = std::make_unique<fb::TensorMetaT>();
+  m->dtype = static_cast<fb::DType>(dtype);
+  for (const Dim& d : shape) {
+    auto fd = std::make_unique<fb::DimT>();
+    fd->size = d.size;
+    fd->min = d.is_static() ? 0 : d.min;
+    fd->max = d.is_static() ? -1 : d.max;
+    m->shape.push_back(std::move(fd));
+  }
+  return m;
+}
+
+}  // namespace
+
+ProgramBuilder::ProgramBuilder() : s_(std::make_unique<BuilderState>()) {
+  s_->chains.push_back(std::make_unique<fb::ChainT>());  // chain 0: main
+}
+ProgramBuilder::~ProgramBuilder() = default;
+
+const Status& ProgramBuilder::status() const { return s_->status; }
+
+DType ProgramBuilder::dtype(TensorRef t) const {
+  return t.valid() && t.id < s_->slots.size() ? s_->slots[t.id].dtype : DType::kF32;
+}
+std::vector<Dim> ProgramBuilder::shape(TensorRef t) const {
+  return t.valid() && t.id < s_->slots.size() ? s_->slots[t.id].shape : std::vector<Dim>{};
+}
+
+// --- declarations -----------------------------------------------------------
+
+static bool claim_name(BuilderState& s, const std::string& name, const char* what) {
+  if (name.empty()) return s.fail(std::string(what) + ": empty name");
+  if (!s.io_names.insert(std::string(what) + ":" + name).second)
+    return s.fail(strformat("%s '%s' declared twice", what, name.c_str()));
+  return true;
+}
+
+TensorRef ProgramBuilder::input(const std::string& name, DType dtype, const std::vector<Dim>& shape) {
+  if (!s_->status.is_ok() || !claim_name(*s_, name, "input")) return {};
+  TensorRef t = s_->new_slot(SlotRole::kInput, dtype, shape);
+  s_->slots[t.id].name = name;
+  return t;
+}
+
+IntOrValue ProgramBuilder::input_value(const std::string& name) {
+  if (!s_->status.is_ok() || !claim_name(*s_, name, "input")) return IntOrValue(0);
+  s_->value_inputs.emplace_back(name, s_->num_values);
+  return IntOrValue::value(s_->num_values++);
+}
+
+static std::vector<Dim> to_dims(const Shape& s) { return {s.begin(), s.end()}; }
+
+TensorRef ProgramBuilder::constant(const std::string& name, DType dtype, const Shape& shape) {
+  if (!s_->status.is_ok() || !claim_name(*s_, name, "constant")) return {};
+  TensorRef t = s_->new_slot(SlotRole::kConstant, dtype, to_dims(shape));
+  s_->slots[t.id].name = name;
+  return t;
+}
+
+TensorRef ProgramBuilder::mutable_buffer(const std::string& name, DType dtype, const Shape& shape) {
+  if (!s_->status.is_ok() || !claim_name(*s_, name, "mutable buffer")) return {};
+  TensorRef t = s_->new_slot(SlotRole::kMutable, dtype, to_dims(shape));
+  s_->slots[t.id].name = name;
+  return t;
+}
+
+void ProgramBuilder::output(const std::string& name, TensorRef t) {
+  if (!s_->ok(t, "output") || !claim_name(*s_, name, "output")) return;
+  if (s_->slots[t.id].scope >= 0)
+    s_->fail("output '" + name + "': a tmp_scope temp cannot be an output (keep() it out of the scope)");
+  s_->outputs.emplace_back(name, t);
+}
+
+void ProgramBuilder::output_value(const std::string& name, IntOrValue v) {
+  if (!s_->status.is_ok() || !claim_name(*s_, name, "output")) return;
+  if (v.is_literal()) {
+    s_->fail("output '" + name + "': a literal is not a runtime value");
+    return;
+  }
+  s_->value_outputs.emplace_back(name, v.vid());
+}
+
+void ProgramBuilder::set_attribute(const std::string& name, int64_t value) {
+  for (auto& a : s_->attributes)
+    if (a.first == name) {
+      a.second = value;
+      return;
+    }
+  s_->attributes.emplace_back(name, value);
+}
+
+// --- tensor ops -------------------------------------------------------------
+
+static TensorRef binary(BuilderState& s, TensorRef a, TensorRef b, fb::BinaryOp op, const char* name) {
+  if (!s.ok(a, name) || !s.ok(b, name)) return {};
+  const BSlot &sa = s.slots[a.id], &sb = s.slots[b.id];
+  if (sa.dtype != sb.dtype) {
+    s.fail(strformat("%s: dtypes %s and %s differ", name, dtype_name(sa.dtype), dtype_name(sb.dtype)));
+    return {};
+  }
+  size_t r = std::max(sa.shape.size(), sb.shape.size());
+  std::vector<Dim> out;
+  for (size_t i = 0; i < r; ++i) {
+    Dim da = i < r - sa.shape.size() ? Dim(1) : sa.shape[i - (r - sa.shape.size())];
+    Dim db = i < r - sb.shape.size() ? Dim(1) : sb.shape[i - (r - sb.shape.size())];
+    bool ok = true;
+    out.push_back(broadcast_dim(da, db, &ok));
+    if (!ok) {
+      s.fail(strformat("%s: dims %lld and %lld do not broadcast", name, (long long)da.size, (long long)db.size));
+      return {};
+    }
+  }
+  DType dt = sa.dtype;
+  TensorRef o = s.new_slot(SlotRole::kTemp, dt, out);
+  auto n = std::make_unique<fb::BinaryNodeT>();
+  n->a = tid(a);
+  n->b = tid(b);
+  n->out = tid(o);
+  n->op = op;
+  s.emit(make_op(std::move(n)));
+  return o;
+}
+
+TensorRef ProgramBuilder::add(TensorRef a, TensorRef b) { return binary(*s_, a, b, fb::BinaryOp::Add, "add"); }
+TensorRef ProgramBuilder::sub(TensorRef a, TensorRef b) { return binary(*s_, a, b, fb::BinaryOp::Sub, "sub"); }
+TensorRef ProgramBuilder::mul(TensorRef a, TensorRef b) { return binary(*s_, a, b, fb::BinaryOp::Mul, "mul"); }
+TensorRef ProgramBuilder::div(TensorRef a, TensorRef b) { return binary(*s_, a, b, fb::BinaryOp::Div, "div"); }
+TensorRef ProgramBuilder::maximum(TensorRef a, TensorRef b) { return binary(*s_, a, b, fb::BinaryOp::Max, "maximum"); }
+TensorRef ProgramBuilder::minimum(TensorRef a, TensorRef b) { return binary(*s_, a, b, fb::BinaryOp::Min, "minimum"); }
+
+static TensorRef unary(BuilderState& s, TensorRef x, fb::UnaryOp op, const char* name) {
+  if (!s.ok(x, name)) return {};
+  TensorRef o = s.new_slot(SlotRole::kTemp, s.slots[x.id].dtype, s.slots[x.id].shape);
+  auto n = std::make_unique<fb::UnaryNodeT>();
+  n->x = tid(x);
+  n->out = tid(o);
+  n->op = op;
+  s.emit(make_op(std::move(n)));
+  return o;
+}
+
+TensorRef ProgramBuilder::neg(TensorRef x) { return unary(*s_, x, fb::UnaryOp::Neg, "neg"); }
+TensorRef ProgramBuilder::abs(TensorRef x) { return unary(*s_, x, fb::UnaryOp::Abs, "abs"); }
+TensorRef ProgramBuilder::square(TensorRef x) { return unary(*s_, x, fb::UnaryOp::Square, "square"); }
+TensorRef ProgramBuilder::relu(TensorRef x) { return unary(*s_, x, fb::UnaryOp::Relu, "relu"); }
+
+TensorRef ProgramBuilder::cast(TensorRef x, DType dtype) {
+  if (!s_->ok(x, "cast")) return {};
+  TensorRef o = s_->new_slot(SlotRole::kTemp, dtype, s_->slots[x.id].shape);
+  auto n = std::make_unique<fb::CastNodeT>();
+  n->x = tid(x);
+  n->out = tid(o);
+  n->dtype = static_cast<fb::DType>(dtype);
+  s_->emit(make_op(std::move(n)));
+  return o;
+}
+
+TensorRef ProgramBuilder::reshape(TensorRef x, const std::vector<IntOrValue>& shape) {
+  if (!s_->ok(x, "reshape")) return {};
+  std::vector<Dim> dims;
+  int64_t known = 1, infer = -1;
+  bool all_static = true;
+  for (const Dim& d : s_->slots[x.id].shape) all_static &= d.is_static();
+  int64_t total = 1;
+  for (const Dim& d : s_->slots[x.id].shape) total *= d.is_static() ? d.size : 1;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    const IntOrValue& v = shape[i];
+    if (!v.is_literal()) {
+      dims.push_back(Dim::dynamic());
+      all_static = false;
+    } else if (v.literal() == -1) {
+      if (infer >= 0) {
+        s_->fail("reshape: more than one -1");
+        return {};
+      }
+      infer = static_cast<int64_t>(i);
+      dims.push_back(Dim::dynamic());
+    } else {
+      dims.push_back(Dim(v.literal()));
+      known *= v.literal();
+    }
+  }
+  if (infer >= 0 && all_static && known > 0) dims[infer] = Dim(total / known);
+  TensorRef o = s_->new_slot(SlotRole::kTemp, s_->slots[x.id].dtype, dims);
+  auto n = std::make_unique<fb::ReshapeNodeT>();
+  n->x = tid(x);
+  n->out = tid(o);
+  for (const IntOrValue& v : shape) n->shape.push_back(iov(v));
+  s_->emit(make_op(std::move(n)));
+  return o;
+}
+
+static bool norm_axis(BuilderState& s, int& axis, size_t rank, const char* op) {
+  int r = static_cast<int>(rank);
+  if (axis < -r || axis >= r) return s.fail(strformat("%s: axis %d out of range for rank %d", op, axis, r));
+  if (axis < 0) axis += r;
+  return true;
+}
+
+TensorRef ProgramBuilder::slice(TensorRef x, int axis, IntOrValue start, IntOrValue stop) {
+  if (!s_->ok(x, "slice") || !norm_axis(*s_, axis, s_->slots[x.id].shape.size(), "slice")) return {};
+  std::vector<Dim> dims = s_->slots[x.id].shape;
+  Dim d = dims[axis];
+  if (d.is_static() && start.is_literal() && stop.is_literal()) {
+    auto clamp = [&](int64_t v) { return std::clamp(v < 0 ? v + d.size : v, int64_t{0}, d.size); };
+    int64_t a = clamp(start.literal()), b = std::max(a, clamp(stop.literal()));
+    dims[axis] = Dim(b - a);
+  } else {
+    dims[axis] = Dim::dynamic(0, d.is_static() ? d.size : d.max);
+  }
+  TensorRef o = s_->new_slot(SlotRole::kTemp, s_->slots[x.id].dtype, dims);
+  auto n = std::make_unique<fb::SliceNodeT>();
+  n->x = tid(x);
+  n->out = tid(o);
+  n->axis = axis;
+  n->start = iov(start);
+  n->stop = iov(stop);
+  s_->emit(make_op(std::move(n)));
+  return o;
+}
+
+TensorRef ProgramBuilder::concat(const std::vector<TensorRef>& xs, int axis) {
+  if (xs.empty()) {
+    s_->fail("concat: no inputs");
+    return {};
+  }
+  for (TensorRef x : xs)
+    if (!s_->ok(x, "concat")) return {};
+  if (!norm_axis(*s_, axis, s_->slots[xs[0].id].shape.size(), "concat")) return {};
+  std::vector<Dim> dims = s_->slots[xs[0].id].shape;
+  int64_t total = 0;
+  bool is_static = true;
+  for (TensorRef x : xs) {
+    const Dim& d = s_->slots[x.id].shape.size() == dims.size() ? s_->slots[x.id].shape[axis] : Dim(-1);
+    if (s_->slots[x.id].shape.size() != dims.size()) {
+      s_->fail("concat: inputs differ in rank");
+      return {};
+    }
+    is_static &= d.is_static();
+    total += d.is_static() ? d.size : 0;
+  }
+  dims[axis] = is_static ? Dim(total) : Dim::dynamic();
+  TensorRef o = s_->new_slot(SlotRole::kTemp, s_->slots[xs[0].id].dtype, dims);
+  auto n = std::make_unique<fb::ConcatNodeT>();
+  for (TensorRef x : xs) n->inputs.emplace_back(x.id);
+  n->out = tid(o);
+  n->axis = axis;
+  s_->emit(make_op(std::move(n)));
+  return o;
+}
+
+TensorRef ProgramBuilder::matmul(TensorRef a, TensorRef b, bool transpose_b, TensorRef bias) {
+  if (!s_->ok(a, "matmul") || !s_->ok(b, "matmul") || (bias.valid() && !s_->ok(bias, "matmul"))) return {};
+  const auto& sb = s_->slots[b.id].shape;
+  if (sb.size() != 2 || s_->slots[a.id].shape.empty()) {
+    s_->fail("matmul: a must have rank >= 1 and b rank 2");
+    return {};
+  }
+  std::vector<Dim> dims = s_->slots[a.id].shape;
+  dims.back() = transpose_b ? sb[0] : sb[1];
+  TensorRef o = s_->new_slot(SlotRole::kTemp, s_->slots[a.id].dtype, dims);
+  auto n = std::make_unique<fb::MatmulNodeT>();
+  n->a = tid(a);
+  n->b = tid(b);
+  if (bias.valid()) n->bias = tid(bias);
+  n->out = tid(o);
+  n->transpose_b = transpose_b;
+  s_->emit(make_op(std::move(n)));
+  return o;
+}
+
+static std::vector<Dim> reduced(std::vector<Dim> dims, int axis, bool keepdims) {
+  if (keepdims) dims[axis] = Dim(1);
+  else dims.erase(dims.begin() + axis);
+  return dims;
+}
+
+static TensorRef reduce(BuilderState& s, TensorRef x, int axis, bool keepdims, fb::ReduceOp op, const char* name) {
+  if (!s.ok(x, name) || !norm_axis(s, axis, s.slots[x.id].shape.size(), name)) return {};
+  TensorRef o = s.new_slot(SlotRole::kTemp, s.slots[x.id].dtype, reduced(s.slots[x.id].shape, axis, keepdims));
+  auto n = std::make_unique<fb::ReduceNodeT>();
+  n->x = tid(x);
+  n->out = tid(o);
+  n->axis = axis;
+  n->op = op;
+  n->keepdims = keepdims;
+  s.emit(make_op(std::move(n)));
+  return o;
+}
+
+TensorRef ProgramBuilder::sum(TensorRef x, int axis, bool k) { return reduce(*s_, x, axis, k, fb::ReduceOp::Sum, "sum"); }
+TensorRef ProgramBuilder::mean(TensorRef x, int axis, bool k) { return reduce(*s_, x, axis, k, fb::ReduceOp::Mean, "mean"); }
+TensorRef ProgramBuilder::max(TensorRef x, int axis, bool k) { return reduce(*s_, x, axis, k, fb::ReduceOp::Max, "max"); }
+TensorRef ProgramBuilder::min(TensorRef x, int axis, bool k) { return reduce(*s_, x, axis, k, fb::ReduceOp::Min, "min"); }
+
+TensorRef ProgramBuilder::argmax(TensorRef x, int axis, bool keepdims) {
+  if (!s_->ok(x, "argmax") || !norm_axis(*s_, axis, s_->slots[x.id].shape.size(), "argmax")) return {};
+  TensorRef o = s_->new_slot(SlotRole::kTemp, DType::kI32, reduced(s_->slots[x.id].shape, axis, keepdims));
+  auto n = std::make_unique<fb::ArgmaxNodeT>();
+  n->x = tid(x);
+  n->out = tid(o);
+  n->axis = axis;
+  n->keepdims = keepdims;
+  s_->emit(make_op(std::move(n)));
+  return o;
+}
+
+static void emit_copy(BuilderState& s, TensorRef src, TensorRef dst) {
+  auto n = std::make_unique<fb::CopyNodeT>();
+  n->x = tid(src);
+  n->out = tid(dst);
+  s.emit(make_op(std::move(n)));
+}
+
+TensorRef ProgramBuilder::copy(TensorRef x) {
+  if (!s_->ok(x, "copy")) return {};
+  TensorRef o = s_->new_slot(SlotRole::kTemp, s_->slots[x.id].dtype, s_->slots[x.id].shape);
+  emit_copy(*s_, x, o);
+  return o;
+}
+
+void ProgramBuilder::assign(TensorRef dst, TensorRef src) {
+  if (!s_->ok(dst, "assign") || !s_->ok(src, "assign")) return;
+  SlotRole r = s_->slots[dst.id].role;
+  if (r != SlotRole::kMutable && r != SlotRole::kTemp) {
+    s_->fail("assign: dst must be a mutable buffer or a temp");
+    return;
+  }
+  emit_copy(*s_, src, dst);
+}
+
+void ProgramBuilder::slice_update(TensorRef dst, TensorRef update, int axis, IntOrValue start) {
+  if (!s_->ok(dst, "slice_update") || !s_->ok(update, "slice_update") ||
+      !norm_axis(*s_, axis, s_->slots[dst.id].shape.size(), "slice_update"))
+    return;
+  SlotRole r = s_->slots[dst.id].role;
+  if (r != SlotRole::kMutable && r != SlotRole::kTemp) {
+    s_->fail("slice_update: dst must be a mutable buffer or a temp");
+    return;
+  }
+  auto n = std::make_unique<fb::SliceUpdateNodeT>();
+  n->dst = tid(dst);
+  n->update = tid(update);
+  n->axis = axis;
+  n->start = iov(start);
+  s_->emit(make_op(std::move(n)));
+}
+
+// --- integer helpers --------------------------------------------------------
+
+IntOrValue ProgramBuilder::size(TensorRef x, int axis) {
+  if (!s_->ok(x, "size") || !norm_axis(*s_, axis, s_->slots[x.id].shape.size(), "size")) return IntOrValue(0);
+  const Dim& d = s_->slots[x.id].shape[axis];
+  if (d.is_static()) return IntOrValue(d.size);
+  auto n = std::make_unique<fb::SymSizeNodeT>();
+  n->x = tid(x);
+  n->axis = axis;
+  uint32_t v = s_->num_values++;
+  n->out = std::make_unique<fb::Vid>(v);
+  s_->emit(make_op(std::move(n)));
+  return IntOrValue::value(v);
+}
+
+static IntOrValue int_op(BuilderState& s, IntOrValue a, IntOrValue b, fb::IntOp op) {
+  if (!s.status.is_ok()) return IntOrValue(0);
+  if (a.is_literal() && b.is_literal()) {
+    int64_t x = a.literal(), y = b.literal(), r = 0;
+    bool bad = false;
+    switch (op) {
+      case fb::IntOp::Add: bad = __builtin_add_overflow(x, y, &r); break;
+      case fb::IntOp::Sub: bad = __builtin_sub_overflow(x, y, &r); break;
+      case fb::IntOp::Mul: bad = __builtin_mul_overflow(x, y, &r); break;
+      case fb::IntOp::FloorDiv:
+      case fb::IntOp::Mod:
+        bad = y == 0 || (x == INT64_MIN && y == -1);
+        if (!bad) {
+          int64_t q = x / y, m = x % y;
+          if (m != 0 && ((m < 0) != (y < 0))) { --q; m += y; }
+          r = op == fb::IntOp::FloorDiv ? q : m;
+        }
+        break;
+      case fb::IntOp::Max: r = std::max(x, y); break;
+      case fb::IntOp::Min: r = std::min(x, y); break;
+    }
+    if (bad) s.fail(strformat("integer op on literals %lld, %lld overflows or divides by zero", (long long)x, (long long)y));
+    return IntOrValue(r);
+  }
+  // Identities keep static programs free of runtime scalar ops.
+  if (b.is_literal() && ((b.literal() == 0 && (op == fb::IntOp::Add || op == fb::IntOp::Sub)) ||
+                         (b.literal() == 1 && (op == fb::IntOp::Mul || op == fb::IntOp::FloorDiv))))
+    return a;
+  if (a.is_literal() && ((a.literal() == 0 && op == fb::IntOp::Add) || (a.literal() == 1 && op == fb::IntOp::Mul)))
+    return b;
+  auto n = std::make_unique<fb::IntArithNodeT>();
+  n->a = iov(a);
+  n->b = iov(b);
+  n->op = op;
+  uint32_t v = s.num_values++;
+  n->out = std::make_unique<fb::Vid>(v);
+  s.emit(make_op(std::move(n)));
+  return IntOrValue::value(v);
+}
+
+IntOrValue ProgramBuilder::add_int(IntOrValue a, IntOrValue b) { return int_op(*s_, a, b, fb::IntOp::Add); }
+IntOrValue ProgramBuilder::sub_int(IntOrValue a, IntOrValue b) { return int_op(*s_, a, b, fb::IntOp::Sub); }
+IntOrValue ProgramBuilder::mul_int(IntOrValue a, IntOrValue b) { return int_op(*s_, a, b, fb::IntOp::Mul); }
+IntOrValue ProgramBuilder::floordiv_int(IntOrValue a, IntOrValue b) { return int_op(*s_, a, b, fb::IntOp::FloorDiv); }
+IntOrValue ProgramBuilder::max_int(IntOrValue a, IntOrValue b) { return int_op(*s_, a, b, fb::IntOp::Max); }
+
+IntOrValue ProgramBuilder::product(const std::vector<IntOrValue>& xs) {
+  int64_t lit = 1;
+  std::vector<IntOrValue> dyn;
+  for (const IntOrValue& x : xs) {
+    if (x.is_literal()) {
+      if (__builtin_mul_overflow(lit, x.literal(), &lit)) s_->fail("product: literal overflow");
+    } else {
+      dyn.push_back(x);
+    }
+  }
+  IntOrValue acc(lit);
+  for (const IntOrValue& d : dyn) acc = mul_int(acc, d);  // folds the leading 1
+  return acc;
+}
+
+// --- control flow -----------------------------------------------------------
+
+std::vector<TensorRef> ProgramBuilder::emit_if_else(IntOrValue cond, const Branch& then_branch,
+                                                    const Branch& else_branch) {
+  BuilderState& s = *s_;
+  if (!s.status.is_ok()) return {};
+  if (cond.is_literal()) return cond.literal() != 0 ? then_branch() : else_branch();
+
+  auto run_branch = [&](const Branch& fn, int* chain) {
+    *chain = static_cast<int>(s.chains.size());
+    s.chains.push_back(std::make_unique<fb::ChainT>());
+    int saved = s.current;
+    s.current = *chain;
+    std::vector<TensorRef> r = fn();
+    s.current = saved;
+    return r;
+  };
+  int then_chain, else_chain;
+  std::vector<TensorRef> rt = run_branch(then_branch, &then_chain);
+  std::vector<TensorRef> re = run_branch(else_branch, &else_chain);
+  if (!s.status.is_ok()) return {};
+  if (rt.size() != re.size()) {
+    s.fail(strformat("emit_if_else: then returns %zu tensors, else %zu", rt.size(), re.size()));
+    return {};
+  }
+  std::vector<TensorRef> outs;
+  std::set<uint32_t> used;
+  // A branch result can be the shared slot only if that branch wrote it and it is a temp.
+  auto own = [&](TensorRef t, int chain) {
+    const BSlot& b = s.slots[t.id];
+    return b.role == SlotRole::kTemp && b.writer_chain == chain && b.alias == kNone && !used.count(t.id);
+  };
+  for (size_t i = 0; i < rt.size(); ++i) {
+    if (!s.ok(rt[i], "emit_if_else") || !s.ok(re[i], "emit_if_else")) return {};
+    const BSlot &a = s.slots[rt[i].id], &b = s.slots[re[i].id];
+    if (a.dtype != b.dtype || a.shape.size() != b.shape.size()) {
+      s.fail(strformat("emit_if_else: result %zu differs in dtype or rank between branches", i));
+      return {};
+    }
+    TensorRef out = rt[i];
+    if (!own(out, then_chain)) {
+      out = s.new_slot(SlotRole::kTemp, a.dtype, a.shape);
+      int saved = s.current;
+      s.current = then_chain;
+      emit_copy(s, rt[i], out);
+      s.current = saved;
+    }
+    used.insert(out.id);
+    std::vector<Dim> merged;
+    for (size_t k = 0; k < a.shape.size(); ++k) merged.push_back(merge_dim(s.slots[out.id].shape[k], b.shape[k]));
+    s.slots[out.id].shape = merged;
+    if (own(re[i], else_chain) && s.slots[re[i].id].scope == s.slots[out.id].scope) {
+      // Retarget: the else result now lives in the shared slot.
+      BSlot& e = s.slots[re[i].id];
+      s.free_temps[{static_cast<int>(e.dtype), e.shape.size()}].push_back(e.temp_id);
+      e.alias = out.id;
+      used.insert(re[i].id);
+    } else {
+      int saved = s.current;
+      s.current = else_chain;
+      emit_copy(s, re[i], out);
+      s.current = saved;
+    }
+    outs.push_back(out);
+  }
+  auto n = std::make_unique<fb::IfNodeT>();
+  n->cond = iov(cond);
+  n->then_chain = static_cast<uint32_t>(then_chain);
+  n->else_chain = static_cast<uint32_t>(else_chain);
+  for (TensorRef o : outs) n->outputs.emplace_back(o.id);
+  s.emit(make_op(std::move(n)));
+  return outs;
+}
+
+// --- tmp scopes -------------------------------------------------------------
+
+ProgramBuilder::TmpScope ProgramBuilder::tmp_scope() {
+  s_->scopes.emplace_back();
+  return TmpScope(this, s_->scopes.size() - 1);
+}
+
+ProgramBuilder::TmpScope::~TmpScope() {
+  if (!b_) return;
+  BuilderState& s = *b_->s_;
+  if (s.scopes.size() != level_ + 1) {
+    s.fail("tmp_scope: scopes closed out of order");
+    s.scopes.resize(level_);
+    return;
+  }
+  for (uint32_t id : s.scopes.back()) s.release(id);
+  s.scopes.pop_back();
+}
+
+TensorRef ProgramBuilder::TmpScope::keep(TensorRef t) {
+  BuilderState& s = *b_->s_;
+  if (!s.ok(t, "keep")) return {};
+  BSlot& slot = s.slots[t.id];
+  if (slot.scope != static_cast<int64_t>(level_)) return t;  // not owned here: nothing to hand over
+  auto& mine = s.scopes[level_];
+  mine.erase(std::remove(mine.begin(), mine.end(), t.id), mine.end());
+  if (level_ == 0) {
+    slot.scope = -1;
+  } else {
+    slot.scope = static_cast<int64_t>(level_) - 1;
+    s.scopes[level_ - 1].push_back(t.id);
+  }
+  return t;
+}
+
+// --- serialization ----------------------------------------------------------
+
+Result<std::vector<uint8_t>> ProgramBuilder::serialize() const {
+  const BuilderState& s = *s_;
+  SB_RETURN_IF_ERROR(s.status);
+  auto p = std::make_unique<fb::ProgramT>();
+  p->version = kSchemaVersion;
+  for (const auto& c : s.chains) p->chains.push_back(std::make_unique<fb::ChainT>(*c));
+
+  // Which builder slots are referenced, after resolving If aliases.
+  std::vector<uint8_t> used(s.slots.size(), 0), vused(s.num_values, 0);
+  for (auto& c : p->chains)
+    for (auto& ins : c->instructions)
+      for_each_slot(ins->op, [&](const SlotRef& r) {
+        if (r.is_tensor) *r.idx = s.resolve(*r.idx), used[*r.idx] = 1;
+        else vused[*r.idx] = 1;
+      });
+  for (size_t i = 0; i < s.slots.size(); ++i)
+    if (s.slots[i].role == SlotRole::kInput || s.slots[i].role == SlotRole::kMutable) used[i] = 1;
+  for (const auto& o : s.outputs) used[s.resolve(o.second.id)] = 1;
+  for (const auto& v : s.value_inputs) vused[v.second] = 1;
+  for (const auto& v : s.value_outputs) vused[v.second] = 1;
+
+  // Global ids: constants, inputs, mutable buffers, then temps (one per physical temp id).
+  std::vector<uint32_t> map(s.slots.size(), kNone);
+  std::map<int64_t, uint32_t> temp_map;
+  uint32_t next = 0;
+  for (SlotRole role : {SlotRole::kConstant, SlotRole::kInput, SlotRole::kMutable})
+    for (size_t i = 0; i < s.slots.size(); ++i)
+      if (used[i] && s.slots[i].role == role) map[i] = next++;
+  for (size_t i = 0; i < s.slots.size(); ++i) {
+    if (!used[i] || s.slots[i].role != SlotRole::kTemp) continue;
+    auto [it, fresh] = temp_map.try_emplace(s.slots[i].temp_id, next);
+    if (fresh) ++next;
+    map[i] = it->second;
+  }
+  std::vector<uint32_t> vmap(s.num_values, kNone);
+  uint32_t vnext = 0;
+  for (uint32_t v = 0; v < s.num_values; ++v)
+    if (vused[v]) vmap[v] = vnext++;
+
+  // Metadata: slots sharing a physical id merge their shapes.
+  std::vector<std::vector<Dim>> shapes(next);
+  std::vector<DType> dtypes(next);
+  std::vector<uint8_t> seen(next, 0);
+  for (size_t i = 0; i < s.slots.size(); ++i) {
+    if (map[i] == kNone) continue;
+    uint32_t g = map[i];
+    if (!seen[g]) {
+      shapes[g] = s.slots[i].shape;
+      dtypes[g] = s.slots[i].dtype;
+      seen[g] = 1;
+    } else {
+      for (size_t k = 0; k < shapes[g].size(); ++k) shapes[g][k] = merge_dim(shapes[g][k], s.slots[i].shape[k]);
+    }
+  }
+  p->num_tensor_slots = next;
+  p->num_value_slots = vnext;
+  for (uint32_t g = 0; g < next; ++g) p->tensor_meta.push_back(to_meta(dtypes[g], shapes[g]));
+
+  for (auto& c : p->chains)
+    for (auto& ins : c->instructions)
+      for_each_slot(ins->op, [&](const SlotRef& r) { *r.idx = r.is_tensor ? map[*r.idx] : vmap[*r.idx]; });
+
+  for (size_t i = 0; i < s.slots.size(); ++i) {
+    if (map[i] == kNone) continue;
+    const BSlot& b = s.slots[i];
+    if (b.role == SlotRole::kConstant || b.role == SlotRole::kMutable) {
+      auto nt = std::make_unique<fb::NamedTensorT>();
+      nt->name = b.name;
+      nt->tid = std::make_unique<fb::Tid>(map[i]);
+      (b.role == SlotRole::kConstant ? p->constants : p->mutable_buffers).push_back(std::move(nt));
+    } else if (b.role == SlotRole::kInput) {
+      auto io = std::make_unique<fb::IoSlotT>();
+      io->name = b.name;
+      io->kind = fb::SlotKind::Tensor;
+      io->idx = map[i];
+      p->inputs.push_back(std::move(io));
+    }
+  }
+  for (const auto& [name, v] : s.value_inputs) {
+    auto io = std::make_unique<fb::IoSlotT>();
+    io->name = name;
+    io->kind = fb::SlotKind::Value;
+    io->idx = vmap[v];
+    p->inputs.push_back(std::move(io));
+  }
+  for (const auto& [name, t] : s.outputs) {
+    auto io = std::make_unique<fb::IoSlotT>();
+    io->name = name;
+    io->kind = fb::SlotKind::Tensor;
+    io->idx = map[s.resolve(t.id)];
+    p->outputs.push_back(std::move(io));
+  }
+  for (const auto& [name, v] : s.value_outputs) {
+    auto io = std::make_unique<fb::IoSlotT>();
+    io->name = name;
+    io->kind = fb::SlotKind::Value;
+    io->idx = vmap[v];
+    p->outputs.push_back(std::move(io));
+  }
+  for (const auto& [name, value] : s.attributes) {
+    auto a = std::make_unique<fb::AttributeT>();
+    a->name = name;
+    a->value = value;
+    p->attributes.push_back(std::move(a));
+  }
+  Status st = validate_program(*p);
+  if (!st.is_ok()) return Status(StatusCode::kInternal, "builder produced an invalid program: " + st.message());
+  log::debug("builder: {} builder slots -> {} tensor slots, {} value slots, {} chains", s.slots.size(), next, vnext,
+             p->chains.size());
+  return serialize_program(*p);
+}
+
+Status ProgramBuilder::save(const std::string& path) const {
+  SB_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, serialize());
+  std::string tmp = path + ".tmp";
+  FILE* f = std::fopen(tmp.c_str(), "wb");
+  SB_CHECK_OR_RETURN(f != nullptr, StatusCode::kIoError, "%s: cannot create", tmp.c_str());
+  bool ok = std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
+  ok = (std::fclose(f) == 0) && ok;
+  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    return make_error(StatusCode::kIoError, "%s: write failed", path.c_str());
+  }
+  return Status::ok();
+}
+
+}  // namespace switchboard

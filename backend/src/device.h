@@ -1,0 +1,56 @@
+// A device executes ops through a kernel registry: one op -> one kernel per
+// device. Host-only ops (SymSize, IntArith, If) never reach a device.
+#pragma once
+
+#include <array>
+#include <memory>
+#include <string>
+
+#include "program_generated.h"
+#include "switchboard/status.h"
+#include "switchboard/tensor.h"
+
+namespace switchboard {
+
+class KernelContext;
+using KernelFn = Status (*)(KernelContext& ctx, const fb::OpNodeUnion& op);
+
+class KernelRegistry {
+ public:
+  void add(fb::OpNode op, KernelFn fn) { fns_[static_cast<size_t>(op)] = fn; }
+  KernelFn find(fb::OpNode op) const {
+    auto i = static_cast<size_t>(op);
+    return i < fns_.size() ? fns_[i] : nullptr;
+  }
+
+ private:
+  std::array<KernelFn, static_cast<size_t>(fb::OpNode::MAX) + 1> fns_{};
+};
+
+class Device {
+ public:
+  virtual ~Device() = default;
+  virtual const std::string& name() const = 0;
+  virtual const KernelRegistry& kernels() const = 0;
+};
+
+std::unique_ptr<Device> make_cpu_device();
+// "cpu"; empty → $SWITCHBOARD_DEVICE, else "cpu". Unknown names are errors.
+Result<std::unique_ptr<Device>> open_device(const std::string& spec);
+
+// What a kernel sees: its operands by slot id, resolved scalars, and the
+// declared dtype of its outputs. Implemented by the interpreter.
+class KernelContext {
+ public:
+  virtual ~KernelContext() = default;
+  // The tensor in a slot; an error when no executed instruction wrote it.
+  virtual Result<Tensor> in(const fb::Tid* tid) = 0;
+  // Stores a result; checked against the slot's declared dtype and shape.
+  virtual Status out(const fb::Tid* tid, Tensor value) = 0;
+  // A slot's tensor for in-place update, copied first if its storage is shared.
+  virtual Result<Tensor> inplace(const fb::Tid* tid) = 0;
+  virtual Result<int64_t> resolve(const fb::IntOrVidT* v) = 0;
+  virtual DType declared_dtype(const fb::Tid* tid) const = 0;
+};
+
+}  // namespace switchboard

@@ -1,0 +1,237 @@
+#include "interpreter.h"
+
+#include <chrono>
+
+#include "log.h"
+#include "op_info.h"
+
+namespace switchboard::detail {
+
+Interpreter::Interpreter(const ProgramImpl& program, std::unique_ptr<Device> device)
+    : prog_(program), device_(std::move(device)) {
+  const fb::ProgramT& ir = *prog_.ir;
+  tensors_.resize(ir.num_tensor_slots);
+  written_.assign(ir.num_tensor_slots, 0);
+  values_.resize(ir.num_value_slots);
+  value_written_.assign(ir.num_value_slots, 0);
+  value_is_input_.assign(ir.num_value_slots, 0);
+  for (const auto& io : ir.inputs)
+    if (io->kind == fb::SlotKind::Value) value_is_input_[io->idx] = 1;
+  for (uint32_t t = 0; t < ir.num_tensor_slots; ++t) {
+    if (prog_.roles[t] == SlotRole::kConstant) {
+      tensors_[t] = prog_.constants[t];
+      written_[t] = 1;
+    }
+  }
+}
+
+static bool is_host_op(fb::OpNode t) {
+  return t == fb::OpNode::SymSizeNode || t == fb::OpNode::IntArithNode || t == fb::OpNode::IfNode;
+}
+
+Status Interpreter::plan() {
+  const auto& chains = prog_.ir->chains;
+  plan_.assign(chains.size(), {});
+  for (size_t c = 0; c < chains.size(); ++c) {
+    for (size_t i = 0; i < chains[c]->instructions.size(); ++i) {
+      fb::OpNode t = chains[c]->instructions[i]->op.type;
+      KernelFn fn = is_host_op(t) ? nullptr : device_->kernels().find(t);
+      SB_CHECK_OR_RETURN(is_host_op(t) || fn, StatusCode::kUnimplemented,
+                         "chains[%zu].instructions[%zu]: device '%s' has no kernel for %s", c, i,
+                         device_->name().c_str(), op_name(t));
+      plan_[c].push_back(fn);
+    }
+  }
+  return Status::ok();
+}
+
+Status Interpreter::reset() {
+  for (const auto& mb : prog_.ir->mutable_buffers) {
+    uint32_t t = mb->tid->idx();
+    const fb::TensorMetaT& m = *prog_.ir->tensor_meta[t];
+    Shape s;
+    for (const auto& d : m.shape) s.push_back(d->size);
+    SB_ASSIGN_OR_RETURN(tensors_[t], Tensor::zeros(static_cast<DType>(m.dtype), s));
+    written_[t] = 1;
+  }
+  if (prog_.ir->init_chain >= 0) {
+    clear_transient();
+    SB_RETURN_IF_ERROR_AT(run_chain(static_cast<uint32_t>(prog_.ir->init_chain), 0), "init chain");
+  }
+  return Status::ok();
+}
+
+// Temps and non-input values from the previous execution must not count as written.
+void Interpreter::clear_transient() {
+  for (size_t t = 0; t < tensors_.size(); ++t) {
+    if (prog_.roles[t] == SlotRole::kTemp) {
+      tensors_[t] = Tensor();
+      written_[t] = 0;
+    }
+  }
+  for (size_t v = 0; v < values_.size(); ++v)
+    if (!value_is_input_[v]) value_written_[v] = 0;
+}
+
+Status Interpreter::execute() {
+  for (const auto& io : prog_.ir->inputs) {
+    bool set = io->kind == fb::SlotKind::Tensor ? written_[io->idx] : value_written_[io->idx];
+    SB_CHECK_OR_RETURN(set, StatusCode::kInvalidArgument, "input '%s' was not set", io->name.c_str());
+  }
+  clear_transient();
+  return run_chain(prog_.ir->main_chain, 0);
+}
+
+Status Interpreter::run_chain(uint32_t chain, uint32_t depth) {
+  const auto& ins = prog_.ir->chains[chain]->instructions;
+  for (size_t i = 0; i < ins.size(); ++i) {
+    const fb::OpNodeUnion& op = ins[i]->op;
+    auto start = std::chrono::steady_clock::now();
+    Status st = plan_[chain][i] ? plan_[chain][i](*this, op) : run_host_op(op, depth);
+    if (!st.is_ok()) return st.annotate(strformat("chains[%u].instructions[%zu].%s", chain, i, op_name(op.type)));
+    if (log::op_log_enabled() && op.type != fb::OpNode::IfNode) {
+      double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
+      std::string shapes;
+      for_each_slot(const_cast<fb::OpNodeUnion&>(op), [&](const SlotRef& r) {
+        if (r.is_tensor && r.idx && written_[*r.idx])
+          shapes += strformat(" %s%s=%s", r.is_write ? "->" : "", r.field, shape_str(tensors_[*r.idx].shape()).c_str());
+      });
+      log::logger().info("op chains[{}][{}] {}{} {:.1f} us on {}", chain, i, op_name(op.type), shapes, us,
+                         device_->name());
+    }
+  }
+  return Status::ok();
+}
+
+Status Interpreter::run_host_op(const fb::OpNodeUnion& op, uint32_t depth) {
+  switch (op.type) {
+    case fb::OpNode::SymSizeNode: {
+      const auto* n = op.AsSymSizeNode();
+      SB_ASSIGN_OR_RETURN(Tensor x, in(n->x.get()));
+      int64_t axis = n->axis < 0 ? n->axis + x.rank() : n->axis;
+      SB_CHECK_OR_RETURN(axis >= 0 && axis < x.rank(), StatusCode::kInvalidArgument, "axis %d out of range for %s",
+                         n->axis, shape_str(x.shape()).c_str());
+      values_[n->out->idx()] = Value{false, x.dim(axis), 0};
+      value_written_[n->out->idx()] = 1;
+      return Status::ok();
+    }
+    case fb::OpNode::IntArithNode: {
+      const auto* n = op.AsIntArithNode();
+      SB_ASSIGN_OR_RETURN(int64_t a, resolve(n->a.get()));
+      SB_ASSIGN_OR_RETURN(int64_t b, resolve(n->b.get()));
+      int64_t r = 0;
+      bool overflow = false;
+      switch (n->op) {
+        case fb::IntOp::Add: overflow = __builtin_add_overflow(a, b, &r); break;
+        case fb::IntOp::Sub: overflow = __builtin_sub_overflow(a, b, &r); break;
+        case fb::IntOp::Mul: overflow = __builtin_mul_overflow(a, b, &r); break;
+        case fb::IntOp::FloorDiv:
+        case fb::IntOp::Mod: {
+          SB_CHECK_OR_RETURN(b != 0, StatusCode::kInvalidArgument, "division by zero");
+          SB_CHECK_OR_RETURN(!(a == INT64_MIN && b == -1), StatusCode::kOutOfRange, "int64 overflow");
+          int64_t q = a / b, m = a % b;
+          if (m != 0 && ((m < 0) != (b < 0))) { --q; m += b; }  // round toward -inf
+          r = n->op == fb::IntOp::FloorDiv ? q : m;
+          break;
+        }
+        case fb::IntOp::Max: r = a > b ? a : b; break;
+        case fb::IntOp::Min: r = a < b ? a : b; break;
+      }
+      SB_CHECK_OR_RETURN(!overflow, StatusCode::kOutOfRange, "int64 overflow");
+      values_[n->out->idx()] = Value{false, r, 0};
+      value_written_[n->out->idx()] = 1;
+      return Status::ok();
+    }
+    case fb::OpNode::IfNode: {
+      const auto* n = op.AsIfNode();
+      SB_ASSIGN_OR_RETURN(int64_t cond, resolve(n->cond.get()));
+      uint32_t target = cond != 0 ? n->then_chain : n->else_chain;
+      SB_CHECK_OR_RETURN(depth < kMaxIfDepth, StatusCode::kOutOfRange, "If nesting deeper than %u", kMaxIfDepth);
+      SB_RETURN_IF_ERROR_AT(run_chain(target, depth + 1), cond != 0 ? "then" : "else");
+      for (const fb::Tid& t : n->outputs)
+        SB_CHECK_OR_RETURN(written_[t.idx()], StatusCode::kInvalidProgram,
+                           "%s branch (chain %u) did not write output tensor slot %u", cond ? "then" : "else", target,
+                           t.idx());
+      return Status::ok();
+    }
+    default: return make_error(StatusCode::kInternal, "not a host op");
+  }
+}
+
+Result<Tensor> Interpreter::in(const fb::Tid* tid) {
+  uint32_t t = tid->idx();
+  SB_CHECK_OR_RETURN(written_[t], StatusCode::kInvalidProgram,
+                     "reads tensor slot %u, which no executed instruction wrote", t);
+  return tensors_[t];
+}
+
+Status Interpreter::out(const fb::Tid* tid, Tensor value) {
+  uint32_t t = tid->idx();
+  const fb::TensorMetaT& m = *prog_.ir->tensor_meta[t];
+  SB_CHECK_OR_RETURN(value.dtype() == static_cast<DType>(m.dtype), StatusCode::kInternal,
+                     "result dtype %s differs from slot %u's %s", dtype_name(value.dtype()), t,
+                     dtype_name(static_cast<DType>(m.dtype)));
+  SB_CHECK_OR_RETURN(shape_fits(value.shape(), m.shape), StatusCode::kInvalidArgument,
+                     "result shape %s does not fit slot %u's declared %s", shape_str(value.shape()).c_str(), t,
+                     dims_str(m.shape).c_str());
+  tensors_[t] = std::move(value);
+  written_[t] = 1;
+  return Status::ok();
+}
+
+Result<Tensor> Interpreter::inplace(const fb::Tid* tid) {
+  SB_ASSIGN_OR_RETURN(Tensor cur, in(tid));
+  tensors_[tid->idx()] = Tensor();  // drop our reference so use_count reflects other holders
+  // Copy-on-write: the storage may be shared with a caller's tensor or a view.
+  Tensor t = cur.storage_unique() ? std::move(cur) : cur.clone();
+  tensors_[tid->idx()] = t;
+  return t;
+}
+
+Result<int64_t> Interpreter::resolve(const fb::IntOrVidT* v) {
+  if (!v->is_vid) return v->literal;
+  uint32_t id = v->vid->idx();
+  SB_CHECK_OR_RETURN(value_written_[id], StatusCode::kInvalidProgram,
+                     "reads value slot %u, which no executed instruction wrote", id);
+  const Value& val = values_[id];
+  return val.is_float ? static_cast<int64_t>(val.f) : val.i;
+}
+
+DType Interpreter::declared_dtype(const fb::Tid* tid) const {
+  return static_cast<DType>(prog_.ir->tensor_meta[tid->idx()]->dtype);
+}
+
+Status Interpreter::set_input(size_t index, Tensor value) {
+  const fb::IoSlotT& io = *prog_.ir->inputs[index];
+  const fb::TensorMetaT& m = *prog_.ir->tensor_meta[io.idx];
+  SB_CHECK_OR_RETURN(value.defined() || value.numel() == 0, StatusCode::kInvalidArgument, "input '%s': empty tensor",
+                     io.name.c_str());
+  SB_CHECK_OR_RETURN(value.dtype() == static_cast<DType>(m.dtype), StatusCode::kInvalidArgument,
+                     "input '%s': dtype %s, expected %s", io.name.c_str(), dtype_name(value.dtype()),
+                     dtype_name(static_cast<DType>(m.dtype)));
+  SB_CHECK_OR_RETURN(shape_fits(value.shape(), m.shape), StatusCode::kInvalidArgument,
+                     "input '%s': shape %s does not fit %s", io.name.c_str(), shape_str(value.shape()).c_str(),
+                     dims_str(m.shape).c_str());
+  tensors_[io.idx] = std::move(value);
+  written_[io.idx] = 1;
+  return Status::ok();
+}
+
+Status Interpreter::set_input_value(size_t index, int64_t value) {
+  const fb::IoSlotT& io = *prog_.ir->inputs[index];
+  values_[io.idx] = Value{false, value, 0};
+  value_written_[io.idx] = 1;
+  return Status::ok();
+}
+
+Result<Tensor> Interpreter::tensor_slot(uint32_t tid) const {
+  SB_CHECK_OR_RETURN(written_[tid], StatusCode::kInvalidArgument, "tensor slot %u was not written", tid);
+  return tensors_[tid];
+}
+
+Result<Value> Interpreter::value_slot(uint32_t vid) const {
+  SB_CHECK_OR_RETURN(value_written_[vid], StatusCode::kInvalidArgument, "value slot %u was not written", vid);
+  return values_[vid];
+}
+
+}  // namespace switchboard::detail

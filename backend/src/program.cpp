@@ -1,0 +1,181 @@
+// Program (load + resolve constants) and Session (the public execution API).
+#include <cstdlib>
+
+#include "interpreter.h"
+#include "log.h"
+
+namespace switchboard {
+
+const char* version() { return "0.1.0"; }
+
+namespace {
+
+IoInfo io_info(const fb::ProgramT& ir, const fb::IoSlotT& io) {
+  IoInfo info;
+  info.name = io.name;
+  info.is_tensor = io.kind == fb::SlotKind::Tensor;
+  if (info.is_tensor) {
+    const fb::TensorMetaT& m = *ir.tensor_meta[io.idx];
+    info.dtype = static_cast<DType>(m.dtype);
+    for (const auto& d : m.shape) info.shape.push_back(DimInfo{d->size, d->min, d->max});
+  } else {
+    info.dtype = DType::kI64;
+  }
+  return info;
+}
+
+Shape static_shape(const fb::TensorMetaT& m) {
+  Shape s;
+  for (const auto& d : m.shape) s.push_back(d->size);
+  return s;
+}
+
+// Finds each named constant in the weights files (first file wins) and checks
+// that its dtype and shape equal the program's declaration.
+Status resolve_constants(detail::ProgramImpl& p, const std::vector<std::string>& paths) {
+  for (const std::string& path : paths) {
+    SB_ASSIGN_OR_RETURN(auto file, SafetensorsFile::open(path));
+    p.weights.push_back(std::move(file));
+  }
+  const fb::ProgramT& ir = *p.ir;
+  for (size_t i = 0; i < ir.constants.size(); ++i) {
+    const fb::NamedTensorT& c = *ir.constants[i];
+    uint32_t tid = c.tid->idx();
+    const fb::TensorMetaT& m = *ir.tensor_meta[tid];
+    const SafetensorsFile* found = nullptr;
+    for (const auto& f : p.weights)
+      if (f->entries().count(c.name)) {
+        found = f.get();
+        break;
+      }
+    if (!found) {
+      std::string where = paths.empty() ? std::string("no weights file was given") : "not in " + paths[0];
+      for (size_t k = 1; k < paths.size(); ++k) where += ", " + paths[k];
+      return make_error(StatusCode::kNotFound, "constants[%zu] '%s': %s", i, c.name.c_str(), where.c_str());
+    }
+    const SafetensorsEntry& e = found->entries().at(c.name);
+    Shape want = static_shape(m);
+    if (e.dtype != static_cast<DType>(m.dtype) || e.shape != want)
+      return make_error(StatusCode::kInvalidWeights, "%s: tensor '%s' is %s %s, the program declares %s %s",
+                        found->path().c_str(), c.name.c_str(), dtype_name(e.dtype), shape_str(e.shape).c_str(),
+                        dtype_name(static_cast<DType>(m.dtype)), shape_str(want).c_str());
+    SB_ASSIGN_OR_RETURN(p.constants[tid], found->tensor(c.name));
+  }
+  p.constants_resolved = true;
+  return Status::ok();
+}
+
+}  // namespace
+
+Program::Program() : impl_(std::make_unique<detail::ProgramImpl>()) {}
+Program::~Program() = default;
+
+Result<std::shared_ptr<const Program>> Program::load(const std::string& path, const LoadOptions& options) {
+  SB_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, read_file(path));
+  return from_bytes(std::move(bytes), path, options);
+}
+
+Result<std::shared_ptr<const Program>> Program::from_bytes(std::vector<uint8_t> bytes, const std::string& origin,
+                                                           const LoadOptions& options) {
+  auto ir = parse_program(bytes);
+  if (!ir.is_ok()) return ir.status().annotate(origin);
+  std::shared_ptr<Program> prog(new Program());
+  detail::ProgramImpl& p = *prog->impl_;
+  p.origin = origin;
+  p.ir = std::move(ir).value();
+  p.roles.assign(p.ir->num_tensor_slots, SlotRole::kTemp);
+  for (const auto& c : p.ir->constants) p.roles[c->tid->idx()] = SlotRole::kConstant;
+  for (const auto& m : p.ir->mutable_buffers) p.roles[m->tid->idx()] = SlotRole::kMutable;
+  for (const auto& io : p.ir->inputs)
+    if (io->kind == fb::SlotKind::Tensor) p.roles[io->idx] = SlotRole::kInput;
+  for (const auto& io : p.ir->inputs) p.inputs.push_back(io_info(*p.ir, *io));
+  for (const auto& io : p.ir->outputs) p.outputs.push_back(io_info(*p.ir, *io));
+  p.constants.resize(p.ir->num_tensor_slots);
+  if (options.resolve_constants) SB_RETURN_IF_ERROR(resolve_constants(p, options.weights));
+  log::debug("loaded {}: {} inputs, {} outputs, {} constants", origin, p.inputs.size(), p.outputs.size(),
+             p.ir->constants.size());
+  return std::shared_ptr<const Program>(std::move(prog));
+}
+
+const std::vector<IoInfo>& Program::inputs() const { return impl_->inputs; }
+const std::vector<IoInfo>& Program::outputs() const { return impl_->outputs; }
+
+bool Program::attribute(std::string_view name, int64_t* value) const {
+  for (const auto& a : impl_->ir->attributes)
+    if (a->name == name) {
+      *value = a->value;
+      return true;
+    }
+  return false;
+}
+
+Session::Session() = default;
+Session::~Session() = default;
+
+Result<std::unique_ptr<Session>> Session::create(std::shared_ptr<const Program> program,
+                                                 const SessionOptions& options) {
+  SB_CHECK_OR_RETURN(program != nullptr, StatusCode::kInvalidArgument, "Session::create: null program");
+  SB_CHECK_OR_RETURN(program->impl().constants_resolved, StatusCode::kInvalidArgument,
+                     "%s: constants were not resolved (loaded with resolve_constants = false)",
+                     program->impl().origin.c_str());
+  SB_ASSIGN_OR_RETURN(std::unique_ptr<Device> device, open_device(options.device));
+  std::unique_ptr<Session> s(new Session());
+  s->program_ = program;
+  s->interp_ = std::make_unique<detail::Interpreter>(program->impl(), std::move(device));
+  SB_RETURN_IF_ERROR(s->interp_->plan());
+  SB_RETURN_IF_ERROR(s->interp_->reset());
+  return s;
+}
+
+namespace {
+template <class List>
+Result<size_t> find_io(const List& list, std::string_view name, const char* what) {
+  for (size_t i = 0; i < list.size(); ++i)
+    if (list[i]->name == name) return i;
+  return make_error(StatusCode::kNotFound, "no %s named '%.*s'", what, static_cast<int>(name.size()), name.data());
+}
+}  // namespace
+
+Status Session::set_input(std::string_view name, Tensor value) {
+  SB_ASSIGN_OR_RETURN(size_t i, find_io(program_->impl().ir->inputs, name, "input"));
+  SB_CHECK_OR_RETURN(program_->impl().ir->inputs[i]->kind == fb::SlotKind::Tensor, StatusCode::kInvalidArgument,
+                     "input '%s' is a value; use set_input_value", program_->impl().ir->inputs[i]->name.c_str());
+  return interp_->set_input(i, std::move(value));
+}
+
+Status Session::set_input_value(std::string_view name, int64_t value) {
+  SB_ASSIGN_OR_RETURN(size_t i, find_io(program_->impl().ir->inputs, name, "input"));
+  SB_CHECK_OR_RETURN(program_->impl().ir->inputs[i]->kind == fb::SlotKind::Value, StatusCode::kInvalidArgument,
+                     "input '%s' is a tensor; use set_input", program_->impl().ir->inputs[i]->name.c_str());
+  return interp_->set_input_value(i, value);
+}
+
+Status Session::execute() { return interp_->execute(); }
+
+Result<Tensor> Session::output(std::string_view name) const {
+  SB_ASSIGN_OR_RETURN(size_t i, find_io(program_->impl().ir->outputs, name, "output"));
+  const fb::IoSlotT& io = *program_->impl().ir->outputs[i];
+  SB_CHECK_OR_RETURN(io.kind == fb::SlotKind::Tensor, StatusCode::kInvalidArgument,
+                     "output '%s' is a value; use output_value", io.name.c_str());
+  return interp_->tensor_slot(io.idx);
+}
+
+Result<int64_t> Session::output_value(std::string_view name) const {
+  SB_ASSIGN_OR_RETURN(size_t i, find_io(program_->impl().ir->outputs, name, "output"));
+  const fb::IoSlotT& io = *program_->impl().ir->outputs[i];
+  SB_CHECK_OR_RETURN(io.kind == fb::SlotKind::Value, StatusCode::kInvalidArgument,
+                     "output '%s' is a tensor; use output", io.name.c_str());
+  SB_ASSIGN_OR_RETURN(detail::Value v, interp_->value_slot(io.idx));
+  return v.is_float ? static_cast<int64_t>(v.f) : v.i;
+}
+
+Result<Tensor> Session::mutable_buffer(std::string_view name) const {
+  SB_ASSIGN_OR_RETURN(size_t i, find_io(program_->impl().ir->mutable_buffers, name, "mutable buffer"));
+  return interp_->tensor_slot(program_->impl().ir->mutable_buffers[i]->tid->idx());
+}
+
+Status Session::reset() { return interp_->reset(); }
+
+const std::string& Session::device_name() const { return interp_->device_name(); }
+
+}  // namespace switchboard

@@ -1,0 +1,111 @@
+// Binary framing of a program file: a 32-byte header, then the FlatBuffer.
+#include <cstdio>
+#include <cstring>
+
+#include "flatbuffers/flatbuffers.h"
+#include "log.h"
+#include "program_impl.h"
+
+namespace switchboard {
+
+static_assert(static_cast<int>(fb::DType::Bool) == static_cast<int>(DType::kBool) &&
+                  static_cast<int>(fb::DType::BF16) == static_cast<int>(DType::kBF16),
+              "public DType mirrors the schema's DType");
+
+Result<std::vector<uint8_t>> read_file(const std::string& path) {
+  FILE* f = std::fopen(path.c_str(), "rb");
+  SB_CHECK_OR_RETURN(f != nullptr, StatusCode::kNotFound, "%s: cannot open: %s", path.c_str(), std::strerror(errno));
+  std::vector<uint8_t> bytes;
+  uint8_t buf[1 << 16];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) bytes.insert(bytes.end(), buf, buf + n);
+  bool failed = std::ferror(f) != 0;
+  std::fclose(f);
+  SB_CHECK_OR_RETURN(!failed, StatusCode::kIoError, "%s: read error", path.c_str());
+  return bytes;
+}
+
+std::vector<uint8_t> serialize_program(const fb::ProgramT& p) {
+  flatbuffers::FlatBufferBuilder fbb;
+  fbb.Finish(fb::Program::Pack(fbb, &p), fb::ProgramIdentifier());
+  FileHeader h{};
+  std::memcpy(h.magic, kMagic, 4);
+  h.header_size = sizeof(FileHeader);
+  h.format_version = kFormatVersion;
+  h.flatbuffer_offset = sizeof(FileHeader);
+  h.flatbuffer_size = fbb.GetSize();
+  std::vector<uint8_t> out(sizeof(FileHeader) + fbb.GetSize());
+  std::memcpy(out.data(), &h, sizeof h);
+  std::memcpy(out.data() + sizeof h, fbb.GetBufferPointer(), fbb.GetSize());
+  return out;
+}
+
+static Result<std::span<const uint8_t>> check_header(std::span<const uint8_t> bytes) {
+  SB_CHECK_OR_RETURN(bytes.size() >= sizeof(FileHeader), StatusCode::kInvalidProgram,
+                     "header: file is %zu bytes, shorter than the %zu-byte header", bytes.size(), sizeof(FileHeader));
+  FileHeader h;
+  std::memcpy(&h, bytes.data(), sizeof h);
+  SB_CHECK_OR_RETURN(std::memcmp(h.magic, kMagic, 4) == 0, StatusCode::kInvalidProgram,
+                     "header.magic: %02x %02x %02x %02x is not \"SWBP\" (not a Switchboard program)",
+                     bytes[0], bytes[1], bytes[2], bytes[3]);
+  SB_CHECK_OR_RETURN(h.format_version >= 1 && h.format_version <= kFormatVersion, StatusCode::kInvalidProgram,
+                     "header.format_version: %u is not supported (this build reads 1..%u)", h.format_version,
+                     kFormatVersion);
+  SB_CHECK_OR_RETURN(h.header_size == sizeof(FileHeader), StatusCode::kInvalidProgram,
+                     "header.header_size: %u, expected %zu", h.header_size, sizeof(FileHeader));
+  SB_CHECK_OR_RETURN(h.flatbuffer_offset >= sizeof(FileHeader) && h.flatbuffer_offset <= bytes.size() &&
+                         h.flatbuffer_size <= bytes.size() - h.flatbuffer_offset,
+                     StatusCode::kInvalidProgram,
+                     "header: flatbuffer [%llu, +%llu) is outside the %zu-byte file",
+                     static_cast<unsigned long long>(h.flatbuffer_offset),
+                     static_cast<unsigned long long>(h.flatbuffer_size), bytes.size());
+  return bytes.subspan(h.flatbuffer_offset, h.flatbuffer_size);
+}
+
+Result<std::unique_ptr<fb::ProgramT>> parse_program(std::span<const uint8_t> bytes) {
+  SB_ASSIGN_OR_RETURN(std::span<const uint8_t> body, check_header(bytes));
+  SB_CHECK_OR_RETURN(body.size() < FLATBUFFERS_MAX_BUFFER_SIZE, StatusCode::kInvalidProgram,
+                     "flatbuffer: %zu bytes exceeds the 2 GiB FlatBuffer limit", body.size());
+  // FlatBuffers needs its buffer aligned; the file bytes may sit anywhere.
+  std::vector<uint64_t> aligned((body.size() + 7) / 8);
+  if (!body.empty()) std::memcpy(aligned.data(), body.data(), body.size());
+  const auto* data = reinterpret_cast<const uint8_t*>(aligned.data());
+  flatbuffers::Verifier::Options opts;
+  opts.max_depth = 64;
+  opts.max_tables = 1u << 22;
+  flatbuffers::Verifier verifier(data, body.size(), opts);
+  SB_CHECK_OR_RETURN(body.size() >= 8 && fb::ProgramBufferHasIdentifier(data), StatusCode::kInvalidProgram,
+                     "flatbuffer: missing file identifier \"SWB1\"");
+  SB_CHECK_OR_RETURN(fb::VerifyProgramBuffer(verifier), StatusCode::kInvalidProgram,
+                     "flatbuffer: verification failed (truncated or corrupt, %zu bytes)", body.size());
+  auto ir = std::unique_ptr<fb::ProgramT>(fb::GetProgram(data)->UnPack());
+  SB_RETURN_IF_ERROR(validate_program(*ir));
+  log::debug("program: verified and validated ({} chains, {} tensor slots, {} value slots)", ir->chains.size(),
+             ir->num_tensor_slots, ir->num_value_slots);
+  return ir;
+}
+
+std::string dims_str(const std::vector<std::unique_ptr<fb::DimT>>& dims) {
+  std::string s = "[";
+  for (size_t i = 0; i < dims.size(); ++i) {
+    if (i) s += ", ";
+    const auto& d = *dims[i];
+    if (d.size >= 0) {
+      s += std::to_string(d.size);
+    } else {
+      s += "?" + std::to_string(d.min) + ".." + (d.max < 0 ? std::string("inf") : std::to_string(d.max));
+    }
+  }
+  return s + "]";
+}
+
+bool shape_fits(const Shape& s, const std::vector<std::unique_ptr<fb::DimT>>& dims) {
+  if (s.size() != dims.size()) return false;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const auto& d = *dims[i];
+    if (d.size >= 0 ? s[i] != d.size : (s[i] < d.min || (d.max >= 0 && s[i] > d.max))) return false;
+  }
+  return true;
+}
+
+}  // namespace switchboard

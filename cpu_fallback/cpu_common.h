@@ -1,0 +1,75 @@
+// Helpers shared by the CPU fallback kernels: typed element access, axis
+// normalisation and broadcasting. Float math is done in f32 with round to
+// nearest even on store (docs/numerics.md).
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "device.h"
+#include "switchboard/tensor.h"
+
+namespace switchboard::cpu {
+
+inline float load_f32(const void* base, DType t, int64_t i) {
+  const auto* p = static_cast<const uint8_t*>(base);
+  switch (t) {
+    case DType::kF32: { float v; std::memcpy(&v, p + i * 4, 4); return v; }
+    case DType::kF16: { uint16_t v; std::memcpy(&v, p + i * 2, 2); return f16_to_f32(v); }
+    case DType::kBF16: { uint16_t v; std::memcpy(&v, p + i * 2, 2); return bf16_to_f32(v); }
+    default: return 0.f;
+  }
+}
+
+inline void store_f32(void* base, DType t, int64_t i, float v) {
+  auto* p = static_cast<uint8_t*>(base);
+  switch (t) {
+    case DType::kF32: std::memcpy(p + i * 4, &v, 4); break;
+    case DType::kF16: { uint16_t h = f32_to_f16(v); std::memcpy(p + i * 2, &h, 2); break; }
+    case DType::kBF16: { uint16_t h = f32_to_bf16(v); std::memcpy(p + i * 2, &h, 2); break; }
+    default: break;
+  }
+}
+
+// Integer dtypes (and bool) widened to int64.
+inline int64_t load_i64(const void* base, DType t, int64_t i) {
+  const auto* p = static_cast<const uint8_t*>(base);
+  switch (t) {
+    case DType::kI32: { int32_t v; std::memcpy(&v, p + i * 4, 4); return v; }
+    case DType::kI64: { int64_t v; std::memcpy(&v, p + i * 8, 8); return v; }
+    case DType::kU32: { uint32_t v; std::memcpy(&v, p + i * 4, 4); return v; }
+    case DType::kU8: return p[i];
+    case DType::kBool: return p[i] != 0;
+    default: return 0;
+  }
+}
+
+// Stores the low bits (two's-complement wrap), like a C++ integer conversion.
+inline void store_i64(void* base, DType t, int64_t i, int64_t v) {
+  auto* p = static_cast<uint8_t*>(base);
+  switch (t) {
+    case DType::kI32: { auto w = static_cast<int32_t>(static_cast<uint32_t>(v)); std::memcpy(p + i * 4, &w, 4); break; }
+    case DType::kI64: std::memcpy(p + i * 8, &v, 8); break;
+    case DType::kU32: { auto w = static_cast<uint32_t>(v); std::memcpy(p + i * 4, &w, 4); break; }
+    case DType::kU8: p[i] = static_cast<uint8_t>(v); break;
+    case DType::kBool: p[i] = v != 0; break;
+    default: break;
+  }
+}
+
+// Maps a possibly negative axis into [0, rank); error when out of range.
+Result<int64_t> normalize_axis(int64_t axis, int64_t rank);
+
+// Splits a shape around `axis` into outer * dim * inner element counts.
+struct AxisSplit {
+  int64_t outer = 1, dim = 1, inner = 1;
+};
+AxisSplit split_at(const Shape& s, int64_t axis);
+
+void register_elementwise_kernels(KernelRegistry& r);
+void register_cast_kernels(KernelRegistry& r);
+void register_shape_kernels(KernelRegistry& r);
+void register_matmul_kernels(KernelRegistry& r);
+void register_reduce_kernels(KernelRegistry& r);
+
+}  // namespace switchboard::cpu

@@ -1,0 +1,59 @@
+// The CPU fallback device: every op's reference kernel.
+#include <cstdlib>
+
+#include "cpu_common.h"
+#include "log.h"
+
+namespace switchboard {
+namespace cpu {
+
+Result<int64_t> normalize_axis(int64_t axis, int64_t rank) {
+  int64_t a = axis < 0 ? axis + rank : axis;
+  SB_CHECK_OR_RETURN(a >= 0 && a < rank, StatusCode::kInvalidArgument, "axis %lld out of range for rank %lld",
+                     static_cast<long long>(axis), static_cast<long long>(rank));
+  return a;
+}
+
+AxisSplit split_at(const Shape& s, int64_t axis) {
+  AxisSplit r;
+  for (int64_t i = 0; i < static_cast<int64_t>(s.size()); ++i) {
+    if (i < axis) r.outer *= s[i];
+    else if (i == axis) r.dim = s[i];
+    else r.inner *= s[i];
+  }
+  return r;
+}
+
+namespace {
+class CpuDevice final : public Device {
+ public:
+  CpuDevice() {
+    register_elementwise_kernels(registry_);
+    register_cast_kernels(registry_);
+    register_shape_kernels(registry_);
+    register_matmul_kernels(registry_);
+    register_reduce_kernels(registry_);
+  }
+  const std::string& name() const override { return name_; }
+  const KernelRegistry& kernels() const override { return registry_; }
+
+ private:
+  std::string name_ = "cpu";
+  KernelRegistry registry_;
+};
+}  // namespace
+}  // namespace cpu
+
+std::unique_ptr<Device> make_cpu_device() { return std::make_unique<cpu::CpuDevice>(); }
+
+Result<std::unique_ptr<Device>> open_device(const std::string& spec) {
+  std::string name = spec;
+  if (name.empty()) {
+    const char* env = std::getenv("SWITCHBOARD_DEVICE");
+    name = env && *env ? env : "cpu";
+  }
+  if (name == "cpu") return make_cpu_device();
+  return make_error(StatusCode::kNotFound, "unknown device '%s' (this build has: cpu)", name.c_str());
+}
+
+}  // namespace switchboard

@@ -1,0 +1,128 @@
+// Binary (broadcasting) and unary elementwise kernels.
+#include <algorithm>
+#include <cmath>
+
+#include "cpu_common.h"
+
+namespace switchboard::cpu {
+namespace {
+
+// numpy broadcasting: align right; each pair of dims equal or one of them 1.
+Result<Shape> broadcast_shape(const Shape& a, const Shape& b) {
+  size_t r = std::max(a.size(), b.size());
+  Shape out(r);
+  for (size_t i = 0; i < r; ++i) {
+    int64_t da = i < r - a.size() ? 1 : a[i - (r - a.size())];
+    int64_t db = i < r - b.size() ? 1 : b[i - (r - b.size())];
+    SB_CHECK_OR_RETURN(da == db || da == 1 || db == 1, StatusCode::kInvalidArgument,
+                       "shapes %s and %s do not broadcast", shape_str(a).c_str(), shape_str(b).c_str());
+    out[i] = da == 1 ? db : da;
+  }
+  return out;
+}
+
+// Element strides of `s` seen through the broadcast shape `out` (0 on broadcast dims).
+std::vector<int64_t> broadcast_strides(const Shape& s, const Shape& out) {
+  std::vector<int64_t> st(out.size(), 0);
+  int64_t stride = 1;
+  for (size_t k = 0; k < s.size(); ++k) {
+    size_t i = s.size() - 1 - k, o = out.size() - 1 - k;
+    st[o] = s[i] == 1 ? 0 : stride;
+    stride *= s[i];
+  }
+  return st;
+}
+
+float apply_f(fb::BinaryOp op, float a, float b) {
+  switch (op) {
+    case fb::BinaryOp::Add: return a + b;
+    case fb::BinaryOp::Sub: return a - b;
+    case fb::BinaryOp::Mul: return a * b;
+    case fb::BinaryOp::Div: return a / b;
+    // NaN propagates from either side, so the result never depends on operand order.
+    case fb::BinaryOp::Max: return (a != a || b != b) ? (a != a ? a : b) : (a > b ? a : b);
+    case fb::BinaryOp::Min: return (a != a || b != b) ? (a != a ? a : b) : (a < b ? a : b);
+  }
+  return 0.f;
+}
+
+int64_t apply_i(fb::BinaryOp op, int64_t a, int64_t b) {
+  auto ua = static_cast<uint64_t>(a), ub = static_cast<uint64_t>(b);
+  switch (op) {
+    case fb::BinaryOp::Add: return static_cast<int64_t>(ua + ub);  // wraps, no UB
+    case fb::BinaryOp::Sub: return static_cast<int64_t>(ua - ub);
+    case fb::BinaryOp::Mul: return static_cast<int64_t>(ua * ub);
+    case fb::BinaryOp::Max: return std::max(a, b);
+    case fb::BinaryOp::Min: return std::min(a, b);
+    case fb::BinaryOp::Div: return 0;  // rejected by the validator
+  }
+  return 0;
+}
+
+Status binary(KernelContext& ctx, const fb::OpNodeUnion& op) {
+  const auto* n = op.AsBinaryNode();
+  SB_ASSIGN_OR_RETURN(Tensor a, ctx.in(n->a.get()));
+  SB_ASSIGN_OR_RETURN(Tensor b, ctx.in(n->b.get()));
+  SB_ASSIGN_OR_RETURN(Shape shape, broadcast_shape(a.shape(), b.shape()));
+  SB_ASSIGN_OR_RETURN(Tensor out, Tensor::zeros(a.dtype(), shape));
+  std::vector<int64_t> sa = broadcast_strides(a.shape(), shape), sb = broadcast_strides(b.shape(), shape);
+  const int64_t n_out = out.numel(), rank = static_cast<int64_t>(shape.size());
+  const bool is_float = dtype_is_float(a.dtype());
+  std::vector<int64_t> idx(shape.size(), 0);
+  int64_t ia = 0, ib = 0;
+  for (int64_t i = 0; i < n_out; ++i) {
+    if (is_float) store_f32(out.mutable_data(), a.dtype(), i, apply_f(n->op, load_f32(a.data(), a.dtype(), ia), load_f32(b.data(), b.dtype(), ib)));
+    else store_i64(out.mutable_data(), a.dtype(), i, apply_i(n->op, load_i64(a.data(), a.dtype(), ia), load_i64(b.data(), b.dtype(), ib)));
+    // Odometer over the output index; offsets follow the broadcast strides.
+    for (int64_t d = rank - 1; d >= 0; --d) {
+      ia += sa[d];
+      ib += sb[d];
+      if (++idx[d] < shape[d]) break;
+      ia -= sa[d] * shape[d];
+      ib -= sb[d] * shape[d];
+      idx[d] = 0;
+    }
+  }
+  return ctx.out(n->out.get(), std::move(out));
+}
+
+Status unary(KernelContext& ctx, const fb::OpNodeUnion& op) {
+  const auto* n = op.AsUnaryNode();
+  SB_ASSIGN_OR_RETURN(Tensor x, ctx.in(n->x.get()));
+  SB_ASSIGN_OR_RETURN(Tensor out, Tensor::zeros(x.dtype(), x.shape()));
+  const int64_t count = x.numel();
+  if (dtype_is_float(x.dtype())) {
+    for (int64_t i = 0; i < count; ++i) {
+      float v = load_f32(x.data(), x.dtype(), i), r = v;
+      switch (n->op) {
+        case fb::UnaryOp::Neg: r = -v; break;
+        case fb::UnaryOp::Abs: r = std::fabs(v); break;
+        case fb::UnaryOp::Square: r = v * v; break;
+        case fb::UnaryOp::Relu: r = v < 0.f ? 0.f : v; break;  // NaN and -0 pass through
+      }
+      store_f32(out.mutable_data(), x.dtype(), i, r);
+    }
+  } else {
+    for (int64_t i = 0; i < count; ++i) {
+      int64_t v = load_i64(x.data(), x.dtype(), i), r = v;
+      auto uv = static_cast<uint64_t>(v);
+      switch (n->op) {
+        case fb::UnaryOp::Neg: r = static_cast<int64_t>(0 - uv); break;
+        case fb::UnaryOp::Abs: r = v < 0 ? static_cast<int64_t>(0 - uv) : v; break;
+        case fb::UnaryOp::Square: r = static_cast<int64_t>(uv * uv); break;
+        case fb::UnaryOp::Relu: r = v < 0 ? 0 : v; break;
+      }
+      store_i64(out.mutable_data(), x.dtype(), i, r);
+    }
+  }
+  return ctx.out(n->out.get(), std::move(out));
+}
+
+}  // namespace
+
+void register_elementwise_kernels(KernelRegistry& r) {
+  r.add(fb::OpNode::BinaryNode, binary);
+  r.add(fb::OpNode::UnaryNode, unary);
+}
+
+}  // namespace switchboard::cpu

@@ -1,0 +1,129 @@
+// Data-movement kernels: reshape (a view), slice, concat, copy, slice update.
+#include <algorithm>
+
+#include "cpu_common.h"
+
+namespace switchboard::cpu {
+namespace {
+
+Status reshape(KernelContext& ctx, const fb::OpNodeUnion& op) {
+  const auto* n = op.AsReshapeNode();
+  SB_ASSIGN_OR_RETURN(Tensor x, ctx.in(n->x.get()));
+  Shape shape;
+  int infer = -1;
+  int64_t known = 1;
+  for (size_t i = 0; i < n->shape.size(); ++i) {
+    SB_ASSIGN_OR_RETURN(int64_t d, ctx.resolve(n->shape[i].get()));
+    if (d == -1) {
+      SB_CHECK_OR_RETURN(infer < 0, StatusCode::kInvalidArgument, "shape has more than one -1");
+      infer = static_cast<int>(i);
+    } else {
+      SB_CHECK_OR_RETURN(d >= 0, StatusCode::kInvalidArgument, "shape[%zu] = %lld is negative", i, (long long)d);
+      SB_CHECK_OR_RETURN(d == 0 || known <= INT64_MAX / d, StatusCode::kOutOfRange, "shape overflows");
+      known *= d;
+    }
+    shape.push_back(d);
+  }
+  if (infer >= 0) {
+    SB_CHECK_OR_RETURN(known != 0 && x.numel() % known == 0, StatusCode::kInvalidArgument,
+                       "cannot infer -1: %lld elements into %s", (long long)x.numel(), shape_str(shape).c_str());
+    shape[infer] = x.numel() / known;
+  }
+  SB_ASSIGN_OR_RETURN(Tensor out, x.reshaped(shape));
+  return ctx.out(n->out.get(), std::move(out));
+}
+
+Status slice(KernelContext& ctx, const fb::OpNodeUnion& op) {
+  const auto* n = op.AsSliceNode();
+  SB_ASSIGN_OR_RETURN(Tensor x, ctx.in(n->x.get()));
+  SB_ASSIGN_OR_RETURN(int64_t axis, normalize_axis(n->axis, x.rank()));
+  SB_ASSIGN_OR_RETURN(int64_t start, ctx.resolve(n->start.get()));
+  SB_ASSIGN_OR_RETURN(int64_t stop, ctx.resolve(n->stop.get()));
+  const int64_t d = x.dim(axis);
+  auto clamp = [d](int64_t v) { return std::clamp(v < 0 ? v + d : v, int64_t{0}, d); };
+  start = clamp(start);
+  stop = std::max(start, clamp(stop));
+  Shape shape = x.shape();
+  shape[axis] = stop - start;
+  SB_ASSIGN_OR_RETURN(Tensor out, Tensor::zeros(x.dtype(), shape));
+  AxisSplit s = split_at(x.shape(), axis);
+  const size_t row = static_cast<size_t>(s.inner) * dtype_size(x.dtype());
+  const auto* src = static_cast<const uint8_t*>(x.data());
+  auto* dst = static_cast<uint8_t*>(out.mutable_data());
+  for (int64_t o = 0; o < s.outer; ++o)
+    std::memcpy(dst + o * (stop - start) * row, src + (o * d + start) * row, (stop - start) * row);
+  return ctx.out(n->out.get(), std::move(out));
+}
+
+Status concat(KernelContext& ctx, const fb::OpNodeUnion& op) {
+  const auto* n = op.AsConcatNode();
+  std::vector<Tensor> xs;
+  for (const fb::Tid& t : n->inputs) {
+    SB_ASSIGN_OR_RETURN(Tensor x, ctx.in(&t));
+    xs.push_back(std::move(x));
+  }
+  SB_ASSIGN_OR_RETURN(int64_t axis, normalize_axis(n->axis, xs[0].rank()));
+  Shape shape = xs[0].shape();
+  shape[axis] = 0;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    for (int64_t k = 0; k < xs[0].rank(); ++k)
+      SB_CHECK_OR_RETURN(k == axis || xs[i].dim(k) == xs[0].dim(k), StatusCode::kInvalidArgument,
+                         "inputs[%zu] shape %s does not match inputs[0] %s", i, shape_str(xs[i].shape()).c_str(),
+                         shape_str(xs[0].shape()).c_str());
+    shape[axis] += xs[i].dim(axis);
+  }
+  SB_ASSIGN_OR_RETURN(Tensor out, Tensor::zeros(xs[0].dtype(), shape));
+  AxisSplit s = split_at(shape, axis);
+  const size_t esz = dtype_size(out.dtype());
+  auto* dst = static_cast<uint8_t*>(out.mutable_data());
+  for (int64_t o = 0; o < s.outer; ++o) {
+    for (const Tensor& x : xs) {
+      size_t bytes = static_cast<size_t>(x.dim(axis) * s.inner) * esz;
+      std::memcpy(dst, static_cast<const uint8_t*>(x.data()) + o * bytes, bytes);
+      dst += bytes;
+    }
+  }
+  return ctx.out(n->out.get(), std::move(out));
+}
+
+// Tensors are immutable once written (in-place updates copy on write), so a
+// copy can share storage.
+Status copy(KernelContext& ctx, const fb::OpNodeUnion& op) {
+  const auto* n = op.AsCopyNode();
+  SB_ASSIGN_OR_RETURN(Tensor x, ctx.in(n->x.get()));
+  return ctx.out(n->out.get(), std::move(x));
+}
+
+Status slice_update(KernelContext& ctx, const fb::OpNodeUnion& op) {
+  const auto* n = op.AsSliceUpdateNode();
+  SB_ASSIGN_OR_RETURN(Tensor u, ctx.in(n->update.get()));
+  SB_ASSIGN_OR_RETURN(int64_t start, ctx.resolve(n->start.get()));
+  SB_ASSIGN_OR_RETURN(Tensor dst, ctx.inplace(n->dst.get()));
+  SB_ASSIGN_OR_RETURN(int64_t axis, normalize_axis(n->axis, dst.rank()));
+  SB_CHECK_OR_RETURN(u.rank() == dst.rank(), StatusCode::kInvalidArgument, "update rank differs from dst");
+  for (int64_t k = 0; k < dst.rank(); ++k)
+    SB_CHECK_OR_RETURN(k == axis || u.dim(k) == dst.dim(k), StatusCode::kInvalidArgument,
+                       "update %s does not match dst %s outside axis %lld", shape_str(u.shape()).c_str(),
+                       shape_str(dst.shape()).c_str(), (long long)axis);
+  const int64_t d = dst.dim(axis), len = u.dim(axis);
+  SB_CHECK_OR_RETURN(start >= 0 && start <= d - len, StatusCode::kOutOfRange,
+                     "start %lld + length %lld exceeds dst dim %lld", (long long)start, (long long)len, (long long)d);
+  AxisSplit s = split_at(dst.shape(), axis);
+  const size_t row = static_cast<size_t>(s.inner) * dtype_size(dst.dtype());
+  auto* out = static_cast<uint8_t*>(dst.mutable_data());
+  const auto* src = static_cast<const uint8_t*>(u.data());
+  for (int64_t o = 0; o < s.outer; ++o) std::memcpy(out + (o * d + start) * row, src + o * len * row, len * row);
+  return Status::ok();
+}
+
+}  // namespace
+
+void register_shape_kernels(KernelRegistry& r) {
+  r.add(fb::OpNode::ReshapeNode, reshape);
+  r.add(fb::OpNode::SliceNode, slice);
+  r.add(fb::OpNode::ConcatNode, concat);
+  r.add(fb::OpNode::CopyNode, copy);
+  r.add(fb::OpNode::SliceUpdateNode, slice_update);
+}
+
+}  // namespace switchboard::cpu
