@@ -36,6 +36,7 @@ struct BuilderState {
   uint32_t num_values = 0;
   std::vector<std::unique_ptr<fb::ChainT>> chains;
   int current = 0;
+  int init_chain = -1;
   std::vector<std::vector<uint32_t>> scopes;              // temps owned by each open scope
   std::map<std::pair<int, size_t>, std::vector<int64_t>> free_temps;  // (dtype, rank) -> ids
   int64_t next_temp = 0;
@@ -635,6 +636,22 @@ std::vector<TensorRef> ProgramBuilder::emit_if_else(IntOrValue cond, const Branc
   return outs;
 }
 
+void ProgramBuilder::emit_init(const std::function<void()>& fn) {
+  BuilderState& s = *s_;
+  if (!s.status.is_ok()) return;
+  if (s.current != 0) {
+    s.fail("emit_init: must be called from the main chain, not inside a branch");
+    return;
+  }
+  if (s.init_chain < 0) {
+    s.init_chain = static_cast<int>(s.chains.size());
+    s.chains.push_back(std::make_unique<fb::ChainT>());
+  }
+  s.current = s.init_chain;
+  fn();
+  s.current = 0;
+}
+
 // --- tmp scopes -------------------------------------------------------------
 
 ProgramBuilder::TmpScope ProgramBuilder::tmp_scope() {
@@ -677,6 +694,7 @@ Result<std::vector<uint8_t>> ProgramBuilder::serialize() const {
   SB_RETURN_IF_ERROR(s.status);
   auto p = std::make_unique<fb::ProgramT>();
   p->version = kSchemaVersion;
+  p->init_chain = s.init_chain;
   for (const auto& c : s.chains) p->chains.push_back(std::make_unique<fb::ChainT>(*c));
 
   // Which builder slots are referenced, after resolving If aliases.

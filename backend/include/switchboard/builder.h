@@ -128,6 +128,10 @@ class ProgramBuilder {
   // placed in the same slots, which are returned.
   std::vector<TensorRef> emit_if_else(IntOrValue cond, const Branch& then_branch, const Branch& else_branch);
 
+  // Runs `fn` with emission redirected to the init chain, which a session runs
+  // once at creation and on reset(), e.g. to fill tables into mutable buffers.
+  void emit_init(const std::function<void()>& fn);
+
   // --- temporaries ------------------------------------------------------------
   // Temps created while a scope is open return their slot to a free pool when
   // it closes; keep() hands one to the enclosing scope instead.
