@@ -13,6 +13,8 @@ spdlog::logger& logger() {
     auto l = std::make_shared<spdlog::logger>("switchboard", std::make_shared<spdlog::sinks::stderr_color_sink_mt>());
     const char* level = std::getenv("SWITCHBOARD_LOG");
     l->set_level(level ? spdlog::level::from_str(level) : spdlog::level::warn);
+    // Per-op lines are info messages: asking for them must not need a second variable.
+    if (op_log_enabled() && l->level() > spdlog::level::info) l->set_level(spdlog::level::info);
     l->set_pattern("[switchboard %l] %v");
     return l;
   }();
