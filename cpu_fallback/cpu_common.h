@@ -31,6 +31,19 @@ inline void store_f32(void* base, DType t, int64_t i, float v) {
   }
 }
 
+// max/min independent of operand order: NaN from either side propagates, and
+// for equal values (+0 vs -0) max picks +0 and min picks -0.
+inline float max_f32(float a, float b) {
+  if (a != a || b != b) return a != a ? a : b;
+  if (a == b) return f32_from_bits(f32_bits(a) & f32_bits(b));
+  return a > b ? a : b;
+}
+inline float min_f32(float a, float b) {
+  if (a != a || b != b) return a != a ? a : b;
+  if (a == b) return f32_from_bits(f32_bits(a) | f32_bits(b));
+  return a < b ? a : b;
+}
+
 // Integer dtypes (and bool) widened to int64.
 inline int64_t load_i64(const void* base, DType t, int64_t i) {
   const auto* p = static_cast<const uint8_t*>(base);

@@ -39,9 +39,8 @@ float apply_f(fb::BinaryOp op, float a, float b) {
     case fb::BinaryOp::Sub: return a - b;
     case fb::BinaryOp::Mul: return a * b;
     case fb::BinaryOp::Div: return a / b;
-    // NaN propagates from either side, so the result never depends on operand order.
-    case fb::BinaryOp::Max: return (a != a || b != b) ? (a != a ? a : b) : (a > b ? a : b);
-    case fb::BinaryOp::Min: return (a != a || b != b) ? (a != a ? a : b) : (a < b ? a : b);
+    case fb::BinaryOp::Max: return max_f32(a, b);
+    case fb::BinaryOp::Min: return min_f32(a, b);
   }
   return 0.f;
 }

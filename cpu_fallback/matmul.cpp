@@ -22,7 +22,9 @@ Status matmul(KernelContext& ctx, const fb::OpNodeUnion& op) {
   SB_ASSIGN_OR_RETURN(Tensor b, ctx.in(n->b.get()));
   SB_CHECK_OR_RETURN(a.rank() >= 1 && b.rank() == 2, StatusCode::kInvalidArgument, "a %s, b %s: need a [..., K], b 2-D",
                      shape_str(a.shape()).c_str(), shape_str(b.shape()).c_str());
-  const int64_t k = a.dim(a.rank() - 1), rows = k ? a.numel() / k : 0;
+  const int64_t k = a.dim(a.rank() - 1);
+  int64_t rows = 1;  // product of a's leading dims (K may be 0)
+  for (int64_t d = 0; d + 1 < a.rank(); ++d) rows *= a.dim(d);
   const int64_t bk = n->transpose_b ? b.dim(1) : b.dim(0), cols = n->transpose_b ? b.dim(0) : b.dim(1);
   SB_CHECK_OR_RETURN(bk == k, StatusCode::kInvalidArgument, "inner dims differ: a %s, b %s (transpose_b=%d)",
                      shape_str(a.shape()).c_str(), shape_str(b.shape()).c_str(), n->transpose_b ? 1 : 0);

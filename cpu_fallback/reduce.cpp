@@ -28,8 +28,8 @@ Status reduce(KernelContext& ctx, const fb::OpNodeUnion& op) {
         switch (n->op) {
           case fb::ReduceOp::Sum:
           case fb::ReduceOp::Mean: acc = acc + v; break;
-          case fb::ReduceOp::Max: acc = (acc != acc || v > acc || v != v) ? (acc != acc ? acc : v) : acc; break;
-          case fb::ReduceOp::Min: acc = (acc != acc || v < acc || v != v) ? (acc != acc ? acc : v) : acc; break;
+          case fb::ReduceOp::Max: acc = max_f32(acc, v); break;
+          case fb::ReduceOp::Min: acc = min_f32(acc, v); break;
         }
       }
       if (n->op == fb::ReduceOp::Mean) acc = acc / static_cast<float>(s.dim);

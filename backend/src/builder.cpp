@@ -320,7 +320,15 @@ TensorRef ProgramBuilder::reshape(TensorRef x, const std::vector<IntOrValue>& sh
       known *= v.literal();
     }
   }
-  if (infer >= 0 && all_static && known > 0) dims[infer] = Dim(total / known);
+  bool literal_shape = std::all_of(shape.begin(), shape.end(), [](const IntOrValue& v) { return v.is_literal(); });
+  if (all_static && literal_shape) {
+    bool fits = infer >= 0 ? (known > 0 && total % known == 0) : known == total;
+    if (!fits) {
+      s_->fail(strformat("reshape: %lld elements do not fit the requested shape", (long long)total));
+      return {};
+    }
+    if (infer >= 0) dims[infer] = Dim(total / known);
+  }
   TensorRef o = s_->new_slot(SlotRole::kTemp, s_->slots[x.id].dtype, dims);
   auto n = std::make_unique<fb::ReshapeNodeT>();
   n->x = tid(x);
