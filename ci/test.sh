@@ -15,7 +15,7 @@ ctest --preset dev -j "$JOBS"
 FUZZ_SECONDS=${FUZZ_SECONDS:-60}
 if [ "$FUZZ_SECONDS" -gt 0 ]; then
   cmake --preset fuzz
-  cmake --build --preset fuzz -j "$JOBS"
+  cmake --build --preset fuzz -j "$JOBS" --target program_fuzz safetensors_fuzz
   targets=(program_fuzz safetensors_fuzz)
   per=$(( FUZZ_SECONDS / ${#targets[@]} ))
   for t in "${targets[@]}"; do

@@ -109,6 +109,27 @@ bool Program::attribute(std::string_view name, int64_t* value) const {
   return false;
 }
 
+namespace {
+// Mutable-buffer sizes come from the (untrusted) program, so they are bounded
+// before the session allocates them.
+Status check_buffer_bytes(const detail::ProgramImpl& p, uint64_t limit) {
+  uint64_t total = 0;
+  for (const auto& mb : p.ir->mutable_buffers) {
+    const fb::TensorMetaT& m = *p.ir->tensor_meta[mb->tid->idx()];
+    uint64_t bytes = dtype_size(static_cast<DType>(m.dtype));
+    for (const auto& d : m.shape) {
+      uint64_t n = static_cast<uint64_t>(d->size);
+      bytes = (n != 0 && bytes > (limit + 1) / n) ? limit + 1 : bytes * n;  // saturate past the limit
+    }
+    total = total + bytes > limit ? limit + 1 : total + bytes;
+    SB_CHECK_OR_RETURN(total <= limit, StatusCode::kOutOfRange,
+                       "%s: mutable buffers need more than %llu bytes (SessionOptions::max_buffer_bytes), "
+                       "reached at '%s'", p.origin.c_str(), static_cast<unsigned long long>(limit), mb->name.c_str());
+  }
+  return Status::ok();
+}
+}  // namespace
+
 Session::Session() = default;
 Session::~Session() = default;
 
@@ -118,6 +139,7 @@ Result<std::unique_ptr<Session>> Session::create(std::shared_ptr<const Program> 
   SB_CHECK_OR_RETURN(program->impl().constants_resolved, StatusCode::kInvalidArgument,
                      "%s: constants were not resolved (loaded with resolve_constants = false)",
                      program->impl().origin.c_str());
+  SB_RETURN_IF_ERROR(check_buffer_bytes(program->impl(), options.max_buffer_bytes));
   SB_ASSIGN_OR_RETURN(std::unique_ptr<Device> device, open_device(options.device));
   std::unique_ptr<Session> s(new Session());
   s->program_ = program;

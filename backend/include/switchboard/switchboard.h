@@ -78,6 +78,9 @@ class Program {
 struct SessionOptions {
   // "cpu"; empty means $SWITCHBOARD_DEVICE, or "cpu" when that is unset.
   std::string device;
+  // Upper bound on the bytes of all mutable buffers (e.g. KV caches) together;
+  // a program asking for more is refused before anything is allocated.
+  uint64_t max_buffer_bytes = uint64_t{16} << 30;
 };
 
 class Session {
