@@ -23,8 +23,15 @@ if [ "$FUZZ_SECONDS" -gt 0 ]; then
     work=$(mktemp -d)
     cp -r "$corpus_src"/. "$work"/
     echo "== fuzzing $t for ${per}s (seed corpus: $corpus_src)"
-    "build/fuzz/fuzz/$t" -max_total_time="$per" -max_len=8192 -print_final_stats=1 "$work"
-    rm -rf "$work"
+    log="$work.log"
+    # libFuzzer prints a line per new input; show the tail on success, everything on failure.
+    if ! "build/fuzz/fuzz/$t" -max_total_time="$per" -max_len=8192 -print_final_stats=1 "$work" > "$log" 2>&1; then
+      cat "$log"
+      echo "ci/test.sh: $t found a crash (reproducer written to the current directory)"
+      exit 1
+    fi
+    tail -n 12 "$log"
+    rm -rf "$work" "$log"
   done
 fi
 echo "ci/test.sh: all tests passed"

@@ -75,10 +75,11 @@ class [[nodiscard]] Result {
 // printf-style message builder, so error sites stay one line.
 std::string strformat(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 
-template <class... A>
-Status make_error(StatusCode code, const char* fmt, A... args) {
-  return Status(code, strformat(fmt, args...));
+template <class A0, class... A>
+Status make_error(StatusCode code, const char* fmt, A0 arg0, A... args) {
+  return Status(code, strformat(fmt, arg0, args...));
 }
+inline Status make_error(StatusCode code, const char* message) { return Status(code, message); }
 
 }  // namespace switchboard
 

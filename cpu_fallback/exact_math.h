@@ -1,0 +1,70 @@
+// Deterministic f32 math built only from +, -, * (each rounded to nearest even,
+// never contracted), integer bit operations and comparisons. The shaders carry
+// the same sequences (metal_shaders/exact_math.glsl), so every device returns
+// the same bits. docs/numerics.md states each routine's steps and accuracy.
+#pragma once
+
+#include <cstdint>
+
+#include "switchboard/dtype.h"
+
+namespace switchboard::exact {
+
+inline constexpr float kInf = __builtin_inff();
+
+// Round to nearest integer, ties to even, for |v| < 2^22: adding 1.5 * 2^23
+// pushes the fraction out of the mantissa under round-to-nearest-even.
+inline float round_even(float v) {
+  const float magic = 12582912.0f;
+  return (v + magic) - magic;
+}
+
+// 2^n for n in [-126, 127], built from the exponent bits.
+inline float pow2i(int n) { return f32_from_bits(static_cast<uint32_t>(n + 127) << 23); }
+
+// e^x. x > 88 -> +inf, x < -87 -> +0, NaN -> NaN. Otherwise n = round(x log2 e),
+// r = x - n ln2 (Cody-Waite, two steps), e^r by a degree-6 Taylor polynomial in
+// Horner form, times 2^n. Max error about 3 ulp.
+inline float exp(float x) {
+  if (x != x) return x;
+  if (x > 88.0f) return kInf;
+  if (x < -87.0f) return 0.0f;
+  const float n = round_even(x * 1.44269504f);
+  float r = x - n * 0.693145751953125f;  // ln2 high part: exact product for |n| <= 128
+  r = r - n * 1.42860677e-06f;           // ln2 low part
+  float p = 1.38888889e-03f;             // 1/720
+  p = p * r + 8.33333333e-03f;           // 1/120
+  p = p * r + 4.16666667e-02f;           // 1/24
+  p = p * r + 1.66666667e-01f;           // 1/6
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  return p * pow2i(static_cast<int>(n));
+}
+
+// 1/x for x in [2^-125, 2^125]: a bit-trick seed, then three Newton steps
+// r <- r (2 - x r). Larger x (and +inf) -> +0. Max error about 2 ulp.
+inline float rcp(float x) {
+  if (!(x <= 4.2535296e37f)) return x != x ? x : 0.0f;  // 2^125
+  float r = f32_from_bits(0x7EF311C3u - f32_bits(x));
+  for (int i = 0; i < 3; ++i) r = r * (2.0f - x * r);
+  return r;
+}
+
+// 1 / (1 + e^-x).
+inline float sigmoid(float x) { return rcp(1.0f + exp(-x)); }
+
+// x * sigmoid(x).
+inline float silu(float x) { return x * sigmoid(x); }
+
+// tanh(u) = 1 - 2 / (e^(2u) + 1).
+inline float tanh(float u) { return 1.0f - 2.0f * rcp(exp(u + u) + 1.0f); }
+
+// GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+inline float gelu_tanh(float x) {
+  const float x3 = x * x * x;
+  const float u = 0.7978845608f * (x + 0.044715f * x3);
+  return 0.5f * x * (1.0f + tanh(u));
+}
+
+}  // namespace switchboard::exact
