@@ -31,6 +31,13 @@ inline void store_f32(void* base, DType t, int64_t i, float v) {
   }
 }
 
+// v rounded to `t` (f32, f16 or bf16) and widened back: what a store and reload gives.
+inline float round_to(float v, DType t) {
+  if (t == DType::kF16) return f16_to_f32(f32_to_f16(v));
+  if (t == DType::kBF16) return bf16_to_f32(f32_to_bf16(v));
+  return v;
+}
+
 // max/min independent of operand order: NaN from either side propagates, and
 // for equal values (+0 vs -0) max picks +0 and min picks -0.
 inline float max_f32(float a, float b) {
@@ -84,5 +91,17 @@ void register_cast_kernels(KernelRegistry& r);
 void register_shape_kernels(KernelRegistry& r);
 void register_matmul_kernels(KernelRegistry& r);
 void register_reduce_kernels(KernelRegistry& r);
+void register_gather_qmm_kernels(KernelRegistry& r);
+void register_gather_mm_kernels(KernelRegistry& r);
+void register_router_kernels(KernelRegistry& r);
+void register_permute_kernels(KernelRegistry& r);
+void register_glu_kernels(KernelRegistry& r);
+void register_combine_kernels(KernelRegistry& r);
+
+// out[t, d] = base + sum_{j < slots} weights[t, j] * y[t * slots + j, d], slot order;
+// base = sigmoid(gate[t]) * shared[t, d] | shared[t, d] | 0 (undefined tensors: absent).
+// `y` holds f32 values already rounded to out's dtype.
+Status combine_rows(const float* y, const Tensor& weights, const Tensor& shared, const Tensor& gate, int64_t tokens,
+                    int64_t slots, int64_t dim, Tensor& out);
 
 }  // namespace switchboard::cpu

@@ -33,6 +33,12 @@ class CpuDevice final : public Device {
     register_shape_kernels(registry_);
     register_matmul_kernels(registry_);
     register_reduce_kernels(registry_);
+    register_gather_qmm_kernels(registry_);
+    register_gather_mm_kernels(registry_);
+    register_router_kernels(registry_);
+    register_permute_kernels(registry_);
+    register_glu_kernels(registry_);
+    register_combine_kernels(registry_);
   }
   const std::string& name() const override { return name_; }
   const KernelRegistry& kernels() const override { return registry_; }

@@ -41,6 +41,7 @@ float apply_f(fb::BinaryOp op, float a, float b) {
     case fb::BinaryOp::Div: return a / b;
     case fb::BinaryOp::Max: return max_f32(a, b);
     case fb::BinaryOp::Min: return min_f32(a, b);
+    case fb::BinaryOp::FloorDiv: return 0.f;  // rejected by the validator
   }
   return 0.f;
 }
@@ -54,6 +55,11 @@ int64_t apply_i(fb::BinaryOp op, int64_t a, int64_t b) {
     case fb::BinaryOp::Max: return std::max(a, b);
     case fb::BinaryOp::Min: return std::min(a, b);
     case fb::BinaryOp::Div: return 0;  // rejected by the validator
+    case fb::BinaryOp::FloorDiv: {
+      if (b == 0 || (a == INT64_MIN && b == -1)) return 0;  // the kernel reports these before calling
+      int64_t q = a / b;
+      return (a % b != 0 && ((a % b < 0) != (b < 0))) ? q - 1 : q;
+    }
   }
   return 0;
 }
@@ -67,6 +73,9 @@ Status binary(KernelContext& ctx, const fb::OpNodeUnion& op) {
   std::vector<int64_t> sa = broadcast_strides(a.shape(), shape), sb = broadcast_strides(b.shape(), shape);
   const int64_t n_out = out.numel(), rank = static_cast<int64_t>(shape.size());
   const bool is_float = dtype_is_float(a.dtype());
+  if (n->op == fb::BinaryOp::FloorDiv)
+    for (int64_t i = 0; i < b.numel(); ++i)
+      SB_CHECK_OR_RETURN(load_i64(b.data(), b.dtype(), i) != 0, StatusCode::kInvalidArgument, "FloorDiv by zero");
   std::vector<int64_t> idx(shape.size(), 0);
   int64_t ia = 0, ib = 0;
   for (int64_t i = 0; i < n_out; ++i) {

@@ -2,7 +2,7 @@
 
 namespace switchboard {
 
-static_assert(fb::OpNode::MAX == fb::OpNode::IfNode,
+static_assert(fb::OpNode::MAX == fb::OpNode::FullNode,
               "a new op was added to schema/program.fbs: list its name and slots in op_info.cpp");
 
 const char* op_name(fb::OpNode type) {
@@ -21,6 +21,15 @@ const char* op_name(fb::OpNode type) {
     case fb::OpNode::SymSizeNode: return "SymSize";
     case fb::OpNode::IntArithNode: return "IntArith";
     case fb::OpNode::IfNode: return "If";
+    case fb::OpNode::GatherQmmNode: return "GatherQmm";
+    case fb::OpNode::GatherMmNode: return "GatherMm";
+    case fb::OpNode::RouterNode: return "Router";
+    case fb::OpNode::ArgsortNode: return "Argsort";
+    case fb::OpNode::GatherRowsNode: return "GatherRows";
+    case fb::OpNode::ScatterRowsNode: return "ScatterRows";
+    case fb::OpNode::GluNode: return "Glu";
+    case fb::OpNode::CombineNode: return "Combine";
+    case fb::OpNode::FullNode: return "Full";
     case fb::OpNode::NONE: break;
   }
   return "?";
@@ -148,6 +157,82 @@ void for_each_slot(fb::OpNodeUnion& op, const Fn& fn) {
       auto* n = op.AsIfNode();
       int_or_vid(fn, "cond", -1, n->cond);
       tensor_list(fn, "outputs", n->outputs, true);
+      break;
+    }
+    case fb::OpNode::GatherQmmNode: {
+      auto* n = op.AsGatherQmmNode();
+      tensor(fn, "x", n->x, false);
+      tensor(fn, "w", n->w, false);
+      tensor(fn, "scales", n->scales, false);
+      tensor(fn, "biases", n->biases, false);
+      tensor(fn, "lhs_indices", n->lhs_indices, false, true);
+      tensor(fn, "rhs_indices", n->rhs_indices, false, true);
+      int_or_vid(fn, "sorted_indices", -1, n->sorted_indices);
+      tensor(fn, "combine_weights", n->combine_weights, false, true);
+      tensor(fn, "shared", n->shared, false, true);
+      tensor(fn, "shared_gate", n->shared_gate, false, true);
+      tensor(fn, "out", n->out, true);
+      break;
+    }
+    case fb::OpNode::GatherMmNode: {
+      auto* n = op.AsGatherMmNode();
+      tensor(fn, "x", n->x, false);
+      tensor(fn, "w", n->w, false);
+      tensor(fn, "lhs_indices", n->lhs_indices, false, true);
+      tensor(fn, "rhs_indices", n->rhs_indices, false, true);
+      int_or_vid(fn, "sorted_indices", -1, n->sorted_indices);
+      tensor(fn, "out", n->out, true);
+      break;
+    }
+    case fb::OpNode::RouterNode: {
+      auto* n = op.AsRouterNode();
+      tensor(fn, "logits", n->logits, false);
+      tensor(fn, "selection_bias", n->selection_bias, false, true);
+      tensor(fn, "expert_scale", n->expert_scale, false, true);
+      tensor(fn, "weights", n->weights, true);
+      tensor(fn, "indices", n->indices, true);
+      break;
+    }
+    case fb::OpNode::ArgsortNode: {
+      auto* n = op.AsArgsortNode();
+      tensor(fn, "x", n->x, false);
+      tensor(fn, "out", n->out, true);
+      break;
+    }
+    case fb::OpNode::GatherRowsNode: {
+      auto* n = op.AsGatherRowsNode();
+      tensor(fn, "x", n->x, false);
+      tensor(fn, "indices", n->indices, false);
+      tensor(fn, "out", n->out, true);
+      break;
+    }
+    case fb::OpNode::ScatterRowsNode: {
+      auto* n = op.AsScatterRowsNode();
+      tensor(fn, "x", n->x, false);
+      tensor(fn, "indices", n->indices, false);
+      tensor(fn, "out", n->out, true);
+      break;
+    }
+    case fb::OpNode::GluNode: {
+      auto* n = op.AsGluNode();
+      tensor(fn, "gate", n->gate, false);
+      tensor(fn, "up", n->up, false);
+      tensor(fn, "out", n->out, true);
+      break;
+    }
+    case fb::OpNode::FullNode: {
+      auto* n = op.AsFullNode();
+      for (size_t i = 0; i < n->shape.size(); ++i) int_or_vid(fn, "shape", static_cast<int>(i), n->shape[i]);
+      tensor(fn, "out", n->out, true);
+      break;
+    }
+    case fb::OpNode::CombineNode: {
+      auto* n = op.AsCombineNode();
+      tensor(fn, "y", n->y, false);
+      tensor(fn, "weights", n->weights, false);
+      tensor(fn, "shared", n->shared, false, true);
+      tensor(fn, "shared_gate", n->shared_gate, false, true);
+      tensor(fn, "out", n->out, true);
       break;
     }
     case fb::OpNode::NONE: break;

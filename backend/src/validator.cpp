@@ -7,6 +7,7 @@
 
 #include "op_info.h"
 #include "program_impl.h"
+#include "quantize.h"
 
 namespace switchboard {
 namespace {
@@ -219,6 +220,21 @@ class Validator {
   bool is_float(const fb::Tid* t) const { return dtype_is_float(static_cast<DType>(meta(t).dtype)); }
 
   Status check_op(const fb::OpNodeUnion& op, size_t chain, const std::string& path) const;
+  Status check_moe_op(const fb::OpNodeUnion& op, const std::string& path) const;
+  Status check_gather_qmm(const fb::GatherQmmNodeT& n, const std::string& path) const;
+  Status check_router(const fb::RouterNodeT& n, const std::string& path) const;
+
+  size_t rank(const fb::Tid* t) const { return meta(t).shape.size(); }
+  // A static dim's size, or -1 when dynamic.
+  int64_t dim(const fb::Tid* t, size_t i) const { return meta(t).shape[i]->size; }
+  DType dt(const fb::Tid* t) const { return static_cast<DType>(meta(t).dtype); }
+  Status expect(bool ok, const std::string& path, const std::string& what) const {
+    return ok ? Status::ok() : error(path, what);
+  }
+  Status index_vector(const fb::Tid* t, const std::string& path) const {
+    if (!t) return Status::ok();
+    return expect(dt(t) == DType::kI32 && rank(t) == 1, path, "must be a 1-D i32 tensor");
+  }
 
   const fb::ProgramT& p_;
   std::vector<SlotRole> roles_;
@@ -242,6 +258,8 @@ Status Validator::check_op(const fb::OpNodeUnion& op, size_t chain, const std::s
         return error(path + ".a", strformat("dtype %s is not supported (float, i32, i64)", dtype_name(t)));
       if (n->op == fb::BinaryOp::Div && !dtype_is_float(t))
         return error(path + ".op", "Div needs a float dtype");
+      if (n->op == fb::BinaryOp::FloorDiv && dtype_is_float(t))
+        return error(path + ".op", "FloorDiv needs an integer dtype");
       return Status::ok();
     }
     case fb::OpNode::UnaryNode: {
@@ -334,6 +352,159 @@ Status Validator::check_op(const fb::OpNodeUnion& op, size_t chain, const std::s
       return Status::ok();
     }
     case fb::OpNode::NONE: break;
+    default: return check_moe_op(op, path);
+  }
+  return error(path, "unknown op");
+}
+
+Status Validator::check_gather_qmm(const fb::GatherQmmNodeT& n, const std::string& path) const {
+  SB_RETURN_IF_ERROR(expect(rank(n.x.get()) == 2 && dtype_is_float(dt(n.x.get())), path + ".x", "must be a 2-D float tensor"));
+  const int64_t k = dim(n.x.get(), 1);
+  SB_RETURN_IF_ERROR(expect(k > 0 && k % 32 == 0, path + ".x", "K must be static and a multiple of 32"));
+  SB_RETURN_IF_ERROR(expect(quant_group_allowed(n.group_size), path + ".group_size",
+                            strformat("%d not in {32, 64, 128}", n.group_size)));
+  SB_RETURN_IF_ERROR(expect(k % n.group_size == 0, path + ".group_size", "does not divide K"));
+  const fb::Tid *sc = n.scales.get(), *bi = n.biases.get();
+  SB_RETURN_IF_ERROR(expect(rank(sc) == 3 && dtype_is_float(dt(sc)), path + ".scales", "must be a 3-D float tensor"));
+  SB_RETURN_IF_ERROR(expect(meta(sc).dtype == meta(bi).dtype && rank(bi) == 3, path + ".biases",
+                            "must match scales' dtype and rank"));
+  const int64_t e = dim(sc, 0), nn = dim(sc, 1), g = dim(sc, 2);
+  SB_RETURN_IF_ERROR(expect(e > 0 && nn > 0 && g == k / n.group_size, path + ".scales",
+                            "must be [E, N, K/group_size] with static dims"));
+  for (size_t i = 0; i < 3; ++i)
+    SB_RETURN_IF_ERROR(expect(dim(bi, i) == dim(sc, i), path + ".biases", "shape differs from scales"));
+  SB_RETURN_IF_ERROR(expect(dt(n.w.get()) == DType::kU32, path + ".w", "must be u32"));
+  if (n.expert_bits.empty()) {
+    SB_RETURN_IF_ERROR(expect(quant_bits_allowed(n.bits), path + ".bits", strformat("%d not in {2,3,4,5,6,8}", n.bits)));
+    SB_RETURN_IF_ERROR(expect(rank(n.w.get()) == 3 && dim(n.w.get(), 0) == e && dim(n.w.get(), 1) == nn &&
+                                  dim(n.w.get(), 2) == k * n.bits / 32,
+                              path + ".w", strformat("must be [%lld, %lld, %lld] for %d-bit codes", (long long)e,
+                                                     (long long)nn, (long long)(k * n.bits / 32), n.bits)));
+  } else {
+    SB_RETURN_IF_ERROR(expect(static_cast<int64_t>(n.expert_bits.size()) == e, path + ".expert_bits",
+                              strformat("%zu entries for %lld experts", n.expert_bits.size(), (long long)e)));
+    int64_t words = 0;
+    for (size_t i = 0; i < n.expert_bits.size(); ++i) {
+      int b = n.expert_bits[i];
+      SB_RETURN_IF_ERROR(expect(b == 0 || quant_bits_allowed(b), strformat("%s.expert_bits[%zu]", path.c_str(), i),
+                                strformat("%d not in {0,2,3,4,5,6,8}", b)));
+      words += nn * k * b / 32;
+    }
+    SB_RETURN_IF_ERROR(expect(rank(n.w.get()) == 1 && dim(n.w.get(), 0) == words, path + ".w",
+                              strformat("must be [%lld]: the experts' packed blocks back to back", (long long)words)));
+  }
+  SB_RETURN_IF_ERROR(index_vector(n.lhs_indices.get(), path + ".lhs_indices"));
+  SB_RETURN_IF_ERROR(index_vector(n.rhs_indices.get(), path + ".rhs_indices"));
+  SB_RETURN_IF_ERROR(expect(dt(n.out.get()) == dt(n.x.get()) && rank(n.out.get()) == 2, path + ".out",
+                            "must be 2-D with x's dtype"));
+  if (n.combine_weights) {
+    SB_RETURN_IF_ERROR(expect(dt(n.combine_weights.get()) == DType::kF32 && rank(n.combine_weights.get()) == 2,
+                              path + ".combine_weights", "must be a 2-D f32 tensor"));
+    SB_RETURN_IF_ERROR(expect(!n.lhs_indices, path + ".lhs_indices", "must be absent with combine_weights"));
+  } else {
+    SB_RETURN_IF_ERROR(expect(!n.shared && !n.shared_gate, path + ".shared", "needs combine_weights"));
+  }
+  if (n.shared) SB_RETURN_IF_ERROR(expect(dt(n.shared.get()) == dt(n.out.get()) && rank(n.shared.get()) == 2,
+                                          path + ".shared", "must be 2-D with out's dtype"));
+  if (n.shared_gate) SB_RETURN_IF_ERROR(expect(n.shared && dtype_is_float(dt(n.shared_gate.get())) &&
+                                                   rank(n.shared_gate.get()) == 2,
+                                               path + ".shared_gate", "must be [T, 1] float and needs shared"));
+  return Status::ok();
+}
+
+Status Validator::check_router(const fb::RouterNodeT& n, const std::string& path) const {
+  SB_RETURN_IF_ERROR(expect(enum_ok(n.kind, fb::RouterKind::MAX), path + ".kind", strformat("%d unknown", (int)n.kind)));
+  SB_RETURN_IF_ERROR(expect(rank(n.logits.get()) == 2 && dtype_is_float(dt(n.logits.get())), path + ".logits",
+                            "must be a 2-D float tensor"));
+  const int64_t e = dim(n.logits.get(), 1);
+  SB_RETURN_IF_ERROR(expect(e > 0, path + ".logits", "expert count (last dim) must be static"));
+  std::set<int32_t> pruned;
+  for (size_t i = 0; i < n.pruned_experts.size(); ++i) {
+    int32_t p = n.pruned_experts[i];
+    SB_RETURN_IF_ERROR(expect(p >= 0 && p < e, strformat("%s.pruned_experts[%zu]", path.c_str(), i),
+                              strformat("%d out of range (%lld experts)", p, (long long)e)));
+    pruned.insert(p);
+  }
+  const int64_t live = e - static_cast<int64_t>(pruned.size());
+  SB_RETURN_IF_ERROR(expect(n.k >= 1 && n.k <= live, path + ".k",
+                            strformat("%d not in [1, %lld] (%lld experts, %zu pruned)", n.k, (long long)live,
+                                      (long long)e, pruned.size())));
+  if (n.kind == fb::RouterKind::SigmoidGroupedTopK) {
+    SB_RETURN_IF_ERROR(expect(n.n_group >= 1 && e % n.n_group == 0, path + ".n_group",
+                              strformat("%d does not divide %lld experts", n.n_group, (long long)e)));
+    SB_RETURN_IF_ERROR(expect(n.topk_group >= 1 && n.topk_group <= n.n_group, path + ".topk_group",
+                              strformat("%d not in [1, n_group = %d]", n.topk_group, n.n_group)));
+    SB_RETURN_IF_ERROR(expect(n.n_group == 1 || e / n.n_group >= 2, path + ".n_group", "groups need >= 2 experts"));
+    SB_RETURN_IF_ERROR(expect(static_cast<int64_t>(n.topk_group) * (e / n.n_group) >= n.k, path + ".topk_group",
+                              "the kept groups hold fewer than k experts"));
+  } else {
+    SB_RETURN_IF_ERROR(expect(!n.selection_bias, path + ".selection_bias", "only SigmoidGroupedTopK uses it"));
+  }
+  for (const fb::Tid* t : {n.selection_bias.get(), n.expert_scale.get()})
+    if (t) SB_RETURN_IF_ERROR(expect(dt(t) == DType::kF32 && rank(t) == 1 && dim(t, 0) == e, path,
+                                     "selection_bias / expert_scale must be [E] f32"));
+  SB_RETURN_IF_ERROR(expect(dt(n.weights.get()) == DType::kF32 && rank(n.weights.get()) == 2, path + ".weights",
+                            "must be a 2-D f32 tensor"));
+  return expect(dt(n.indices.get()) == DType::kI32 && rank(n.indices.get()) == 2, path + ".indices",
+                "must be a 2-D i32 tensor");
+}
+
+Status Validator::check_moe_op(const fb::OpNodeUnion& op, const std::string& path) const {
+  switch (op.type) {
+    case fb::OpNode::GatherQmmNode: return check_gather_qmm(*op.AsGatherQmmNode(), path);
+    case fb::OpNode::GatherMmNode: {
+      const auto& n = *op.AsGatherMmNode();
+      SB_RETURN_IF_ERROR(expect(rank(n.x.get()) == 2 && dtype_is_float(dt(n.x.get())), path + ".x", "must be 2-D float"));
+      SB_RETURN_IF_ERROR(expect(rank(n.w.get()) == 3 && dt(n.w.get()) == dt(n.x.get()), path + ".w",
+                                "must be [E, N, K] with x's dtype"));
+      SB_RETURN_IF_ERROR(index_vector(n.lhs_indices.get(), path + ".lhs_indices"));
+      SB_RETURN_IF_ERROR(index_vector(n.rhs_indices.get(), path + ".rhs_indices"));
+      return expect(dt(n.out.get()) == dt(n.x.get()) && rank(n.out.get()) == 2, path + ".out", "must be 2-D, x's dtype");
+    }
+    case fb::OpNode::RouterNode: return check_router(*op.AsRouterNode(), path);
+    case fb::OpNode::ArgsortNode: {
+      const auto& n = *op.AsArgsortNode();
+      SB_RETURN_IF_ERROR(index_vector(n.x.get(), path + ".x"));
+      return index_vector(n.out.get(), path + ".out");
+    }
+    case fb::OpNode::GatherRowsNode:
+    case fb::OpNode::ScatterRowsNode: {
+      const fb::Tid *x = op.type == fb::OpNode::GatherRowsNode ? op.AsGatherRowsNode()->x.get() : op.AsScatterRowsNode()->x.get();
+      const fb::Tid *idx = op.type == fb::OpNode::GatherRowsNode ? op.AsGatherRowsNode()->indices.get()
+                                                                 : op.AsScatterRowsNode()->indices.get();
+      const fb::Tid *out = op.type == fb::OpNode::GatherRowsNode ? op.AsGatherRowsNode()->out.get()
+                                                                 : op.AsScatterRowsNode()->out.get();
+      SB_RETURN_IF_ERROR(index_vector(idx, path + ".indices"));
+      SB_RETURN_IF_ERROR(expect(rank(x) >= 1, path + ".x", "must have rank >= 1"));
+      return same_dtype(x, out, path, "x", "out");
+    }
+    case fb::OpNode::GluNode: {
+      const auto& n = *op.AsGluNode();
+      SB_RETURN_IF_ERROR(expect(enum_ok(n.kind, fb::GluKind::MAX), path + ".kind", strformat("%d unknown", (int)n.kind)));
+      SB_RETURN_IF_ERROR(expect(dtype_is_float(dt(n.gate.get())), path + ".gate", "must be float"));
+      SB_RETURN_IF_ERROR(same_dtype(n.gate.get(), n.up.get(), path, "gate", "up"));
+      return same_dtype(n.gate.get(), n.out.get(), path, "gate", "out");
+    }
+    case fb::OpNode::FullNode: {
+      const auto& n = *op.AsFullNode();
+      SB_RETURN_IF_ERROR(expect(dtype_is_valid(static_cast<int>(n.dtype)), path + ".dtype", "unknown dtype"));
+      SB_RETURN_IF_ERROR(expect(n.shape.size() <= kMaxRank, path + ".shape", "rank too large"));
+      for (size_t i = 0; i < n.shape.size(); ++i)
+        if (!n.shape[i]) return error(strformat("%s.shape[%zu]", path.c_str(), i), "missing");
+      return expect(meta(n.out.get()).dtype == n.dtype, path + ".out", "dtype differs from the fill dtype");
+    }
+    case fb::OpNode::CombineNode: {
+      const auto& n = *op.AsCombineNode();
+      SB_RETURN_IF_ERROR(expect(dtype_is_float(dt(n.y.get())) && rank(n.y.get()) == 2, path + ".y", "must be 2-D float"));
+      SB_RETURN_IF_ERROR(expect(dt(n.weights.get()) == DType::kF32 && rank(n.weights.get()) == 2, path + ".weights",
+                                "must be a 2-D f32 tensor"));
+      if (n.shared) SB_RETURN_IF_ERROR(same_dtype(n.y.get(), n.shared.get(), path, "y", "shared"));
+      if (n.shared_gate)
+        SB_RETURN_IF_ERROR(expect(n.shared && dtype_is_float(dt(n.shared_gate.get())), path + ".shared_gate",
+                                  "must be float and needs shared"));
+      return same_dtype(n.y.get(), n.out.get(), path, "y", "out");
+    }
+    default: break;
   }
   return error(path, "unknown op");
 }

@@ -68,6 +68,49 @@ class IntOrValue {
 
 struct BuilderState;
 
+// --- mixture-of-experts descriptions (semantics: schema/program.fbs) ---------
+
+enum class RouterKind { kSoftmaxTopK, kTopKSoftmax, kSigmoidGroupedTopK };
+struct RouterSpec {
+  RouterKind kind = RouterKind::kSoftmaxTopK;
+  int k = 1;
+  bool renormalize = false;
+  int n_group = 1, topk_group = 1;      // kSigmoidGroupedTopK
+  float routed_scaling_factor = 1.0f;   // kSigmoidGroupedTopK
+  TensorRef selection_bias;             // [E] f32, kSigmoidGroupedTopK
+  TensorRef expert_scale;               // [E] f32, optional
+  std::vector<int32_t> pruned_experts;  // never selected
+};
+struct RouterOut {
+  TensorRef weights;  // [T, k] f32
+  TensorRef indices;  // [T, k] i32
+};
+
+enum class GluKind { kSwiGLU, kGEGLU, kClampedSwiGLU };
+
+// One projection of quantized experts in MLX's affine format.
+struct QuantizedExperts {
+  TensorRef w, scales, biases;
+  int bits = 4;                      // when every expert shares a width
+  int group_size = 64;
+  std::vector<uint8_t> expert_bits;  // per expert (0 = pruned); overrides bits
+};
+
+struct GatherOptions {
+  TensorRef lhs_indices, rhs_indices;
+  IntOrValue sorted_indices = 0;
+  TensorRef combine_weights, shared, shared_gate;  // fused down-projection + combine
+};
+
+// A routed-experts FFN: out = combine(down(act(gate(x), up(x)))).
+struct MoeExperts {
+  QuantizedExperts gate, up, down;
+  GluKind activation = GluKind::kSwiGLU;
+  float alpha = 1.702f, limit = 7.0f;  // kClampedSwiGLU
+  // M > sort_cutoff tokens take the sorted path (<= 0: always); see bench/RESULTS.md.
+  int64_t sort_cutoff = 8;
+};
+
 class ProgramBuilder {
  public:
   ProgramBuilder();
@@ -111,6 +154,25 @@ class ProgramBuilder {
   void assign(TensorRef dst, TensorRef src);
   // dst[..., start:start+len, ...] = update, in place.
   void slice_update(TensorRef dst, TensorRef update, int axis, IntOrValue start);
+
+  TensorRef floordiv(TensorRef a, TensorRef b);  // integer tensors
+  TensorRef full(const std::vector<IntOrValue>& shape, DType dtype, double value);
+
+  // --- mixture of experts -----------------------------------------------------
+  RouterOut router(TensorRef logits, const RouterSpec& spec);
+  TensorRef gather_qmm(TensorRef x, const QuantizedExperts& w, const GatherOptions& options = {});
+  TensorRef gather_mm(TensorRef x, TensorRef w, const GatherOptions& options = {});
+  TensorRef argsort(TensorRef x);
+  TensorRef gather_rows(TensorRef x, TensorRef indices);
+  TensorRef scatter_rows(TensorRef x, TensorRef indices);
+  TensorRef glu(TensorRef gate, TensorRef up, GluKind kind, float alpha = 1.702f, float limit = 7.0f);
+  TensorRef combine(TensorRef y, TensorRef weights, TensorRef shared = {}, TensorRef shared_gate = {});
+  // x: [T, D]; weights, indices: a router's [T, k] outputs -> [T, D]. Emits
+  // If(M > sort_cutoff) -> sorted path (argsort, grouped GatherQmm over expert
+  // runs, scatter, combine) else unsorted path (direct GatherQmm, fused
+  // down-projection + combine); a static M folds to one path, no If node.
+  TensorRef moe_experts(TensorRef x, TensorRef weights, TensorRef indices, const MoeExperts& experts,
+                        TensorRef shared = {}, TensorRef shared_gate = {});
 
   // --- fold-aware integer helpers ---------------------------------------------
   IntOrValue size(TensorRef x, int axis);  // literal when the dim is static

@@ -1,0 +1,68 @@
+// GatherMm: float experts. Each output is dot32 (docs/numerics.md): 32 strided
+// partial sums (product, then add) combined by a fixed halving tree.
+#include <vector>
+
+#include "cpu_common.h"
+#include "parallel.h"
+
+namespace switchboard::cpu {
+
+float dot32(const float* x, const float* w, int64_t k) {
+  float part[32] = {};
+  for (int64_t i = 0; i < k; ++i) part[i & 31] = part[i & 31] + x[i] * w[i];
+  for (int s = 16; s >= 1; s >>= 1)
+    for (int i = 0; i < s; ++i) part[i] = part[i] + part[i + s];
+  return part[0];
+}
+
+namespace {
+
+std::vector<float> widen(const Tensor& t) {
+  std::vector<float> v(static_cast<size_t>(t.numel()));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = load_f32(t.data(), t.dtype(), static_cast<int64_t>(i));
+  return v;
+}
+
+Status gather_mm(KernelContext& ctx, const fb::OpNodeUnion& op) {
+  const auto* n = op.AsGatherMmNode();
+  SB_ASSIGN_OR_RETURN(Tensor x, ctx.in(n->x.get()));
+  SB_ASSIGN_OR_RETURN(Tensor w, ctx.in(n->w.get()));
+  const int64_t rows = x.dim(0), k = x.dim(1), experts = w.dim(0), nout = w.dim(1);
+  SB_CHECK_OR_RETURN(w.dim(2) == k, StatusCode::kInvalidArgument, "w %s does not match K = %lld",
+                     shape_str(w.shape()).c_str(), (long long)k);
+  auto read = [&](const std::unique_ptr<fb::Tid>& tid, int64_t limit, const char* field) -> Result<std::vector<int64_t>> {
+    std::vector<int64_t> v;
+    if (!tid) return v;
+    SB_ASSIGN_OR_RETURN(Tensor t, ctx.in(tid.get()));
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      int32_t e = t.data_as<int32_t>()[i];
+      SB_CHECK_OR_RETURN(e >= 0 && e < limit, StatusCode::kOutOfRange, "%s[%lld] = %d out of range [0, %lld)", field,
+                         (long long)i, e, (long long)limit);
+      v.push_back(e);
+    }
+    return v;
+  };
+  SB_ASSIGN_OR_RETURN(std::vector<int64_t> rhs, read(n->rhs_indices, experts, "rhs_indices"));
+  SB_ASSIGN_OR_RETURN(std::vector<int64_t> lhs, read(n->lhs_indices, rows, "lhs_indices"));
+  const int64_t pairs = n->rhs_indices ? static_cast<int64_t>(rhs.size()) : n->lhs_indices ? static_cast<int64_t>(lhs.size()) : rows;
+  SB_CHECK_OR_RETURN((!n->lhs_indices || static_cast<int64_t>(lhs.size()) == pairs) &&
+                         (n->lhs_indices || rows == 0 || pairs % rows == 0),
+                     StatusCode::kInvalidArgument, "index lengths do not match (%lld pairs, %lld rows)",
+                     (long long)pairs, (long long)rows);
+  const std::vector<float> xf = widen(x), wf = widen(w);
+  SB_ASSIGN_OR_RETURN(Tensor out, Tensor::zeros(x.dtype(), {pairs, nout}));
+  parallel_for(pairs, 1, [&](int64_t b, int64_t e) {
+    for (int64_t p = b; p < e; ++p) {
+      const int64_t r = n->lhs_indices ? lhs[p] : (rows ? p * rows / pairs : 0), ex = n->rhs_indices ? rhs[p] : 0;
+      for (int64_t j = 0; j < nout; ++j)
+        store_f32(out.mutable_data(), out.dtype(), p * nout + j, dot32(xf.data() + r * k, wf.data() + (ex * nout + j) * k, k));
+    }
+  });
+  return ctx.out(n->out.get(), std::move(out));
+}
+
+}  // namespace
+
+void register_gather_mm_kernels(KernelRegistry& r) { r.add(fb::OpNode::GatherMmNode, gather_mm); }
+
+}  // namespace switchboard::cpu

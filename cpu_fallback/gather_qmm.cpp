@@ -1,0 +1,225 @@
+// GatherQmm: quantized expert matmul on the integer contract of docs/numerics.md.
+// Each output is sum over groups g of (s_g * P_g + b_g * X_g), where
+// P_g = sum over the group's 32-blocks j of Iq_j * d_j (Iq_j: exact integer dot of
+// weight codes and int8 activations) and X_g the same over the activation sums.
+#include "gather_qmm.h"
+
+#include <cmath>
+
+#include "cpu_common.h"
+#include "exact_math.h"
+#include "parallel.h"
+#include "quantize.h"
+
+namespace switchboard::cpu {
+
+void quantize_q8_row(const float* x, int64_t k, int8_t* q, float* d, int32_t* sum) {
+  for (int64_t b = 0; b < k / kQ8Block; ++b) {
+    const float* xb = x + b * kQ8Block;
+    int8_t* qb = q + b * kQ8Block;
+    float amax = 0.0f;
+    bool finite = true;
+    for (int i = 0; i < kQ8Block; ++i) {
+      float a = std::fabs(xb[i]);
+      finite &= a <= 3.4028235e38f;  // false for inf and NaN
+      amax = a > amax ? a : amax;
+    }
+    int32_t s = 0;
+    if (!finite || amax < 0x1p-100f) {
+      for (int i = 0; i < kQ8Block; ++i) qb[i] = 0;
+      d[b] = finite ? 0.0f : __builtin_nanf("");
+    } else {
+      // amax * 2^sh lands in [64, 128); one less shift if it would round to 128.
+      int sh = 6 - (static_cast<int>((f32_bits(amax) >> 23) & 0xff) - 127);
+      if (exact::round_even(amax * exact::pow2i(sh)) > 127.0f) --sh;
+      const float scale = exact::pow2i(sh);
+      for (int i = 0; i < kQ8Block; ++i) {
+        qb[i] = static_cast<int8_t>(exact::round_even(xb[i] * scale));
+        s += qb[i];
+      }
+      d[b] = exact::pow2i(-sh);
+    }
+    sum[b] = s;
+  }
+}
+
+Q8Activations quantize_q8(const Tensor& x) {
+  Q8Activations a;
+  a.rows = x.dim(0);
+  a.k = x.dim(1);
+  const int64_t blocks = a.k / kQ8Block;
+  a.q.resize(static_cast<size_t>(a.rows * a.k));
+  a.d.resize(static_cast<size_t>(a.rows * blocks));
+  a.sum.resize(static_cast<size_t>(a.rows * blocks));
+  std::vector<float> row(static_cast<size_t>(a.k));
+  for (int64_t r = 0; r < a.rows; ++r) {
+    const float* xr = x.data_as<float>() + r * a.k;
+    if (x.dtype() != DType::kF32) {
+      for (int64_t i = 0; i < a.k; ++i) row[i] = load_f32(x.data(), x.dtype(), r * a.k + i);
+      xr = row.data();
+    }
+    quantize_q8_row(xr, a.k, a.q.data() + r * a.k, a.d.data() + r * blocks, a.sum.data() + r * blocks);
+  }
+  return a;
+}
+
+namespace {
+
+// The contract, element by element: the portable path every fast path must match.
+float qdot_portable(const ExpertTable& t, int e, int64_t n, const int8_t* xq, const float* d, const int32_t* xs) {
+  const int bits = t.bits[e];
+  const uint32_t* row = t.codes + t.word_offset[e] + n * (t.k * bits / 32);
+  const int64_t sidx = (static_cast<int64_t>(e) * t.n + n) * t.groups;
+  const int64_t blocks_per_group = t.group_size / kQ8Block;
+  float acc = 0.0f;
+  for (int64_t g = 0; g < t.groups; ++g) {
+    float p = 0.0f, x = 0.0f;
+    for (int64_t j = g * blocks_per_group; j < (g + 1) * blocks_per_group; ++j) {
+      int32_t iq = 0;
+      for (int i = 0; i < kQ8Block; ++i)
+        iq += static_cast<int32_t>(unpack_code(row, j * kQ8Block + i, bits)) * xq[j * kQ8Block + i];
+      p = p + static_cast<float>(iq) * d[j];
+      x = x + static_cast<float>(xs[j]) * d[j];
+    }
+    const float s = load_f32(t.scales, t.scale_dtype, sidx + g), b = load_f32(t.biases, t.scale_dtype, sidx + g);
+    acc = acc + (s * p + b * x);
+  }
+  return acc;
+}
+
+}  // namespace
+
+void qmm_rows(const ExpertTable& t, int e, const Q8Activations& xq, const int64_t* rows, int64_t count, int64_t n0,
+              int64_t n1, float* out, int64_t out_stride) {
+  const int64_t blocks = xq.k / kQ8Block;
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t r = rows[i];
+    for (int64_t n = n0; n < n1; ++n)
+      out[i * out_stride + (n - n0)] = qdot_portable(t, e, n, xq.q.data() + r * xq.k, xq.d.data() + r * blocks,
+                                                     xq.sum.data() + r * blocks);
+  }
+}
+
+namespace {
+
+Result<ExpertTable> expert_table(const fb::GatherQmmNodeT& n, const Tensor& w, const Tensor& scales,
+                                 const Tensor& biases, int64_t k) {
+  ExpertTable t;
+  const int64_t e = scales.dim(0);
+  t.n = scales.dim(1);
+  t.groups = scales.dim(2);
+  t.k = k;
+  t.group_size = n.group_size;
+  t.codes = w.data_as<uint32_t>();
+  t.scales = scales.data();
+  t.biases = biases.data();
+  t.scale_dtype = scales.dtype();
+  int64_t off = 0;
+  for (int64_t i = 0; i < e; ++i) {
+    int b = n.expert_bits.empty() ? n.bits : n.expert_bits[static_cast<size_t>(i)];
+    t.bits.push_back(b);
+    t.word_offset.push_back(off);
+    off += t.n * k * b / 32;
+  }
+  SB_CHECK_OR_RETURN(off == w.numel(), StatusCode::kInvalidArgument, "w holds %lld words, the experts need %lld",
+                     (long long)w.numel(), (long long)off);
+  return t;
+}
+
+// Reads an optional index tensor into int64, checking every entry against `limit`.
+Result<std::vector<int64_t>> read_indices(KernelContext& ctx, const std::unique_ptr<fb::Tid>& tid, const char* field,
+                                          int64_t limit) {
+  std::vector<int64_t> v;
+  if (!tid) return v;
+  SB_ASSIGN_OR_RETURN(Tensor t, ctx.in(tid.get()));
+  const int32_t* p = t.data_as<int32_t>();
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    SB_CHECK_OR_RETURN(p[i] >= 0 && p[i] < limit, StatusCode::kOutOfRange, "%s[%lld] = %d out of range [0, %lld)",
+                       field, (long long)i, p[i], (long long)limit);
+    v.push_back(p[i]);
+  }
+  return v;
+}
+
+}  // namespace
+
+// Pairs are scheduled by expert runs when sorted (each run reuses the expert's
+// weights across its tokens), else one pair at a time; the bits are the same.
+Status gather_qmm(KernelContext& ctx, const fb::OpNodeUnion& op) {
+  const auto* n = op.AsGatherQmmNode();
+  SB_ASSIGN_OR_RETURN(Tensor x, ctx.in(n->x.get()));
+  SB_ASSIGN_OR_RETURN(Tensor w, ctx.in(n->w.get()));
+  SB_ASSIGN_OR_RETURN(Tensor scales, ctx.in(n->scales.get()));
+  SB_ASSIGN_OR_RETURN(Tensor biases, ctx.in(n->biases.get()));
+  const int64_t rows = x.dim(0), k = x.dim(1), experts = scales.dim(0);
+  SB_ASSIGN_OR_RETURN(ExpertTable table, expert_table(*n, w, scales, biases, k));
+  SB_ASSIGN_OR_RETURN(std::vector<int64_t> rhs, read_indices(ctx, n->rhs_indices, "rhs_indices", experts));
+  SB_ASSIGN_OR_RETURN(std::vector<int64_t> lhs, read_indices(ctx, n->lhs_indices, "lhs_indices", rows));
+  const int64_t pairs = n->rhs_indices ? static_cast<int64_t>(rhs.size()) : n->lhs_indices ? static_cast<int64_t>(lhs.size()) : rows;
+  SB_CHECK_OR_RETURN(!n->lhs_indices || static_cast<int64_t>(lhs.size()) == pairs, StatusCode::kInvalidArgument,
+                     "lhs_indices has %zu entries, rhs_indices %lld", lhs.size(), (long long)pairs);
+  SB_CHECK_OR_RETURN(n->lhs_indices || rows == 0 || pairs % rows == 0, StatusCode::kInvalidArgument,
+                     "%lld pairs are not a multiple of %lld rows of x", (long long)pairs, (long long)rows);
+  if (rhs.empty() && pairs > 0) rhs.assign(static_cast<size_t>(pairs), 0);
+  if (lhs.empty())
+    for (int64_t p = 0; p < pairs; ++p) lhs.push_back(rows ? p * rows / pairs : 0);
+  for (int64_t p = 0; p < pairs; ++p)
+    SB_CHECK_OR_RETURN(table.bits[rhs[p]] != 0, StatusCode::kInvalidArgument,
+                       "pair %lld selects expert %lld, which is pruned (0 bits)", (long long)p, (long long)rhs[p]);
+  int64_t sorted = 0;
+  if (n->sorted_indices) {
+    SB_ASSIGN_OR_RETURN(sorted, ctx.resolve(n->sorted_indices.get()));
+  }
+  for (int64_t p = 1; sorted && p < pairs; ++p)
+    SB_CHECK_OR_RETURN(rhs[p - 1] <= rhs[p], StatusCode::kInvalidArgument,
+                       "sorted_indices is set but rhs_indices[%lld] = %lld follows %lld", (long long)p,
+                       (long long)rhs[p], (long long)rhs[p - 1]);
+
+  const Q8Activations xq = quantize_q8(x);
+  const int64_t nout = table.n;
+  std::vector<float> g(static_cast<size_t>(pairs * nout));
+  // Work items: runs of pairs sharing an expert (sorted) or single pairs, times tiles of 64 output rows.
+  std::vector<std::pair<int64_t, int64_t>> runs;
+  for (int64_t p = 0; p < pairs;) {
+    int64_t q = p + 1;
+    while (sorted && q < pairs && rhs[q] == rhs[p]) ++q;
+    runs.emplace_back(p, q);
+    p = q;
+  }
+  const int64_t tiles = (nout + 63) / 64;
+  parallel_for(static_cast<int64_t>(runs.size()) * tiles, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t item = begin; item < end; ++item) {
+      auto [p0, p1] = runs[static_cast<size_t>(item / tiles)];
+      const int64_t n0 = (item % tiles) * 64, n1 = std::min(nout, n0 + 64);
+      qmm_rows(table, static_cast<int>(rhs[p0]), xq, lhs.data() + p0, p1 - p0, n0, n1, g.data() + p0 * nout + n0, nout);
+    }
+  });
+
+  const DType dt = x.dtype();
+  if (!n->combine_weights) {
+    SB_ASSIGN_OR_RETURN(Tensor out, Tensor::zeros(dt, {pairs, nout}));
+    for (int64_t i = 0; i < pairs * nout; ++i) store_f32(out.mutable_data(), dt, i, g[i]);
+    return ctx.out(n->out.get(), std::move(out));
+  }
+  // Fused combine: each product is rounded to the output dtype first, exactly as
+  // if GatherQmm had stored it and Combine had read it back.
+  SB_ASSIGN_OR_RETURN(Tensor cw, ctx.in(n->combine_weights.get()));
+  const int64_t tokens = cw.dim(0), slots = cw.dim(1);
+  SB_CHECK_OR_RETURN(tokens * slots == pairs, StatusCode::kInvalidArgument,
+                     "combine_weights %s does not match %lld pairs", shape_str(cw.shape()).c_str(), (long long)pairs);
+  for (float& v : g) v = round_to(v, dt);
+  Tensor shared, gate;
+  if (n->shared) {
+    SB_ASSIGN_OR_RETURN(shared, ctx.in(n->shared.get()));
+  }
+  if (n->shared_gate) {
+    SB_ASSIGN_OR_RETURN(gate, ctx.in(n->shared_gate.get()));
+  }
+  SB_ASSIGN_OR_RETURN(Tensor out, Tensor::zeros(dt, {tokens, nout}));
+  SB_RETURN_IF_ERROR(combine_rows(g.data(), cw, shared, gate, tokens, slots, nout, out));
+  return ctx.out(n->out.get(), std::move(out));
+}
+
+void register_gather_qmm_kernels(KernelRegistry& r) { r.add(fb::OpNode::GatherQmmNode, gather_qmm); }
+
+}  // namespace switchboard::cpu

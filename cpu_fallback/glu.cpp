@@ -1,0 +1,38 @@
+// Gated activations: SwiGLU, GEGLU (tanh approximation) and gpt-oss's clamped SwiGLU.
+#include "cpu_common.h"
+#include "exact_math.h"
+
+namespace switchboard::cpu {
+
+namespace {
+float glu(fb::GluKind kind, float g, float u, float alpha, float limit) {
+  switch (kind) {
+    case fb::GluKind::SwiGLU: return exact::silu(g) * u;
+    case fb::GluKind::GEGLU: return exact::gelu_tanh(g) * u;
+    case fb::GluKind::ClampedSwiGLU: {
+      const float gc = min_f32(g, limit);
+      const float uc = max_f32(min_f32(u, limit), -limit);
+      return (gc * exact::sigmoid(alpha * gc)) * (uc + 1.0f);
+    }
+  }
+  return 0.0f;
+}
+
+Status glu_kernel(KernelContext& ctx, const fb::OpNodeUnion& op) {
+  const auto* n = op.AsGluNode();
+  SB_ASSIGN_OR_RETURN(Tensor g, ctx.in(n->gate.get()));
+  SB_ASSIGN_OR_RETURN(Tensor u, ctx.in(n->up.get()));
+  SB_CHECK_OR_RETURN(g.shape() == u.shape(), StatusCode::kInvalidArgument, "gate %s and up %s differ",
+                     shape_str(g.shape()).c_str(), shape_str(u.shape()).c_str());
+  SB_ASSIGN_OR_RETURN(Tensor out, Tensor::zeros(g.dtype(), g.shape()));
+  for (int64_t i = 0; i < g.numel(); ++i)
+    store_f32(out.mutable_data(), g.dtype(), i,
+              glu(n->kind, load_f32(g.data(), g.dtype(), i), load_f32(u.data(), u.dtype(), i), n->alpha, n->limit));
+  return ctx.out(n->out.get(), std::move(out));
+}
+
+}  // namespace
+
+void register_glu_kernels(KernelRegistry& r) { r.add(fb::OpNode::GluNode, glu_kernel); }
+
+}  // namespace switchboard::cpu

@@ -1,0 +1,120 @@
+#include "parallel.h"
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdlib>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace switchboard::cpu {
+namespace {
+
+class Pool {
+ public:
+  static Pool& get() {
+    static Pool pool;
+    return pool;
+  }
+
+  int threads() const { return threads_; }
+  void set_threads(int n) { threads_ = std::max(1, n); }
+
+  void run(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
+    const int64_t chunks = (n + grain - 1) / grain;
+    const int helpers = static_cast<int>(std::min<int64_t>(threads_, chunks)) - 1;
+    if (helpers <= 0) {
+      fn(0, n);
+      return;
+    }
+    std::unique_lock<std::mutex> call(call_mu_);  // one parallel region at a time
+    ensure_workers(helpers);
+    next_.store(0);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      job_ = {&fn, n, grain};
+      pending_ = helpers;
+      job_helpers_ = helpers;
+      ++generation_;
+    }
+    cv_.notify_all();
+    work();
+    std::unique_lock<std::mutex> lock(mu_);
+    done_cv_.wait(lock, [&] { return pending_ == 0; });
+    job_.fn = nullptr;
+  }
+
+ private:
+  struct Job {
+    const std::function<void(int64_t, int64_t)>* fn = nullptr;
+    int64_t n = 0, grain = 1;
+  };
+
+  Pool() {
+    const char* env = std::getenv("SWITCHBOARD_THREADS");
+    int hw = static_cast<int>(std::thread::hardware_concurrency());
+    threads_ = env && std::atoi(env) > 0 ? std::atoi(env) : std::max(1, hw);
+  }
+  ~Pool() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : workers_) t.join();
+  }
+
+  void ensure_workers(int n) {
+    while (static_cast<int>(workers_.size()) < n) {
+      int id = static_cast<int>(workers_.size());
+      workers_.emplace_back([this, id] { loop(id); });
+    }
+  }
+
+  // Claims chunks until none are left.
+  void work() {
+    for (;;) {
+      int64_t begin = next_.fetch_add(job_.grain);
+      if (begin >= job_.n) return;
+      (*job_.fn)(begin, std::min(job_.n, begin + job_.grain));
+    }
+  }
+
+  void loop(int id) {
+    uint64_t seen = 0;
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || (generation_ != seen && id < job_helpers_); });
+        if (stop_) return;
+        seen = generation_;
+      }
+      work();
+      std::lock_guard<std::mutex> lock(mu_);
+      if (--pending_ == 0) done_cv_.notify_one();
+    }
+  }
+
+  int threads_ = 1;
+  std::vector<std::thread> workers_;
+  std::mutex mu_, call_mu_;
+  std::condition_variable cv_, done_cv_;
+  Job job_;
+  std::atomic<int64_t> next_{0};
+  int pending_ = 0;
+  int job_helpers_ = 0;  // workers with an index below this take part in the current job
+  uint64_t generation_ = 0;
+  bool stop_ = false;
+};
+
+}  // namespace
+
+int num_threads() { return Pool::get().threads(); }
+void set_num_threads(int n) { Pool::get().set_threads(n); }
+void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
+  if (n <= 0) return;
+  Pool::get().run(n, std::max<int64_t>(1, grain), fn);
+}
+
+}  // namespace switchboard::cpu
