@@ -5,8 +5,14 @@
 #include "gather_qmm.h"
 
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <tuple>
 
 #include "cpu_common.h"
+#include "gather_qmm_x86.h"
 #include "exact_math.h"
 #include "parallel.h"
 #include "quantize.h"
@@ -62,6 +68,16 @@ Q8Activations quantize_q8(const Tensor& x) {
   }
   return a;
 }
+
+namespace {
+bool g_fast = [] {
+  const char* v = std::getenv("SWITCHBOARD_CPU_PATH");
+  return !(v && std::strcmp(v, "portable") == 0);
+}();
+}  // namespace
+
+void set_fast_paths(bool enabled) { g_fast = enabled; }
+bool fast_paths_enabled() { return g_fast && x86::available(); }
 
 namespace {
 
@@ -126,6 +142,34 @@ Result<ExpertTable> expert_table(const fb::GatherQmmNodeT& n, const Tensor& w, c
   return t;
 }
 
+// X_g per row of xq and weight group: sum over the group's blocks of Sx_j * d_j, in order.
+std::vector<float> group_sums(const Q8Activations& xq, int64_t group_size) {
+  const int64_t blocks = xq.k / kQ8Block, per = group_size / kQ8Block, groups = xq.k / group_size;
+  std::vector<float> xg(static_cast<size_t>(xq.rows * groups));
+  for (int64_t r = 0; r < xq.rows; ++r)
+    for (int64_t g = 0; g < groups; ++g) {
+      float x = 0.0f;
+      for (int64_t j = g * per; j < (g + 1) * per; ++j)
+        x = x + static_cast<float>(xq.sum[r * blocks + j]) * xq.d[r * blocks + j];
+      xg[r * groups + g] = x;
+    }
+  return xg;
+}
+
+// Repacked constant weights are shared by every session of a program: keyed by
+// the source pointers, which stay valid because the entry holds the sources.
+std::shared_ptr<const x86::Repacked> repacked_cached(const ExpertTable& t, std::vector<Tensor> sources) {
+  using Key = std::tuple<const void*, const void*, const void*, int64_t, std::vector<int>>;
+  static std::mutex mu;
+  static std::map<Key, std::weak_ptr<const x86::Repacked>> cache;
+  const Key key{t.codes, t.scales, t.biases, t.group_size, t.bits};
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto hit = cache[key].lock()) return hit;
+  auto fresh = x86::repack(t, std::move(sources));
+  if (fresh) cache[key] = fresh;
+  return fresh;
+}
+
 // Reads an optional index tensor into int64, checking every entry against `limit`.
 Result<std::vector<int64_t>> read_indices(KernelContext& ctx, const std::unique_ptr<fb::Tid>& tid, const char* field,
                                           int64_t limit) {
@@ -186,12 +230,22 @@ Status gather_qmm(KernelContext& ctx, const fb::OpNodeUnion& op) {
     runs.emplace_back(p, q);
     p = q;
   }
+  std::shared_ptr<const x86::Repacked> fast;
+  if (fast_paths_enabled()) {
+    const bool cached = ctx.is_constant(n->w.get()) && ctx.is_constant(n->scales.get()) && ctx.is_constant(n->biases.get());
+    fast = cached ? repacked_cached(table, {w, scales, biases}) : x86::repack(table);
+    if (fast && cached) ctx.retain(fast);
+  }
+  const std::vector<float> xg = fast ? group_sums(xq, table.group_size) : std::vector<float>{};
   const int64_t tiles = (nout + 63) / 64;
   parallel_for(static_cast<int64_t>(runs.size()) * tiles, 1, [&](int64_t begin, int64_t end) {
     for (int64_t item = begin; item < end; ++item) {
       auto [p0, p1] = runs[static_cast<size_t>(item / tiles)];
       const int64_t n0 = (item % tiles) * 64, n1 = std::min(nout, n0 + 64);
-      qmm_rows(table, static_cast<int>(rhs[p0]), xq, lhs.data() + p0, p1 - p0, n0, n1, g.data() + p0 * nout + n0, nout);
+      const int e = static_cast<int>(rhs[p0]);
+      if (fast) x86::qmm_tiles(*fast, e, xq, xg.data(), lhs.data() + p0, p1 - p0, n0 / 16, (n1 + 15) / 16,
+                               g.data() + p0 * nout + n0, nout);
+      else qmm_rows(table, e, xq, lhs.data() + p0, p1 - p0, n0, n1, g.data() + p0 * nout + n0, nout);
     }
   });
 

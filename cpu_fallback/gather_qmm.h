@@ -33,6 +33,11 @@ struct ExpertTable {
   DType scale_dtype = DType::kF32;
 };
 
+// Fast paths (AVX-512 VNNI) are used when the CPU has them unless disabled here
+// or by SWITCHBOARD_CPU_PATH=portable; both give identical bits.
+void set_fast_paths(bool enabled);
+bool fast_paths_enabled();
+
 // out[i * out_stride + (n - n0)] for the token rows `rows[0..count)` of `xq`, all
 // against expert e, output rows n in [n0, n1); f32 results before rounding.
 void qmm_rows(const ExpertTable& t, int e, const Q8Activations& xq, const int64_t* rows, int64_t count, int64_t n0,

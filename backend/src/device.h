@@ -51,6 +51,11 @@ class KernelContext {
   virtual Result<Tensor> inplace(const fb::Tid* tid) = 0;
   virtual Result<int64_t> resolve(const fb::IntOrVidT* v) = 0;
   virtual DType declared_dtype(const fb::Tid* tid) const = 0;
+  // True for constant slots: their contents never change, so derived data
+  // (e.g. repacked weights) may be cached.
+  virtual bool is_constant(const fb::Tid* tid) const = 0;
+  // Keeps `obj` alive as long as the session (e.g. a cache entry it uses).
+  virtual void retain(std::shared_ptr<const void> obj) = 0;
 };
 
 }  // namespace switchboard

@@ -40,6 +40,8 @@ class Interpreter final : public KernelContext {
   Result<Tensor> inplace(const fb::Tid* tid) override;
   Result<int64_t> resolve(const fb::IntOrVidT* v) override;
   DType declared_dtype(const fb::Tid* tid) const override;
+  bool is_constant(const fb::Tid* tid) const override { return prog_.roles[tid->idx()] == SlotRole::kConstant; }
+  void retain(std::shared_ptr<const void> obj) override { retained_.push_back(std::move(obj)); }
 
  private:
   Status run_chain(uint32_t chain, uint32_t depth);
@@ -54,6 +56,7 @@ class Interpreter final : public KernelContext {
   std::vector<Value> values_;
   std::vector<uint8_t> value_written_;
   std::vector<uint8_t> value_is_input_;
+  std::vector<std::shared_ptr<const void>> retained_;
 };
 
 }  // namespace switchboard::detail

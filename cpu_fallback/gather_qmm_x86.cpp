@@ -1,0 +1,239 @@
+#include "gather_qmm_x86.h"
+
+#include <immintrin.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "cpu_common.h"
+#include "quantize.h"
+
+namespace switchboard::cpu::x86 {
+
+bool available() {
+  static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                         __builtin_cpu_supports("avx512vnni");
+  return ok;
+}
+
+double repacked_bytes_per_weight(int format) { return format / 8.0; }
+
+namespace {
+
+constexpr int kTile = 16;
+
+std::shared_ptr<uint8_t> aligned_bytes(size_t n) {
+  void* p = std::aligned_alloc(64, (n + 63) / 64 * 64);
+  if (p) std::memset(p, 0, n);
+  return std::shared_ptr<uint8_t>(static_cast<uint8_t*>(p), [](uint8_t* q) { std::free(q); });
+}
+
+int format_for(int bits) { return bits == 0 ? 0 : bits == 2 ? 2 : bits == 4 ? 4 : 8; }
+
+// Writes expert e's codes in the tile layout at dst.
+void repack_codes(const ExpertTable& t, int e, int fmt, int64_t tiles, uint8_t* dst) {
+  const int bits = t.bits[e];
+  const int64_t words = t.k * bits / 32;
+  const int64_t k_per_chunk = fmt == 4 ? 8 : fmt == 2 ? 16 : 4;
+  const int64_t chunks = t.k / k_per_chunk;
+  for (int64_t tile = 0; tile < tiles; ++tile)
+    for (int64_t c = 0; c < chunks; ++c) {
+      uint8_t* out = dst + (tile * chunks + c) * 64;
+      for (int lane = 0; lane < kTile; ++lane) {
+        const int64_t n = tile * kTile + lane;
+        if (n >= t.n) continue;  // padding rows keep code 0 and scale 0
+        const uint32_t* row = t.codes + t.word_offset[e] + n * words;
+        const int64_t k0 = c * k_per_chunk;
+        for (int b = 0; b < 4; ++b) {
+          uint32_t v;
+          if (fmt == 4) v = unpack_code(row, k0 + b, bits) | (unpack_code(row, k0 + 4 + b, bits) << 4);
+          else if (fmt == 2) {
+            v = 0;
+            for (int i = 0; i < 4; ++i) v |= unpack_code(row, k0 + 4 * i + b, bits) << (2 * i);
+          } else {
+            v = unpack_code(row, k0 + b, bits);
+          }
+          out[lane * 4 + b] = static_cast<uint8_t>(v);
+        }
+      }
+    }
+}
+
+// Scales then biases of each (tile, group): 16 values each, in the source dtype.
+void repack_sb(const ExpertTable& t, int e, int64_t tiles, uint8_t* dst) {
+  const size_t es = dtype_size(t.scale_dtype);
+  for (int64_t tile = 0; tile < tiles; ++tile)
+    for (int64_t g = 0; g < t.groups; ++g) {
+      uint8_t* out = dst + (tile * t.groups + g) * 2 * kTile * es;
+      for (int lane = 0; lane < kTile; ++lane) {
+        const int64_t n = tile * kTile + lane;
+        if (n >= t.n) continue;
+        const int64_t src = ((static_cast<int64_t>(e) * t.n + n) * t.groups + g) * static_cast<int64_t>(es);
+        std::memcpy(out + lane * es, static_cast<const uint8_t*>(t.scales) + src, es);
+        std::memcpy(out + (kTile + lane) * es, static_cast<const uint8_t*>(t.biases) + src, es);
+      }
+    }
+}
+
+}  // namespace
+
+std::shared_ptr<const Repacked> repack(const ExpertTable& t, std::vector<Tensor> sources) {
+  auto r = std::make_shared<Repacked>();
+  r->sources = std::move(sources);
+  r->n = t.n;
+  r->k = t.k;
+  r->groups = t.groups;
+  r->group_size = t.group_size;
+  r->tiles = (t.n + kTile - 1) / kTile;
+  r->scale_dtype = t.scale_dtype;
+  int64_t code_bytes = 0, sb_bytes = 0;
+  const int64_t sb_per_expert = r->tiles * t.groups * 2 * kTile * static_cast<int64_t>(dtype_size(t.scale_dtype));
+  for (size_t e = 0; e < t.bits.size(); ++e) {
+    int fmt = format_for(t.bits[e]);
+    r->format.push_back(fmt);
+    r->code_offset.push_back(code_bytes);
+    r->sb_offset.push_back(sb_bytes);
+    if (fmt) {
+      code_bytes += r->tiles * kTile * t.k * fmt / 8;
+      sb_bytes += sb_per_expert;
+    }
+  }
+  r->codes = aligned_bytes(static_cast<size_t>(code_bytes));
+  r->sb = aligned_bytes(static_cast<size_t>(sb_bytes));
+  if (!r->codes || !r->sb) return nullptr;
+  for (size_t e = 0; e < t.bits.size(); ++e) {
+    if (!r->format[e]) continue;
+    repack_codes(t, static_cast<int>(e), r->format[e], r->tiles, r->codes.get() + r->code_offset[e]);
+    repack_sb(t, static_cast<int>(e), r->tiles, r->sb.get() + r->sb_offset[e]);
+  }
+  return r;
+}
+
+namespace {
+
+__attribute__((target("avx512f"))) inline __m512 load16(const uint8_t* p, DType t) {
+  if (t == DType::kF32) return _mm512_loadu_ps(p);
+  __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  if (t == DType::kF16) return _mm512_cvtph_ps(h);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));  // bf16
+}
+
+__attribute__((target("avx512f"))) inline __m512i bcast4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm512_set1_epi32(v);
+}
+
+// One 32-block of integer dots for R token rows, added into iacc[R].
+template <int FMT, int R>
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) inline void block_dots(const uint8_t* codes,
+                                                                                const int8_t* const* xq, int64_t j,
+                                                                                __m512i* iacc) {
+  const __m512i low4 = _mm512_set1_epi8(0x0F), low2 = _mm512_set1_epi8(0x03);
+  if constexpr (FMT == 4) {
+    for (int c = 0; c < 4; ++c) {
+      const __m512i v = _mm512_load_si512(codes + (j * 4 + c) * 64);
+      const __m512i lo = _mm512_and_si512(v, low4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+      const int64_t k = j * 32 + c * 8;
+      for (int r = 0; r < R; ++r) {
+        iacc[r] = _mm512_dpbusd_epi32(iacc[r], lo, bcast4(xq[r] + k));
+        iacc[r] = _mm512_dpbusd_epi32(iacc[r], hi, bcast4(xq[r] + k + 4));
+      }
+    }
+  } else if constexpr (FMT == 2) {
+    for (int c = 0; c < 2; ++c) {
+      const __m512i v = _mm512_load_si512(codes + (j * 2 + c) * 64);
+      const int64_t k = j * 32 + c * 16;
+      const __m512i w0 = _mm512_and_si512(v, low2), w1 = _mm512_and_si512(_mm512_srli_epi16(v, 2), low2);
+      const __m512i w2 = _mm512_and_si512(_mm512_srli_epi16(v, 4), low2), w3 = _mm512_and_si512(_mm512_srli_epi16(v, 6), low2);
+      for (int r = 0; r < R; ++r) {
+        iacc[r] = _mm512_dpbusd_epi32(iacc[r], w0, bcast4(xq[r] + k));
+        iacc[r] = _mm512_dpbusd_epi32(iacc[r], w1, bcast4(xq[r] + k + 4));
+        iacc[r] = _mm512_dpbusd_epi32(iacc[r], w2, bcast4(xq[r] + k + 8));
+        iacc[r] = _mm512_dpbusd_epi32(iacc[r], w3, bcast4(xq[r] + k + 12));
+      }
+    }
+  } else {
+    for (int c = 0; c < 8; ++c) {
+      const __m512i v = _mm512_load_si512(codes + (j * 8 + c) * 64);
+      for (int r = 0; r < R; ++r) iacc[r] = _mm512_dpbusd_epi32(iacc[r], v, bcast4(xq[r] + j * 32 + c * 4));
+    }
+  }
+}
+
+// R token rows x one 16-row tile, the whole K: the contract's float steps, lane = output row.
+template <int FMT, int R>
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) void tile_rows(const Repacked& rp, const uint8_t* codes,
+                                                                       const uint8_t* sb, const Q8Activations& xq,
+                                                                       const float* xg, const int64_t* rows,
+                                                                       float* const* out) {
+  const int64_t blocks_per_group = rp.group_size / kQ8Block, nblocks = rp.k / kQ8Block;
+  const size_t es = dtype_size(rp.scale_dtype);
+  const int8_t* xr[R];
+  const float* dr[R];
+  for (int r = 0; r < R; ++r) {
+    xr[r] = xq.q.data() + rows[r] * xq.k;
+    dr[r] = xq.d.data() + rows[r] * nblocks;
+  }
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < rp.groups; ++g) {
+    __m512 p[R];
+    for (int r = 0; r < R; ++r) p[r] = _mm512_setzero_ps();
+    for (int64_t j = g * blocks_per_group; j < (g + 1) * blocks_per_group; ++j) {
+      __m512i iacc[R];
+      for (int r = 0; r < R; ++r) iacc[r] = _mm512_setzero_si512();
+      block_dots<FMT, R>(codes, xr, j, iacc);
+      for (int r = 0; r < R; ++r)
+        p[r] = _mm512_add_ps(p[r], _mm512_mul_ps(_mm512_cvtepi32_ps(iacc[r]), _mm512_set1_ps(dr[r][j])));
+    }
+    const uint8_t* gsb = sb + g * 2 * kTile * es;
+    const __m512 s = load16(gsb, rp.scale_dtype), b = load16(gsb + kTile * es, rp.scale_dtype);
+    for (int r = 0; r < R; ++r) {
+      const __m512 t = _mm512_add_ps(_mm512_mul_ps(s, p[r]), _mm512_mul_ps(b, _mm512_set1_ps(xg[rows[r] * rp.groups + g])));
+      acc[r] = _mm512_add_ps(acc[r], t);
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm512_storeu_ps(out[r], acc[r]);
+}
+
+template <int FMT>
+void tiles_for_format(const Repacked& rp, int e, const Q8Activations& xq, const float* xg, const int64_t* rows,
+                      int64_t count, int64_t tile0, int64_t tile1, float* out, int64_t stride) {
+  const int64_t chunk_bytes = rp.k * FMT / 8 * kTile;  // one tile's codes
+  const int64_t sb_bytes = rp.groups * 2 * kTile * static_cast<int64_t>(dtype_size(rp.scale_dtype));
+  alignas(64) float tmp[8][kTile];
+  for (int64_t tile = tile0; tile < tile1; ++tile) {
+    const uint8_t* codes = rp.codes.get() + rp.code_offset[e] + tile * chunk_bytes;
+    const uint8_t* sb = rp.sb.get() + rp.sb_offset[e] + tile * sb_bytes;
+    const int64_t n0 = tile * kTile, valid = std::min<int64_t>(kTile, rp.n - n0);
+    for (int64_t i = 0; i < count;) {
+      float* dst[8];
+      const int64_t r = std::min<int64_t>(count - i, 4);
+      for (int64_t q = 0; q < r; ++q) dst[q] = tmp[q];
+      switch (r) {
+        case 4: tile_rows<FMT, 4>(rp, codes, sb, xq, xg, rows + i, dst); break;
+        case 3: tile_rows<FMT, 3>(rp, codes, sb, xq, xg, rows + i, dst); break;
+        case 2: tile_rows<FMT, 2>(rp, codes, sb, xq, xg, rows + i, dst); break;
+        default: tile_rows<FMT, 1>(rp, codes, sb, xq, xg, rows + i, dst); break;
+      }
+      for (int64_t q = 0; q < r; ++q)
+        std::memcpy(out + (i + q) * stride + (n0 - tile0 * kTile), tmp[q], static_cast<size_t>(valid) * 4);
+      i += r;
+    }
+  }
+}
+
+}  // namespace
+
+void qmm_tiles(const Repacked& r, int e, const Q8Activations& xq, const float* xg, const int64_t* rows, int64_t count,
+               int64_t tile0, int64_t tile1, float* out, int64_t out_stride) {
+  switch (r.format[e]) {
+    case 4: tiles_for_format<4>(r, e, xq, xg, rows, count, tile0, tile1, out, out_stride); break;
+    case 2: tiles_for_format<2>(r, e, xq, xg, rows, count, tile0, tile1, out, out_stride); break;
+    case 8: tiles_for_format<8>(r, e, xq, xg, rows, count, tile0, tile1, out, out_stride); break;
+    default: break;
+  }
+}
+
+}  // namespace switchboard::cpu::x86
