@@ -56,7 +56,8 @@ int64_t apply_i(fb::BinaryOp op, int64_t a, int64_t b) {
     case fb::BinaryOp::Min: return std::min(a, b);
     case fb::BinaryOp::Div: return 0;  // rejected by the validator
     case fb::BinaryOp::FloorDiv: {
-      if (b == 0 || (a == INT64_MIN && b == -1)) return 0;  // the kernel reports these before calling
+      if (b == 0) return 0;                          // binary() reports division by zero before calling
+      if (a == INT64_MIN && b == -1) return INT64_MIN;  // wraps, like the other integer ops
       int64_t q = a / b;
       return (a % b != 0 && ((a % b < 0) != (b < 0))) ? q - 1 : q;
     }

@@ -44,6 +44,18 @@ void repack_codes(const ExpertTable& t, int e, int fmt, int64_t tiles, uint8_t* 
         if (n >= t.n) continue;  // padding rows keep code 0 and scale 0
         const uint32_t* row = t.codes + t.word_offset[e] + n * words;
         const int64_t k0 = c * k_per_chunk;
+        if (bits == fmt) {  // the chunk is exactly one aligned source word: shuffle its fields
+          const uint32_t word = row[k0 * bits / 32];
+          for (int b = 0; b < 4; ++b) {
+            uint32_t v = 0;
+            if (fmt == 4) v = ((word >> (4 * b)) & 0xF) | (((word >> (4 * (b + 4))) & 0xF) << 4);
+            else if (fmt == 2)
+              for (int i = 0; i < 4; ++i) v |= ((word >> (2 * (4 * i + b))) & 3) << (2 * i);
+            else v = (word >> (8 * b)) & 0xFF;
+            out[lane * 4 + b] = static_cast<uint8_t>(v);
+          }
+          continue;
+        }
         for (int b = 0; b < 4; ++b) {
           uint32_t v;
           if (fmt == 4) v = unpack_code(row, k0 + b, bits) | (unpack_code(row, k0 + 4 + b, bits) << 4);
@@ -118,55 +130,54 @@ __attribute__((target("avx512f"))) inline __m512 load16(const uint8_t* p, DType 
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));  // bf16
 }
 
+// vpdpbusd takes the broadcast straight from memory ({1to16}).
+typedef int32_t unaligned_i32 __attribute__((aligned(1), may_alias));
 __attribute__((target("avx512f"))) inline __m512i bcast4(const int8_t* p) {
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return _mm512_set1_epi32(v);
+  return _mm512_set1_epi32(*reinterpret_cast<const unaligned_i32*>(p));
 }
 
-// One 32-block of integer dots for R token rows, added into iacc[R].
-template <int FMT, int R>
-__attribute__((target("avx512f,avx512bw,avx512vnni"))) inline void block_dots(const uint8_t* codes,
+// Integer dots of one 32-block, for TT tiles x R token rows, into iacc[t][r].
+// Codes are masked in place (a high nibble masked with 0xF0 is 16x its value),
+// each bit position gets its own accumulator, and the accumulators are shifted
+// back and added at the end: integer sums are exact in any order, so this is
+// the contract's Iq_j exactly.
+template <int FMT, int TT, int R>
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) inline void block_dots(const uint8_t* const* codes,
                                                                                 const int8_t* const* xq, int64_t j,
-                                                                                __m512i* iacc) {
-  const __m512i low4 = _mm512_set1_epi8(0x0F), low2 = _mm512_set1_epi8(0x03);
-  if constexpr (FMT == 4) {
-    for (int c = 0; c < 4; ++c) {
-      const __m512i v = _mm512_load_si512(codes + (j * 4 + c) * 64);
-      const __m512i lo = _mm512_and_si512(v, low4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
-      const int64_t k = j * 32 + c * 8;
-      for (int r = 0; r < R; ++r) {
-        iacc[r] = _mm512_dpbusd_epi32(iacc[r], lo, bcast4(xq[r] + k));
-        iacc[r] = _mm512_dpbusd_epi32(iacc[r], hi, bcast4(xq[r] + k + 4));
+                                                                                __m512i (*iacc)[R]) {
+  constexpr int kParts = FMT == 4 ? 2 : FMT == 2 ? 4 : 1;  // fields per code byte
+  constexpr int kChunks = 8 / kParts;                      // 64-byte loads per block: 4 (4-bit), 2 (2-bit), 8 (8-bit)
+  __m512i part[TT][R][kParts];
+  for (int t = 0; t < TT; ++t)
+    for (int r = 0; r < R; ++r)
+      for (int q = 0; q < kParts; ++q) part[t][r][q] = _mm512_setzero_si512();
+  for (int c = 0; c < kChunks; ++c) {
+    const int64_t k = j * 32 + c * 4 * kParts;
+    __m512i x[R][kParts];
+    for (int r = 0; r < R; ++r)
+      for (int q = 0; q < kParts; ++q) x[r][q] = bcast4(xq[r] + k + 4 * q);
+    for (int t = 0; t < TT; ++t) {
+      const __m512i v = _mm512_load_si512(codes[t] + (j * kChunks + c) * 64);
+      for (int q = 0; q < kParts; ++q) {
+        const __m512i w = kParts == 1 ? v : _mm512_and_si512(v, _mm512_set1_epi8(static_cast<char>(((1 << FMT) - 1) << (FMT * q))));
+        for (int r = 0; r < R; ++r) part[t][r][q] = _mm512_dpbusd_epi32(part[t][r][q], w, x[r][q]);
       }
-    }
-  } else if constexpr (FMT == 2) {
-    for (int c = 0; c < 2; ++c) {
-      const __m512i v = _mm512_load_si512(codes + (j * 2 + c) * 64);
-      const int64_t k = j * 32 + c * 16;
-      const __m512i w0 = _mm512_and_si512(v, low2), w1 = _mm512_and_si512(_mm512_srli_epi16(v, 2), low2);
-      const __m512i w2 = _mm512_and_si512(_mm512_srli_epi16(v, 4), low2), w3 = _mm512_and_si512(_mm512_srli_epi16(v, 6), low2);
-      for (int r = 0; r < R; ++r) {
-        iacc[r] = _mm512_dpbusd_epi32(iacc[r], w0, bcast4(xq[r] + k));
-        iacc[r] = _mm512_dpbusd_epi32(iacc[r], w1, bcast4(xq[r] + k + 4));
-        iacc[r] = _mm512_dpbusd_epi32(iacc[r], w2, bcast4(xq[r] + k + 8));
-        iacc[r] = _mm512_dpbusd_epi32(iacc[r], w3, bcast4(xq[r] + k + 12));
-      }
-    }
-  } else {
-    for (int c = 0; c < 8; ++c) {
-      const __m512i v = _mm512_load_si512(codes + (j * 8 + c) * 64);
-      for (int r = 0; r < R; ++r) iacc[r] = _mm512_dpbusd_epi32(iacc[r], v, bcast4(xq[r] + j * 32 + c * 4));
     }
   }
+  for (int t = 0; t < TT; ++t)
+    for (int r = 0; r < R; ++r) {
+      __m512i sum = part[t][r][0];
+      for (int q = 1; q < kParts; ++q) sum = _mm512_add_epi32(sum, _mm512_srai_epi32(part[t][r][q], FMT * q));
+      iacc[t][r] = sum;
+    }
 }
 
-// R token rows x one 16-row tile, the whole K: the contract's float steps, lane = output row.
-template <int FMT, int R>
-__attribute__((target("avx512f,avx512bw,avx512vnni"))) void tile_rows(const Repacked& rp, const uint8_t* codes,
-                                                                       const uint8_t* sb, const Q8Activations& xq,
+// TT 16-row tiles x R token rows, the whole K: the contract's float steps, lane = output row.
+template <int FMT, int TT, int R>
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) void tile_rows(const Repacked& rp, const uint8_t* const* codes,
+                                                                       const uint8_t* const* sb, const Q8Activations& xq,
                                                                        const float* xg, const int64_t* rows,
-                                                                       float* const* out) {
+                                                                       float (*out)[R][kTile]) {
   const int64_t blocks_per_group = rp.group_size / kQ8Block, nblocks = rp.k / kQ8Block;
   const size_t es = dtype_size(rp.scale_dtype);
   const int8_t* xr[R];
@@ -175,52 +186,71 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void tile_rows(const Repa
     xr[r] = xq.q.data() + rows[r] * xq.k;
     dr[r] = xq.d.data() + rows[r] * nblocks;
   }
-  __m512 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  __m512 acc[TT][R];
+  for (int t = 0; t < TT; ++t)
+    for (int r = 0; r < R; ++r) acc[t][r] = _mm512_setzero_ps();
   for (int64_t g = 0; g < rp.groups; ++g) {
-    __m512 p[R];
-    for (int r = 0; r < R; ++r) p[r] = _mm512_setzero_ps();
+    __m512 p[TT][R];
+    for (int t = 0; t < TT; ++t)
+      for (int r = 0; r < R; ++r) p[t][r] = _mm512_setzero_ps();
     for (int64_t j = g * blocks_per_group; j < (g + 1) * blocks_per_group; ++j) {
-      __m512i iacc[R];
-      for (int r = 0; r < R; ++r) iacc[r] = _mm512_setzero_si512();
-      block_dots<FMT, R>(codes, xr, j, iacc);
-      for (int r = 0; r < R; ++r)
-        p[r] = _mm512_add_ps(p[r], _mm512_mul_ps(_mm512_cvtepi32_ps(iacc[r]), _mm512_set1_ps(dr[r][j])));
+      // Weights stream from DRAM once: ask for them a few blocks ahead.
+      for (int t = 0; t < TT; ++t)
+        for (int c = 0; c < FMT; ++c)
+          _mm_prefetch(reinterpret_cast<const char*>(codes[t] + (j + 6) * FMT * 64 + c * 64), _MM_HINT_T0);
+      __m512i iacc[TT][R];
+      block_dots<FMT, TT, R>(codes, xr, j, iacc);
+      for (int r = 0; r < R; ++r) {
+        const __m512 d = _mm512_set1_ps(dr[r][j]);
+        for (int t = 0; t < TT; ++t) p[t][r] = _mm512_add_ps(p[t][r], _mm512_mul_ps(_mm512_cvtepi32_ps(iacc[t][r]), d));
+      }
     }
-    const uint8_t* gsb = sb + g * 2 * kTile * es;
-    const __m512 s = load16(gsb, rp.scale_dtype), b = load16(gsb + kTile * es, rp.scale_dtype);
-    for (int r = 0; r < R; ++r) {
-      const __m512 t = _mm512_add_ps(_mm512_mul_ps(s, p[r]), _mm512_mul_ps(b, _mm512_set1_ps(xg[rows[r] * rp.groups + g])));
-      acc[r] = _mm512_add_ps(acc[r], t);
+    for (int t = 0; t < TT; ++t) {
+      const uint8_t* gsb = sb[t] + g * 2 * kTile * es;
+      const __m512 s = load16(gsb, rp.scale_dtype), b = load16(gsb + kTile * es, rp.scale_dtype);
+      for (int r = 0; r < R; ++r) {
+        const __m512 x = _mm512_set1_ps(xg[rows[r] * rp.groups + g]);
+        acc[t][r] = _mm512_add_ps(acc[t][r], _mm512_add_ps(_mm512_mul_ps(s, p[t][r]), _mm512_mul_ps(b, x)));
+      }
     }
   }
-  for (int r = 0; r < R; ++r) _mm512_storeu_ps(out[r], acc[r]);
+  for (int t = 0; t < TT; ++t)
+    for (int r = 0; r < R; ++r) _mm512_storeu_ps(out[t][r], acc[t][r]);
+}
+
+// Runs one kernel instance over TT tiles starting at `tile` for R rows, copying valid outputs.
+template <int FMT, int TT, int R>
+void run_tiles(const Repacked& rp, int e, const Q8Activations& xq, const float* xg, const int64_t* rows, int64_t tile,
+               int64_t tile0, float* out, int64_t stride) {
+  const int64_t tile_codes = rp.k * FMT / 8 * kTile;
+  const int64_t tile_sb = rp.groups * 2 * kTile * static_cast<int64_t>(dtype_size(rp.scale_dtype));
+  const uint8_t* codes[TT];
+  const uint8_t* sb[TT];
+  for (int t = 0; t < TT; ++t) {
+    codes[t] = rp.codes.get() + rp.code_offset[e] + (tile + t) * tile_codes;
+    sb[t] = rp.sb.get() + rp.sb_offset[e] + (tile + t) * tile_sb;
+  }
+  alignas(64) float tmp[TT][R][kTile];
+  tile_rows<FMT, TT, R>(rp, codes, sb, xq, xg, rows, tmp);
+  for (int t = 0; t < TT; ++t) {
+    const int64_t n0 = (tile + t) * kTile, valid = std::min<int64_t>(kTile, rp.n - n0);
+    for (int r = 0; r < R; ++r)
+      std::memcpy(out + r * stride + (n0 - tile0 * kTile), tmp[t][r], static_cast<size_t>(valid) * 4);
+  }
 }
 
 template <int FMT>
 void tiles_for_format(const Repacked& rp, int e, const Q8Activations& xq, const float* xg, const int64_t* rows,
                       int64_t count, int64_t tile0, int64_t tile1, float* out, int64_t stride) {
-  const int64_t chunk_bytes = rp.k * FMT / 8 * kTile;  // one tile's codes
-  const int64_t sb_bytes = rp.groups * 2 * kTile * static_cast<int64_t>(dtype_size(rp.scale_dtype));
-  alignas(64) float tmp[8][kTile];
-  for (int64_t tile = tile0; tile < tile1; ++tile) {
-    const uint8_t* codes = rp.codes.get() + rp.code_offset[e] + tile * chunk_bytes;
-    const uint8_t* sb = rp.sb.get() + rp.sb_offset[e] + tile * sb_bytes;
-    const int64_t n0 = tile * kTile, valid = std::min<int64_t>(kTile, rp.n - n0);
-    for (int64_t i = 0; i < count;) {
-      float* dst[8];
-      const int64_t r = std::min<int64_t>(count - i, 4);
-      for (int64_t q = 0; q < r; ++q) dst[q] = tmp[q];
-      switch (r) {
-        case 4: tile_rows<FMT, 4>(rp, codes, sb, xq, xg, rows + i, dst); break;
-        case 3: tile_rows<FMT, 3>(rp, codes, sb, xq, xg, rows + i, dst); break;
-        case 2: tile_rows<FMT, 2>(rp, codes, sb, xq, xg, rows + i, dst); break;
-        default: tile_rows<FMT, 1>(rp, codes, sb, xq, xg, rows + i, dst); break;
-      }
-      for (int64_t q = 0; q < r; ++q)
-        std::memcpy(out + (i + q) * stride + (n0 - tile0 * kTile), tmp[q], static_cast<size_t>(valid) * 4);
-      i += r;
-    }
+  int64_t i = 0;
+  // Four rows at a time share each weight load; single rows take two tiles per pass instead.
+  for (; i + 4 <= count; i += 4)
+    for (int64_t tile = tile0; tile < tile1; ++tile)
+      run_tiles<FMT, 1, 4>(rp, e, xq, xg, rows + i, tile, tile0, out + i * stride, stride);
+  for (; i < count; ++i) {
+    int64_t tile = tile0;
+    for (; tile + 2 <= tile1; tile += 2) run_tiles<FMT, 2, 1>(rp, e, xq, xg, rows + i, tile, tile0, out + i * stride, stride);
+    if (tile < tile1) run_tiles<FMT, 1, 1>(rp, e, xq, xg, rows + i, tile, tile0, out + i * stride, stride);
   }
 }
 

@@ -38,15 +38,27 @@ class Rng {
 
 // One router configuration: a RouterSpec without tensor refs, plus which optional inputs exist.
 struct Case {
-  RouterKind kind = kSoftmax;
-  int e = 8, k = 2;
+  RouterKind kind;
+  int e, k;
   bool renormalize = false;
   int n_group = 1, topk_group = 1;
   float scaling = 1.0f;
   bool bias = false, scale = false;
   std::vector<int32_t> pruned;
   DType logits_dtype = kF32;
+
+  Case(RouterKind kind_, int e_, int k_) : kind(kind_), e(e_), k(k_) {}
+  Case& renorm(bool on = true) { return renormalize = on, *this; }
+  Case& groups(int n, int top) { return n_group = n, topk_group = top, *this; }
+  Case& scaled(float f) { return scaling = f, *this; }
+  Case& with_bias(bool on = true) { return bias = on, *this; }
+  Case& with_scale() { return scale = true, *this; }
+  Case& prune(std::vector<int32_t> ids) { return pruned = std::move(ids), *this; }
+  Case& logits(DType t) { return logits_dtype = t, *this; }
 };
+
+// DeepSeek-V3 style: 64 experts in 8 groups, 4 kept, top-8, bias, renormalize, x2.5.
+Case deepseek() { return Case(kSigmoid, 64, 8).renorm().groups(8, 4).scaled(2.5f).with_bias(); }
 
 std::string describe(const Case& c) {
   const char* kinds[] = {"SoftmaxTopK", "TopKSoftmax", "SigmoidGroupedTopK"};
@@ -119,8 +131,9 @@ std::vector<bool> group_limit(const std::vector<F>& c, const std::vector<bool>& 
     std::vector<bool> in_group(c.size(), false);
     for (int i = g * per; i < (g + 1) * per; ++i) in_group[size_t(i)] = live[size_t(i)];
     std::vector<int> two = select_top(c, in_group, 2);
-    score.push_back(two.empty() ? -std::numeric_limits<F>::infinity()
-                    : two.size() == 1 ? c[size_t(two[0])] : F(c[size_t(two[0])] + c[size_t(two[1])]));
+    score.push_back(two.empty()       ? -std::numeric_limits<F>::infinity()
+                    : two.size() == 1 ? c[size_t(two[0])]
+                                      : F(c[size_t(two[0])] + c[size_t(two[1])]));
   }
   std::vector<int> kept = select_top(score, std::vector<bool>(size_t(n_group), true), topk_group);
   std::vector<bool> allowed(c.size(), false);
@@ -170,9 +183,9 @@ void renormalize32(std::vector<float>& w) {
   for (float& x : w) x = x * r;
 }
 
-// The f32 reference. Selection ranks the very floats the kernel ranks: softmax probabilities of distinct
-// logits can round to equal floats (exp is only within 3 ulp), and the tie rule then decides, so ranking
-// exact probabilities (or logits) would disagree with a correct kernel.
+// The f32 reference (docs/numerics.md, Router rows). Selection ranks the very floats the kernel ranks:
+// probabilities of distinct logits can round to equal floats (exp is only within 3 ulp) and the tie rule
+// then decides, so ranking exact probabilities (or logits) would disagree with a correct kernel.
 Routed route32(const Case& c, const std::vector<float>& v, const std::vector<float>& bias,
                const std::vector<float>& scale) {
   std::vector<bool> live = live_mask(c);
@@ -273,16 +286,23 @@ Expected routed_ref(const Case& c, const Inputs& in, bool f64) {
 }
 
 // Worst-case relative error of a weight against exact math, in units of u = 2^-24 (1 ulp <= 2u relative).
-// exact_math.h bounds exp by 3 ulp (6u) and rcp by 2 ulp (4u); the rest is f32 rounding:
-//  softmax over n: d = fl(v - max) errs by |d| u <= R u, which e^d turns into a relative R u; the sum of n
-//    positive terms adds (n - 1) u; e * rcp(sum) adds 4u + u. Each e enters twice: 2 (R + 6) + n + 4.
-//  sigmoid: 1 + e^-x adds u to exp's 6u, then rcp 4u: 11u.  renormalize over k: 2x + (k - 1) + 5.
+// docs/numerics.md bounds exp by 3.02 ulp (kExpU) and rcp by 1.99 ulp (kRcpU); the rest is f32 rounding:
+//  e = exp(fl(v - max)): v - max rounds by <= R u, which e^d turns into a relative R u: R + kExpU.
+//  s = rcp(1 + e^-x): kExpU, u for the add, kRcpU.
+//  w = t * rcp(sum of n terms t): t's error twice (alone and in the sum), (n - 1) u for the sum, kRcpU + u.
+//    SoftmaxTopK's renormalize divides p = e * r by the sum of p: r's error is common and cancels, so
+//    there t = e plus one rounding (the product).
 //  routed_scaling_factor and expert_scale: one product each.
-// Relative 1e-6 (~17u) covers the ulp bounds alone but not the (n - 1) u of a 128-term sum or the R u
-// from v - max, so the bound is computed per case (at most 160u = 9.5e-6, for E = 128).
+// Relative 1e-6 (~17u) covers the ulp bounds alone but not the (E - 1) u of an E-term softmax sum or the
+// R u from v - max, so the bound is computed per case (at most 162u = 9.7e-6: SoftmaxTopK, E = 128).
+constexpr double kExpU = 6.04, kRcpU = 4;
 double weight_bound(const Case& c) {
-  double x = c.kind == kSoftmax ? 2 * kLogitRange + c.e + 16 : c.kind == kTopKSoftmax ? 2 * kLogitRange + c.k + 16 : 11;
-  if (c.renormalize) x = 2 * x + (c.k - 1) + 5;
+  const double e = kLogitRange + kExpU, s = kExpU + 1 + kRcpU;
+  auto divided = [](double t, int n) { return 2 * t + (n - 1) + kRcpU + 1; };
+  double x = s;
+  if (c.kind == kSoftmax) x = c.renormalize ? divided(e + 1, c.k) : divided(e, c.e);
+  if (c.kind == kTopKSoftmax) x = divided(e, c.k);
+  if (c.kind == kSigmoid && c.renormalize) x = divided(s, c.k);
   return (x + 2) * kU;
 }
 
@@ -291,8 +311,10 @@ void check_router(const Case& c, const Inputs& in) {
   SCOPED_TRACE(describe(c));
   ProgramBuilder b;
   build_router(b, c);
-  check_op(b, in, [&](const Inputs& x) { return routed_ref(c, x, false); }, Tolerance::exact());
-  check_op(b, in, [&](const Inputs& x) { return routed_ref(c, x, true); }, Tolerance::rel(weight_bound(c)));
+  auto f32_order = [&](const Inputs& x) { return routed_ref(c, x, false); };
+  auto float64 = [&](const Inputs& x) { return routed_ref(c, x, true); };
+  check_op(b, in, f32_order, Tolerance::exact());
+  check_op(b, in, float64, Tolerance::rel(weight_bound(c)));
 }
 
 // The reference's ids of every token.
@@ -334,10 +356,10 @@ TEST(Router, RandomLogitsAllKindsAndSizes) {
   for (int e : {4, 8, 60, 128}) {
     for (int k : {1, 2, 8}) {
       if (k > e) continue;
-      check_router({kSoftmax, e, k, false}, random_inputs({kSoftmax, e, k}, seed++));
-      check_router({kSoftmax, e, k, true}, random_inputs({kSoftmax, e, k}, seed++));
-      check_router({kTopKSoftmax, e, k}, random_inputs({kTopKSoftmax, e, k}, seed++));
-      Case sig{kSigmoid, e, k, true, 1, 1, 2.5f, true};
+      check_router(Case(kSoftmax, e, k), random_inputs(Case(kSoftmax, e, k), seed++));
+      check_router(Case(kSoftmax, e, k).renorm(), random_inputs(Case(kSoftmax, e, k), seed++));
+      check_router(Case(kTopKSoftmax, e, k), random_inputs(Case(kTopKSoftmax, e, k), seed++));
+      Case sig = Case(kSigmoid, e, k).renorm().scaled(2.5f).with_bias();
       check_router(sig, random_inputs(sig, seed++));
     }
   }
@@ -345,8 +367,7 @@ TEST(Router, RandomLogitsAllKindsAndSizes) {
 
 TEST(Router, Bf16LogitsAreWidenedExactly) {
   for (RouterKind kind : kKinds) {
-    Case c{kind, 60, 8, true};
-    c.logits_dtype = kBF16;
+    Case c = Case(kind, 60, 8).renorm().logits(kBF16);
     check_router(c, random_inputs(c, 77));
   }
 }
@@ -361,7 +382,7 @@ TEST(RouterTies, LowerIdWinsInEveryKind) {
                                       -1,   0.0, -0.0, -1,  -2, -2, -2, -2};  // +0 before -0, then -1 tie
   const std::vector<int64_t> want = {0, 1, 2, 1, 3, 5, 0, 1, 2, 1, 2, 0};
   for (RouterKind kind : kKinds) {
-    Case c{kind, 8, 3};
+    Case c(kind, 8, 3);
     SCOPED_TRACE(describe(c));
     ProgramBuilder b;
     build_router(b, c);
@@ -377,7 +398,7 @@ TEST(RouterTies, LowerIdWinsInEveryKind) {
 // Tied groups keep the lower group: groups 1 and 2 tie (row 0), groups 0 and 3 tie (row 1), all tie (row 2).
 TEST(RouterTies, LowerGroupWins) {
   const std::vector<double> logits = {0, 0, 1, 1, 1, 1, 0, 0, 1, 1, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0};
-  Case c{kSigmoid, 8, 2, true, 4, 1};
+  Case c = Case(kSigmoid, 8, 2).renorm().groups(4, 1);
   ProgramBuilder b;
   build_router(b, c);
   auto ref = [&](const Inputs& in) {
@@ -395,7 +416,7 @@ TEST(RouterTies, SoftmaxRanksRoundedProbabilitiesNotLogits) {
   ASSERT_EQ(exact::exp(0x1p-26f), 1.0f);
   const std::vector<int64_t> want = {0, 1, 0};
   for (RouterKind kind : kKinds) {
-    Case c{kind, 4, 1};
+    Case c(kind, 4, 1);
     SCOPED_TRACE(describe(c));
     ProgramBuilder b;
     build_router(b, c);
@@ -412,7 +433,7 @@ TEST(RouterTies, SoftmaxRanksRoundedProbabilitiesNotLogits) {
 TEST(RouterTies, NaNRanksFirst) {
   const std::vector<std::vector<int64_t>> want = {{0, 1, 2}, {1, 3, 2}, {1, 3, 2}};
   for (RouterKind kind : kKinds) {
-    Case c{kind, 6, 3};
+    Case c(kind, 6, 3);
     SCOPED_TRACE(describe(c));
     ProgramBuilder b;
     build_router(b, c);
@@ -431,7 +452,7 @@ TEST(RouterTies, NaNRanksFirst) {
 double sum_bound(int k) { return (k + 4) * kU; }
 
 TEST(RouterWeights, SoftmaxTopKRenormalizeOnAndOff) {
-  Case on{kSoftmax, 60, 8, true}, off{kSoftmax, 60, 8, false};
+  Case on = Case(kSoftmax, 60, 8).renorm(), off(kSoftmax, 60, 8);
   Inputs in = random_inputs(on, 11);
   check_router(on, in);
   check_router(off, in);
@@ -442,24 +463,23 @@ TEST(RouterWeights, SoftmaxTopKRenormalizeOnAndOff) {
 
 TEST(RouterWeights, TopKSoftmaxSumsToOne) {
   for (int k : {2, 8}) {
-    Case c{kTopKSoftmax, 60, k};
+    Case c(kTopKSoftmax, 60, k);
     for (double s : row_sums(run_router(c, random_inputs(c, 12)).first)) EXPECT_NEAR(s, 1.0, sum_bound(k));
   }
 }
 
 // routed_scaling_factor multiplies after renormalize: each token's weights sum to 2.5.
 TEST(RouterWeights, SigmoidScalingAppliesAfterRenormalize) {
-  Case c{kSigmoid, 64, 8, true, 8, 4, 2.5f, true};
+  Case c = deepseek();
   for (double s : row_sums(run_router(c, random_inputs(c, 13)).first)) EXPECT_NEAR(s, 2.5, 2.5 * sum_bound(9));
 }
 
 TEST(RouterWeights, ExpertScaleMultipliesEachSelectedWeight) {
   for (RouterKind kind : kKinds) {
-    Case c{kind, 8, 2, true};
-    c.scale = true;
+    Case c = Case(kind, 8, 2).renorm().with_scale();
     check_router(c, random_inputs(c, 14));
   }
-  Case grouped{kSigmoid, 64, 8, true, 8, 4, 2.5f, true, true};
+  Case grouped = deepseek().with_scale();
   check_router(grouped, random_inputs(grouped, 15));
 }
 
@@ -468,10 +488,7 @@ TEST(RouterWeights, ExpertScaleMultipliesEachSelectedWeight) {
 // Bias steers selection only (weights are the unbiased sigmoids), groups score their top-2 corrected
 // scores, 4 of 8 groups stay, then top-8; route64 re-derives the whole selection in double.
 TEST(RouterGrouped, DeepSeekV3GroupLimitedSelection) {
-  Case grouped{kSigmoid, 64, 8, true, 8, 4, 2.5f, true};
-  Case flat = grouped, unbiased = grouped;
-  flat.n_group = flat.topk_group = 1;
-  unbiased.bias = false;
+  Case grouped = deepseek(), flat = deepseek().groups(1, 1), unbiased = deepseek().with_bias(false);
   Inputs in = random_inputs(grouped, 21);
   check_router(grouped, in);
   check_router(flat, in);
@@ -490,7 +507,7 @@ TEST(RouterGrouped, DeepSeekV3GroupLimitedSelection) {
 
 // Experts 0 and 3 get the largest logits, yet never appear.
 void check_pruned(Case c, uint32_t seed) {
-  c.pruned = {0, 3};
+  c.prune({0, 3});
   Inputs in = random_inputs(c, seed);
   std::vector<double> logits = in.at("logits").to_doubles();
   for (int t = 0; t < kTokens; ++t) logits[size_t(t * c.e)] = logits[size_t(t * c.e + 3)] = 10;
@@ -500,23 +517,18 @@ void check_pruned(Case c, uint32_t seed) {
 }
 
 TEST(RouterPruned, NeverSelected) {
-  for (RouterKind kind : kKinds) check_pruned({kind, 8, 2, true}, 31);
-  check_pruned({kSigmoid, 64, 8, true, 8, 4, 2.5f, true}, 32);
+  for (RouterKind kind : kKinds) check_pruned(Case(kind, 8, 2).renorm(), 31);
+  check_pruned(deepseek(), 32);
 }
 
-// BUG: backend/src/validator.cpp:420 (check_router) checks topk_group * (E / n_group) >= k without counting
-// pruned experts. Input: E=16, n_group=4, topk_group=1, k=4, pruned {0}, group 0 scoring best. Expected:
-// serialize() rejects the program ("the kept groups hold fewer than k experts"); got: it validates, and
-// execute() fails with kInternal "router selected 3 of 4 experts" (cpu_fallback/router.cpp:129).
-// TEST(RouterPruned, KeptGroupsWithTooFewLiveExpertsAreRejected) {
-//   Case c{kSigmoid, 16, 4, true, 4, 1};
-//   c.pruned = {0};
-//   ProgramBuilder b;
-//   build_router(b, c);
-//   auto bytes = b.serialize();
-//   ASSERT_FALSE(bytes.is_ok());
-//   EXPECT_NE(bytes.status().message().find("the kept groups hold fewer than k experts"), std::string::npos);
-// }
+// Whichever groups win must hold k live experts, pruned ones not counted.
+TEST(RouterPruned, KeptGroupsWithTooFewLiveExpertsAreRejected) {
+  ProgramBuilder b;
+  build_router(b, Case(kSigmoid, 16, 4).renorm().groups(4, 1).prune({0}));
+  auto bytes = b.serialize();
+  ASSERT_FALSE(bytes.is_ok());
+  EXPECT_NE(bytes.status().message().find("kept groups may hold only 3 live experts, fewer than k = 4"), std::string::npos);
+}
 
 // --- validation errors -------------------------------------------------------------------------------
 
@@ -528,21 +540,13 @@ struct BadCase {
 const std::vector<BadCase>& bad_cases() {
   static const std::vector<BadCase> cases = [] {
     std::vector<BadCase> v;
-    v.push_back({{kSoftmax, 4, 5}, "Router.k: 5 not in [1, 4] (4 experts, 0 pruned)"});
-    Case few{kTopKSoftmax, 4, 3};
-    few.pruned = {1, 2};
-    v.push_back({few, "Router.k: 3 not in [1, 2] (4 experts, 2 pruned)"});
-    v.push_back({{kSigmoid, 6, 1, false, 4, 1}, "Router.n_group: 4 does not divide 6 experts"});
-    v.push_back({{kSigmoid, 8, 1, false, 2, 3}, "Router.topk_group: 3 not in [1, n_group = 2]"});
-    Case biased{kSoftmax, 8, 2};
-    biased.bias = true;
-    v.push_back({biased, "Router.selection_bias: only SigmoidGroupedTopK uses it"});
-    Case high{kSoftmax, 4, 1};
-    high.pruned = {1, 4};
-    v.push_back({high, "Router.pruned_experts[1]: 4 out of range (4 experts)"});
-    Case negative{kSigmoid, 4, 1};
-    negative.pruned = {-1};
-    v.push_back({negative, "Router.pruned_experts[0]: -1 out of range (4 experts)"});
+    v.push_back({Case(kSoftmax, 4, 5), "Router.k: 5 not in [1, 4] (4 experts, 0 pruned)"});
+    v.push_back({Case(kTopKSoftmax, 4, 3).prune({1, 2}), "Router.k: 3 not in [1, 2] (4 experts, 2 pruned)"});
+    v.push_back({Case(kSigmoid, 6, 1).groups(4, 1), "Router.n_group: 4 does not divide 6 experts"});
+    v.push_back({Case(kSigmoid, 8, 1).groups(2, 3), "Router.topk_group: 3 not in [1, n_group = 2]"});
+    v.push_back({Case(kSoftmax, 8, 2).with_bias(), "Router.selection_bias: only SigmoidGroupedTopK uses it"});
+    v.push_back({Case(kSoftmax, 4, 1).prune({1, 4}), "Router.pruned_experts[1]: 4 out of range (4 experts)"});
+    v.push_back({Case(kSigmoid, 4, 1).prune({-1}), "Router.pruned_experts[0]: -1 out of range (4 experts)"});
     return v;
   }();
   return cases;

@@ -10,6 +10,19 @@ struct DemoOptions {
   std::string device;
 };
 int run_demo(const DemoOptions& opts);
+
+struct BenchOptions {
+  std::string model = "qwen3-30b-a3b";
+  int bits = 4;
+  int group_size = 64;
+  int64_t tokens = 1;
+  std::string mixed;           // "8:0.05,4:0.80,2:0.15"
+  std::string sorted = "auto"; // auto | always | never
+  int threads = 0;             // 0: default
+  int iterations = 0;          // 0: automatic
+  bool json = false;
+};
+int run_bench_moe_layer(const BenchOptions& opts);
 int run_inspect(const std::string& path);
 
 }  // namespace switchboard::cli

@@ -19,7 +19,23 @@ int main(int argc, char** argv) {
   auto* inspect_cmd = app.add_subcommand("inspect", "List a program file: header, chains, slots, constants, op counts");
   inspect_cmd->add_option("FILE", inspect_path, "Program file (.sbp)")->required();
 
+  switchboard::cli::BenchOptions bench;
+  auto* bench_cmd = app.add_subcommand("bench", "Benchmarks that print JSON");
+  bench_cmd->require_subcommand(1);
+  auto* moe_cmd = bench_cmd->add_subcommand("moe-layer", "One MoE layer with cold weights: time, bytes, roofline");
+  moe_cmd->add_option("--model", bench.model, "qwen3-30b-a3b | olmoe | granite-1b-a400m")
+      ->check(CLI::IsMember({"qwen3-30b-a3b", "olmoe", "granite-1b-a400m"}));
+  moe_cmd->add_option("--bits", bench.bits, "Bits of every expert (2, 3, 4, 5, 6, 8)")->check(CLI::IsMember({2, 3, 4, 5, 6, 8}));
+  moe_cmd->add_option("--group-size", bench.group_size, "Quantization group size")->check(CLI::IsMember({32, 64, 128}));
+  moe_cmd->add_option("--tokens", bench.tokens, "Tokens M per layer call")->check(CLI::Range(1, 4096));
+  moe_cmd->add_option("--mixed", bench.mixed, "Per-expert bits as bits:fraction,... e.g. 8:0.05,4:0.80,2:0.15");
+  moe_cmd->add_option("--sorted", bench.sorted, "auto | always | never")->check(CLI::IsMember({"auto", "always", "never"}));
+  moe_cmd->add_option("--threads", bench.threads, "Kernel threads (default: all cores)");
+  moe_cmd->add_option("--iterations", bench.iterations, "Timed iterations (default: automatic)");
+  moe_cmd->add_flag("--json", bench.json, "One JSON object on one line");
+
   CLI11_PARSE(app, argc, argv);
+  if (moe_cmd->parsed()) return switchboard::cli::run_bench_moe_layer(bench);
   if (demo_cmd->parsed()) return switchboard::cli::run_demo(demo);
   if (inspect_cmd->parsed()) return switchboard::cli::run_inspect(inspect_path);
   return 1;

@@ -1,4 +1,5 @@
 // Program (load + resolve constants) and Session (the public execution API).
+#include <algorithm>
 #include <cstdlib>
 
 #include "interpreter.h"
@@ -32,7 +33,8 @@ Shape static_shape(const fb::TensorMetaT& m) {
 
 // Finds each named constant in the weights files (first file wins) and checks
 // that its dtype and shape equal the program's declaration.
-Status resolve_constants(detail::ProgramImpl& p, const std::vector<std::string>& paths) {
+Status resolve_constants(detail::ProgramImpl& p, const std::vector<std::string>& paths,
+                         const std::vector<std::pair<std::string, Tensor>>& in_memory) {
   for (const std::string& path : paths) {
     SB_ASSIGN_OR_RETURN(auto file, SafetensorsFile::open(path));
     p.weights.push_back(std::move(file));
@@ -42,6 +44,17 @@ Status resolve_constants(detail::ProgramImpl& p, const std::vector<std::string>&
     const fb::NamedTensorT& c = *ir.constants[i];
     uint32_t tid = c.tid->idx();
     const fb::TensorMetaT& m = *ir.tensor_meta[tid];
+    Shape want = static_shape(m);
+    auto mem = std::find_if(in_memory.begin(), in_memory.end(), [&](const auto& kv) { return kv.first == c.name; });
+    if (mem != in_memory.end()) {
+      const Tensor& t = mem->second;
+      if (t.dtype() != static_cast<DType>(m.dtype) || t.shape() != want)
+        return make_error(StatusCode::kInvalidWeights, "constants[%zu] '%s': given %s %s, the program declares %s %s", i,
+                          c.name.c_str(), dtype_name(t.dtype()), shape_str(t.shape()).c_str(),
+                          dtype_name(static_cast<DType>(m.dtype)), shape_str(want).c_str());
+      p.constants[tid] = t;
+      continue;
+    }
     const SafetensorsFile* found = nullptr;
     for (const auto& f : p.weights)
       if (f->entries().count(c.name)) {
@@ -54,7 +67,6 @@ Status resolve_constants(detail::ProgramImpl& p, const std::vector<std::string>&
       return make_error(StatusCode::kNotFound, "constants[%zu] '%s': %s", i, c.name.c_str(), where.c_str());
     }
     const SafetensorsEntry& e = found->entries().at(c.name);
-    Shape want = static_shape(m);
     if (e.dtype != static_cast<DType>(m.dtype) || e.shape != want)
       return make_error(StatusCode::kInvalidWeights, "%s: tensor '%s' is %s %s, the program declares %s %s",
                         found->path().c_str(), c.name.c_str(), dtype_name(e.dtype), shape_str(e.shape).c_str(),
@@ -91,7 +103,7 @@ Result<std::shared_ptr<const Program>> Program::from_bytes(std::vector<uint8_t> 
   for (const auto& io : p.ir->inputs) p.inputs.push_back(io_info(*p.ir, *io));
   for (const auto& io : p.ir->outputs) p.outputs.push_back(io_info(*p.ir, *io));
   p.constants.resize(p.ir->num_tensor_slots);
-  if (options.resolve_constants) SB_RETURN_IF_ERROR(resolve_constants(p, options.weights));
+  if (options.resolve_constants) SB_RETURN_IF_ERROR(resolve_constants(p, options.weights, options.constants));
   log::debug("loaded {}: {} inputs, {} outputs, {} constants", origin, p.inputs.size(), p.outputs.size(),
              p.ir->constants.size());
   return std::shared_ptr<const Program>(std::move(prog));

@@ -27,6 +27,8 @@ Result<std::vector<uint8_t>> read_file(const std::string& path) {
 
 std::vector<uint8_t> serialize_program(const fb::ProgramT& p) {
   flatbuffers::FlatBufferBuilder fbb;
+  // Write every field: a float equal to its default only by == (-0.0 vs 0.0) must keep its sign.
+  fbb.ForceDefaults(true);
   fbb.Finish(fb::Program::Pack(fbb, &p), fb::ProgramIdentifier());
   FileHeader h{};
   std::memcpy(h.magic, kMagic, 4);

@@ -2,6 +2,7 @@
 // proves the bytes are in bounds; this proves every id, index, dtype, shape and
 // name is meaningful, so the interpreter can trust them. Every error names the
 // path into the file, e.g. "chains[2].instructions[7].Binary.a: ...".
+#include <algorithm>
 #include <set>
 #include <string>
 
@@ -435,8 +436,15 @@ Status Validator::check_router(const fb::RouterNodeT& n, const std::string& path
     SB_RETURN_IF_ERROR(expect(n.topk_group >= 1 && n.topk_group <= n.n_group, path + ".topk_group",
                               strformat("%d not in [1, n_group = %d]", n.topk_group, n.n_group)));
     SB_RETURN_IF_ERROR(expect(n.n_group == 1 || e / n.n_group >= 2, path + ".n_group", "groups need >= 2 experts"));
-    SB_RETURN_IF_ERROR(expect(static_cast<int64_t>(n.topk_group) * (e / n.n_group) >= n.k, path + ".topk_group",
-                              "the kept groups hold fewer than k experts"));
+    // Whichever groups win, they must hold k live experts: check the worst choice.
+    std::vector<int64_t> live_per_group(static_cast<size_t>(n.n_group), e / n.n_group);
+    for (int32_t p : pruned) --live_per_group[static_cast<size_t>(p / (e / n.n_group))];
+    std::sort(live_per_group.begin(), live_per_group.end());
+    int64_t worst = 0;
+    for (int g = 0; g < n.topk_group; ++g) worst += live_per_group[static_cast<size_t>(g)];
+    SB_RETURN_IF_ERROR(expect(worst >= n.k, path + ".topk_group",
+                              strformat("%d kept groups may hold only %lld live experts, fewer than k = %d",
+                                        n.topk_group, (long long)worst, n.k)));
   } else {
     SB_RETURN_IF_ERROR(expect(!n.selection_bias, path + ".selection_bias", "only SigmoidGroupedTopK uses it"));
   }

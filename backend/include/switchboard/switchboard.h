@@ -17,6 +17,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "switchboard/dtype.h"
@@ -47,6 +48,8 @@ struct LoadOptions {
   // When false, constants stay unresolved: the program can be inspected but a
   // session cannot be created from it.
   bool resolve_constants = true;
+  // Constants supplied from memory (checked like file entries); searched before the files.
+  std::vector<std::pair<std::string, Tensor>> constants;
 };
 
 namespace detail {
