@@ -48,10 +48,15 @@ Status combine(KernelContext& ctx, const fb::OpNodeUnion& op) {
   const int64_t tokens = weights.dim(0), slots = weights.dim(1), dim = y.dim(1);
   SB_CHECK_OR_RETURN(y.dim(0) == tokens * slots, StatusCode::kInvalidArgument, "y %s does not hold %lld x %lld rows",
                      shape_str(y.shape()).c_str(), (long long)tokens, (long long)slots);
-  std::vector<float> yf(static_cast<size_t>(y.numel()));
-  for (size_t i = 0; i < yf.size(); ++i) yf[i] = load_f32(y.data(), y.dtype(), static_cast<int64_t>(i));
-  SB_ASSIGN_OR_RETURN(Tensor out, Tensor::zeros(y.dtype(), {tokens, dim}));
-  SB_RETURN_IF_ERROR(combine_rows(yf.data(), weights, shared, gate, tokens, slots, dim, out));
+  const float* yf = y.data_as<float>();
+  Tensor wide;
+  if (y.dtype() != DType::kF32) {
+    SB_ASSIGN_OR_RETURN(wide, Tensor::uninitialized(DType::kF32, y.shape()));
+    for (int64_t i = 0; i < y.numel(); ++i) wide.mutable_data_as<float>()[i] = load_f32(y.data(), y.dtype(), i);
+    yf = wide.data_as<float>();
+  }
+  SB_ASSIGN_OR_RETURN(Tensor out, Tensor::uninitialized(y.dtype(), {tokens, dim}));
+  SB_RETURN_IF_ERROR(combine_rows(yf, weights, shared, gate, tokens, slots, dim, out));
   return ctx.out(n->out.get(), std::move(out));
 }
 

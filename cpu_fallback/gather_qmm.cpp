@@ -221,7 +221,8 @@ Status gather_qmm(KernelContext& ctx, const fb::OpNodeUnion& op) {
 
   const Q8Activations xq = quantize_q8(x);
   const int64_t nout = table.n;
-  std::vector<float> g(static_cast<size_t>(pairs * nout));
+  SB_ASSIGN_OR_RETURN(Tensor g_buf, Tensor::uninitialized(DType::kF32, {pairs, nout}));
+  float* g = g_buf.mutable_data_as<float>();
   // Work items: runs of pairs sharing an expert (sorted) or single pairs, times tiles of 64 output rows.
   std::vector<std::pair<int64_t, int64_t>> runs;
   for (int64_t p = 0; p < pairs;) {
@@ -238,20 +239,22 @@ Status gather_qmm(KernelContext& ctx, const fb::OpNodeUnion& op) {
   }
   const std::vector<float> xg = fast ? group_sums(xq, table.group_size) : std::vector<float>{};
   const int64_t tiles = (nout + 63) / 64;
-  parallel_for(static_cast<int64_t>(runs.size()) * tiles, 1, [&](int64_t begin, int64_t end) {
+  // Contiguous halves per thread keep each thread's weight reads one sequential stream.
+  const int64_t items = static_cast<int64_t>(runs.size()) * tiles;
+  parallel_for(items, (items + num_threads() - 1) / num_threads(), [&](int64_t begin, int64_t end) {
     for (int64_t item = begin; item < end; ++item) {
       auto [p0, p1] = runs[static_cast<size_t>(item / tiles)];
       const int64_t n0 = (item % tiles) * 64, n1 = std::min(nout, n0 + 64);
       const int e = static_cast<int>(rhs[p0]);
       if (fast) x86::qmm_tiles(*fast, e, xq, xg.data(), lhs.data() + p0, p1 - p0, n0 / 16, (n1 + 15) / 16,
-                               g.data() + p0 * nout + n0, nout);
-      else qmm_rows(table, e, xq, lhs.data() + p0, p1 - p0, n0, n1, g.data() + p0 * nout + n0, nout);
+                               g + p0 * nout + n0, nout);
+      else qmm_rows(table, e, xq, lhs.data() + p0, p1 - p0, n0, n1, g + p0 * nout + n0, nout);
     }
   });
 
   const DType dt = x.dtype();
   if (!n->combine_weights) {
-    SB_ASSIGN_OR_RETURN(Tensor out, Tensor::zeros(dt, {pairs, nout}));
+    SB_ASSIGN_OR_RETURN(Tensor out, Tensor::uninitialized(dt, {pairs, nout}));
     for (int64_t i = 0; i < pairs * nout; ++i) store_f32(out.mutable_data(), dt, i, g[i]);
     return ctx.out(n->out.get(), std::move(out));
   }
@@ -261,7 +264,7 @@ Status gather_qmm(KernelContext& ctx, const fb::OpNodeUnion& op) {
   const int64_t tokens = cw.dim(0), slots = cw.dim(1);
   SB_CHECK_OR_RETURN(tokens * slots == pairs, StatusCode::kInvalidArgument,
                      "combine_weights %s does not match %lld pairs", shape_str(cw.shape()).c_str(), (long long)pairs);
-  for (float& v : g) v = round_to(v, dt);
+  for (int64_t i = 0; i < pairs * nout; ++i) g[i] = round_to(g[i], dt);
   Tensor shared, gate;
   if (n->shared) {
     SB_ASSIGN_OR_RETURN(shared, ctx.in(n->shared.get()));
@@ -269,8 +272,8 @@ Status gather_qmm(KernelContext& ctx, const fb::OpNodeUnion& op) {
   if (n->shared_gate) {
     SB_ASSIGN_OR_RETURN(gate, ctx.in(n->shared_gate.get()));
   }
-  SB_ASSIGN_OR_RETURN(Tensor out, Tensor::zeros(dt, {tokens, nout}));
-  SB_RETURN_IF_ERROR(combine_rows(g.data(), cw, shared, gate, tokens, slots, nout, out));
+  SB_ASSIGN_OR_RETURN(Tensor out, Tensor::uninitialized(dt, {tokens, nout}));
+  SB_RETURN_IF_ERROR(combine_rows(g, cw, shared, gate, tokens, slots, nout, out));
   return ctx.out(n->out.get(), std::move(out));
 }
 

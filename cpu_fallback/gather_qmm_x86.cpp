@@ -1,6 +1,7 @@
 #include "gather_qmm_x86.h"
 
 #include <immintrin.h>
+#include <sys/mman.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -21,9 +22,16 @@ double repacked_bytes_per_weight(int format) { return format / 8.0; }
 namespace {
 
 constexpr int kTile = 16;
+constexpr int kPrefetchBlocks = 32;  // how far ahead (in 32-blocks) software prefetch reaches
 
+// Weight buffers are streamed once per token: 2 MiB pages cut the TLB misses of
+// jumping between experts (transparent huge pages, where the kernel allows them).
 std::shared_ptr<uint8_t> aligned_bytes(size_t n) {
-  void* p = std::aligned_alloc(64, (n + 63) / 64 * 64);
+  const size_t huge = size_t{2} << 20;
+  const bool big = n >= huge;
+  const size_t align = big ? huge : 64, size = (n + align - 1) / align * align;
+  void* p = std::aligned_alloc(align, size);
+  if (p && big) madvise(p, size, MADV_HUGEPAGE);
   if (p) std::memset(p, 0, n);
   return std::shared_ptr<uint8_t>(static_cast<uint8_t*>(p), [](uint8_t* q) { std::free(q); });
 }
@@ -196,8 +204,7 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void tile_rows(const Repa
     for (int64_t j = g * blocks_per_group; j < (g + 1) * blocks_per_group; ++j) {
       // Weights stream from DRAM once: ask for them a few blocks ahead.
       for (int t = 0; t < TT; ++t)
-        for (int c = 0; c < FMT; ++c)
-          _mm_prefetch(reinterpret_cast<const char*>(codes[t] + (j + 6) * FMT * 64 + c * 64), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(codes[t] + (j + kPrefetchBlocks) * FMT * 64), _MM_HINT_T0);
       __m512i iacc[TT][R];
       block_dots<FMT, TT, R>(codes, xr, j, iacc);
       for (int r = 0; r < R; ++r) {
@@ -243,14 +250,14 @@ template <int FMT>
 void tiles_for_format(const Repacked& rp, int e, const Q8Activations& xq, const float* xg, const int64_t* rows,
                       int64_t count, int64_t tile0, int64_t tile1, float* out, int64_t stride) {
   int64_t i = 0;
-  // Four rows at a time share each weight load; single rows take two tiles per pass instead.
+  // Four rows at a time share each weight load; single rows take four tiles per pass instead.
   for (; i + 4 <= count; i += 4)
     for (int64_t tile = tile0; tile < tile1; ++tile)
       run_tiles<FMT, 1, 4>(rp, e, xq, xg, rows + i, tile, tile0, out + i * stride, stride);
   for (; i < count; ++i) {
     int64_t tile = tile0;
-    for (; tile + 2 <= tile1; tile += 2) run_tiles<FMT, 2, 1>(rp, e, xq, xg, rows + i, tile, tile0, out + i * stride, stride);
-    if (tile < tile1) run_tiles<FMT, 1, 1>(rp, e, xq, xg, rows + i, tile, tile0, out + i * stride, stride);
+    for (; tile + 4 <= tile1; tile += 4) run_tiles<FMT, 4, 1>(rp, e, xq, xg, rows + i, tile, tile0, out + i * stride, stride);
+    for (; tile < tile1; ++tile) run_tiles<FMT, 1, 1>(rp, e, xq, xg, rows + i, tile, tile0, out + i * stride, stride);
   }
 }
 

@@ -8,6 +8,8 @@
 #include <thread>
 #include <vector>
 
+#include <immintrin.h>
+
 namespace switchboard::cpu {
 namespace {
 
@@ -37,6 +39,7 @@ class Pool {
       pending_ = helpers;
       job_helpers_ = helpers;
       ++generation_;
+      published_.store(generation_, std::memory_order_release);
     }
     cv_.notify_all();
     work();
@@ -84,6 +87,9 @@ class Pool {
   void loop(int id) {
     uint64_t seen = 0;
     for (;;) {
+      // Decode runs a parallel region every few tens of microseconds; spinning a
+      // little before sleeping avoids paying a thread wake-up for each one.
+      for (int spin = 0; spin < 20000 && published_.load(std::memory_order_acquire) == seen; ++spin) _mm_pause();
       {
         std::unique_lock<std::mutex> lock(mu_);
         cv_.wait(lock, [&] { return stop_ || (generation_ != seen && id < job_helpers_); });
@@ -105,6 +111,7 @@ class Pool {
   int pending_ = 0;
   int job_helpers_ = 0;  // workers with an index below this take part in the current job
   uint64_t generation_ = 0;
+  std::atomic<uint64_t> published_{0};  // generation_, readable without the lock
   bool stop_ = false;
 };
 

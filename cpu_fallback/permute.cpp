@@ -30,7 +30,7 @@ Status gather_rows(KernelContext& ctx, const fb::OpNodeUnion& op) {
   SB_ASSIGN_OR_RETURN(Tensor idx, ctx.in(n->indices.get()));
   Shape shape = x.shape();
   shape[0] = idx.numel();
-  SB_ASSIGN_OR_RETURN(Tensor out, Tensor::zeros(x.dtype(), shape));
+  SB_ASSIGN_OR_RETURN(Tensor out, Tensor::uninitialized(x.dtype(), shape));
   const size_t rb = row_bytes(x);
   const int32_t* ip = idx.data_as<int32_t>();
   for (int64_t p = 0; p < idx.numel(); ++p) {
@@ -47,7 +47,7 @@ Status scatter_rows(KernelContext& ctx, const fb::OpNodeUnion& op) {
   SB_ASSIGN_OR_RETURN(Tensor idx, ctx.in(n->indices.get()));
   SB_CHECK_OR_RETURN(idx.numel() == x.dim(0), StatusCode::kInvalidArgument, "%lld indices for %lld rows",
                      (long long)idx.numel(), (long long)x.dim(0));
-  SB_ASSIGN_OR_RETURN(Tensor out, Tensor::zeros(x.dtype(), x.shape()));
+  SB_ASSIGN_OR_RETURN(Tensor out, Tensor::uninitialized(x.dtype(), x.shape()));
   std::vector<uint8_t> seen(static_cast<size_t>(x.dim(0)), 0);
   const size_t rb = row_bytes(x);
   const int32_t* ip = idx.data_as<int32_t>();

@@ -2,6 +2,8 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
 
 namespace switchboard {
 
@@ -31,21 +33,71 @@ int64_t Tensor::numel() const {
   return n;
 }
 
-Result<Tensor> Tensor::zeros(DType dtype, Shape shape) {
+namespace {
+
+// Large buffers freed by tensors are kept for reuse: an execution allocates the
+// same sizes every time, and fresh pages from the OS cost a page fault each.
+class BufferPool {
+ public:
+  static BufferPool& get() {
+    static BufferPool* pool = new BufferPool();  // never destroyed: tensors may outlive static destructors
+    return *pool;
+  }
+  void* take(size_t bytes) {
+    if (bytes >= kMinPooled) {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = free_.find(bytes);
+      if (it != free_.end()) {
+        void* p = it->second;
+        free_.erase(it);
+        cached_ -= bytes;
+        return p;
+      }
+    }
+    return std::aligned_alloc(64, bytes);  // 64-byte alignment suits every SIMD width we dispatch to
+  }
+  void give(void* p, size_t bytes) {
+    if (bytes >= kMinPooled) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (cached_ + bytes <= kMaxCached) {
+        free_.emplace(bytes, p);
+        cached_ += bytes;
+        return;
+      }
+    }
+    std::free(p);
+  }
+
+ private:
+  static constexpr size_t kMinPooled = size_t{256} << 10;
+  static constexpr size_t kMaxCached = size_t{2} << 30;
+  std::mutex mu_;
+  std::multimap<size_t, void*> free_;
+  size_t cached_ = 0;
+};
+
+}  // namespace
+
+Result<Tensor> Tensor::uninitialized(DType dtype, Shape shape) {
   SB_ASSIGN_OR_RETURN(int64_t n, shape_numel(shape));
   // Refuse sizes no allocator could satisfy before asking (1 TiB cap).
   SB_CHECK_OR_RETURN(n <= (int64_t{1} << 40) / static_cast<int64_t>(dtype_size(dtype)), StatusCode::kOutOfRange,
                      "tensor %s of %s is too large", shape_str(shape).c_str(), dtype_name(dtype));
-  size_t bytes = static_cast<size_t>(n) * dtype_size(dtype);
-  // 64-byte alignment suits every SIMD width we dispatch to.
-  void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
+  const size_t bytes = static_cast<size_t>(n) * dtype_size(dtype);
+  const size_t rounded = (bytes + 63) / 64 * 64 + 64;
+  void* p = BufferPool::get().take(rounded);
   SB_CHECK_OR_RETURN(p != nullptr, StatusCode::kOutOfRange, "out of memory allocating %zu bytes", bytes);
-  std::memset(p, 0, bytes);
   Tensor t;
   t.dtype_ = dtype;
   t.shape_ = std::move(shape);
-  t.storage_ = std::shared_ptr<const void>(p, [](const void* q) { std::free(const_cast<void*>(q)); });
+  t.storage_ = std::shared_ptr<const void>(p, [rounded](const void* q) { BufferPool::get().give(const_cast<void*>(q), rounded); });
   t.data_ = p;
+  return t;
+}
+
+Result<Tensor> Tensor::zeros(DType dtype, Shape shape) {
+  SB_ASSIGN_OR_RETURN(Tensor t, uninitialized(dtype, std::move(shape)));
+  std::memset(t.mutable_data(), 0, t.nbytes());
   return t;
 }
 

@@ -24,6 +24,8 @@ class Tensor {
 
   // A zero-filled tensor that owns its bytes.
   static Result<Tensor> zeros(DType dtype, Shape shape);
+  // Like zeros() without the fill, for results that overwrite every element.
+  static Result<Tensor> uninitialized(DType dtype, Shape shape);
   // A tensor over external bytes; `keepalive` owns them. The bytes must hold
   // numel * dtype_size and stay valid while any copy lives.
   static Tensor wrap(DType dtype, Shape shape, std::shared_ptr<const void> keepalive, const void* data);
