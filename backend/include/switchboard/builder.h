@@ -108,7 +108,7 @@ struct MoeExperts {
   GluKind activation = GluKind::kSwiGLU;
   float alpha = 1.702f, limit = 7.0f;  // kClampedSwiGLU
   // M > sort_cutoff tokens take the sorted path (<= 0: always); see bench/RESULTS.md.
-  int64_t sort_cutoff = 8;
+  int64_t sort_cutoff = 4;
 };
 
 class ProgramBuilder {
