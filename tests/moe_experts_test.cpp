@@ -3,6 +3,7 @@
 // composition of the individual ops.
 #include <random>
 
+#include "gather_qmm.h"
 #include "quantize.h"
 #include "test_util.h"
 
@@ -92,11 +93,12 @@ void expect_bitwise_equal(const Tensor& a, const Tensor& b, int64_t m) {
 TEST(MoeExperts, SortedAndUnsortedPathsAreBitwiseIdentical) {
   Runner always_sorted(build(Dim::dynamic(1, 512), 0));
   Runner never_sorted(build(Dim::dynamic(1, 512), 1 << 20));
-  std::vector<int64_t> ms;
-  for (int64_t m = 1; m <= 128; ++m) ms.push_back(m);
-  for (int64_t m = 135; m < 512; m += 29) ms.push_back(m);
-  for (int64_t m : {255, 256, 257, 511, 512}) ms.push_back(m);
-  for (int64_t m : ms) expect_bitwise_equal(always_sorted.run(m), never_sorted.run(m), m);
+  // Every M on the fast path; the portable path (CPUs without AVX-512 VNNI) is
+  // ~20x slower under the sanitizers, so it runs every M to 128 and a stride above.
+  const bool fast = cpu::fast_paths_enabled();
+  if (!fast) std::printf("[   NOTE   ] portable path: M = 1..128 and every 29th M up to 512\n");
+  for (int64_t m = 1; m <= 512; ++m)
+    if (fast || m <= 128 || m % 29 == 0 || m == 512) expect_bitwise_equal(always_sorted.run(m), never_sorted.run(m), m);
 }
 
 TEST(MoeExperts, DynamicTokenCountEmitsOneIfAndTakesBothBranches) {
