@@ -5,6 +5,8 @@
 
 #include <cstdint>
 #include <cstring>
+#include <memory>
+#include <vector>
 
 #include "device.h"
 #include "switchboard/tensor.h"
@@ -76,6 +78,14 @@ inline void store_i64(void* base, DType t, int64_t i, int64_t v) {
     default: break;
   }
 }
+
+// Every element widened to f32 (f32, f16 or bf16 sources).
+std::vector<float> widen_f32(const Tensor& t);
+
+// An optional i32 index tensor read into int64, every entry checked to lie in
+// [0, limit); empty when the slot is absent. Errors name `field` and the entry.
+Result<std::vector<int64_t>> read_indices(KernelContext& ctx, const std::unique_ptr<fb::Tid>& tid, const char* field,
+                                          int64_t limit);
 
 // Maps a possibly negative axis into [0, rank); error when out of range.
 Result<int64_t> normalize_axis(int64_t axis, int64_t rank);

@@ -14,6 +14,26 @@ Result<int64_t> normalize_axis(int64_t axis, int64_t rank) {
   return a;
 }
 
+std::vector<float> widen_f32(const Tensor& t) {
+  std::vector<float> v(static_cast<size_t>(t.numel()));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = load_f32(t.data(), t.dtype(), static_cast<int64_t>(i));
+  return v;
+}
+
+Result<std::vector<int64_t>> read_indices(KernelContext& ctx, const std::unique_ptr<fb::Tid>& tid, const char* field,
+                                          int64_t limit) {
+  std::vector<int64_t> v;
+  if (!tid) return v;
+  SB_ASSIGN_OR_RETURN(Tensor t, ctx.in(tid.get()));
+  const int32_t* p = t.data_as<int32_t>();
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    SB_CHECK_OR_RETURN(p[i] >= 0 && p[i] < limit, StatusCode::kOutOfRange, "%s[%lld] = %d out of range [0, %lld)",
+                       field, (long long)i, p[i], (long long)limit);
+    v.push_back(p[i]);
+  }
+  return v;
+}
+
 AxisSplit split_at(const Shape& s, int64_t axis) {
   AxisSplit r;
   for (int64_t i = 0; i < static_cast<int64_t>(s.size()); ++i) {

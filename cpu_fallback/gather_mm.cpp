@@ -17,12 +17,6 @@ float dot32(const float* x, const float* w, int64_t k) {
 
 namespace {
 
-std::vector<float> widen(const Tensor& t) {
-  std::vector<float> v(static_cast<size_t>(t.numel()));
-  for (size_t i = 0; i < v.size(); ++i) v[i] = load_f32(t.data(), t.dtype(), static_cast<int64_t>(i));
-  return v;
-}
-
 Status gather_mm(KernelContext& ctx, const fb::OpNodeUnion& op) {
   const auto* n = op.AsGatherMmNode();
   SB_ASSIGN_OR_RETURN(Tensor x, ctx.in(n->x.get()));
@@ -30,26 +24,14 @@ Status gather_mm(KernelContext& ctx, const fb::OpNodeUnion& op) {
   const int64_t rows = x.dim(0), k = x.dim(1), experts = w.dim(0), nout = w.dim(1);
   SB_CHECK_OR_RETURN(w.dim(2) == k, StatusCode::kInvalidArgument, "w %s does not match K = %lld",
                      shape_str(w.shape()).c_str(), (long long)k);
-  auto read = [&](const std::unique_ptr<fb::Tid>& tid, int64_t limit, const char* field) -> Result<std::vector<int64_t>> {
-    std::vector<int64_t> v;
-    if (!tid) return v;
-    SB_ASSIGN_OR_RETURN(Tensor t, ctx.in(tid.get()));
-    for (int64_t i = 0; i < t.numel(); ++i) {
-      int32_t e = t.data_as<int32_t>()[i];
-      SB_CHECK_OR_RETURN(e >= 0 && e < limit, StatusCode::kOutOfRange, "%s[%lld] = %d out of range [0, %lld)", field,
-                         (long long)i, e, (long long)limit);
-      v.push_back(e);
-    }
-    return v;
-  };
-  SB_ASSIGN_OR_RETURN(std::vector<int64_t> rhs, read(n->rhs_indices, experts, "rhs_indices"));
-  SB_ASSIGN_OR_RETURN(std::vector<int64_t> lhs, read(n->lhs_indices, rows, "lhs_indices"));
+  SB_ASSIGN_OR_RETURN(std::vector<int64_t> rhs, read_indices(ctx, n->rhs_indices, "rhs_indices", experts));
+  SB_ASSIGN_OR_RETURN(std::vector<int64_t> lhs, read_indices(ctx, n->lhs_indices, "lhs_indices", rows));
   const int64_t pairs = n->rhs_indices ? static_cast<int64_t>(rhs.size()) : n->lhs_indices ? static_cast<int64_t>(lhs.size()) : rows;
   SB_CHECK_OR_RETURN((!n->lhs_indices || static_cast<int64_t>(lhs.size()) == pairs) &&
                          (n->lhs_indices || rows == 0 || pairs % rows == 0),
                      StatusCode::kInvalidArgument, "index lengths do not match (%lld pairs, %lld rows)",
                      (long long)pairs, (long long)rows);
-  const std::vector<float> xf = widen(x), wf = widen(w);
+  const std::vector<float> xf = widen_f32(x), wf = widen_f32(w);
   SB_ASSIGN_OR_RETURN(Tensor out, Tensor::zeros(x.dtype(), {pairs, nout}));
   parallel_for(pairs, 1, [&](int64_t b, int64_t e) {
     for (int64_t p = b; p < e; ++p) {

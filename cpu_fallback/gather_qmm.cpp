@@ -170,21 +170,6 @@ std::shared_ptr<const x86::Repacked> repacked_cached(const ExpertTable& t, std::
   return fresh;
 }
 
-// Reads an optional index tensor into int64, checking every entry against `limit`.
-Result<std::vector<int64_t>> read_indices(KernelContext& ctx, const std::unique_ptr<fb::Tid>& tid, const char* field,
-                                          int64_t limit) {
-  std::vector<int64_t> v;
-  if (!tid) return v;
-  SB_ASSIGN_OR_RETURN(Tensor t, ctx.in(tid.get()));
-  const int32_t* p = t.data_as<int32_t>();
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    SB_CHECK_OR_RETURN(p[i] >= 0 && p[i] < limit, StatusCode::kOutOfRange, "%s[%lld] = %d out of range [0, %lld)",
-                       field, (long long)i, p[i], (long long)limit);
-    v.push_back(p[i]);
-  }
-  return v;
-}
-
 }  // namespace
 
 // Pairs are scheduled by expert runs when sorted (each run reuses the expert's

@@ -10,12 +10,6 @@
 namespace switchboard::cpu {
 namespace {
 
-std::vector<float> widen(const Tensor& t) {
-  std::vector<float> v(static_cast<size_t>(t.numel()));
-  for (size_t i = 0; i < v.size(); ++i) v[i] = load_f32(t.data(), t.dtype(), static_cast<int64_t>(i));
-  return v;
-}
-
 Status matmul(KernelContext& ctx, const fb::OpNodeUnion& op) {
   const auto* n = op.AsMatmulNode();
   SB_ASSIGN_OR_RETURN(Tensor a, ctx.in(n->a.get()));
@@ -43,8 +37,8 @@ Status matmul(KernelContext& ctx, const fb::OpNodeUnion& op) {
     const float* ap = a.data_as<float>();
     const float* bp = b.data_as<float>();
     if (a.dtype() != DType::kF32) {
-      av = widen(a);
-      bv = widen(b);
+      av = widen_f32(a);
+      bv = widen_f32(b);
       ap = av.data();
       bp = bv.data();
     }
