@@ -165,6 +165,8 @@ std::shared_ptr<const x86::Repacked> repacked_cached(const ExpertTable& t, std::
   const Key key{t.codes, t.scales, t.biases, t.group_size, t.bits};
   std::lock_guard<std::mutex> lock(mu);
   if (auto hit = cache[key].lock()) return hit;
+  for (auto it = cache.begin(); it != cache.end();)  // drop entries of unloaded programs
+    it = it->second.expired() ? cache.erase(it) : std::next(it);
   auto fresh = x86::repack(t, std::move(sources));
   if (fresh) cache[key] = fresh;
   return fresh;

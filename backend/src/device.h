@@ -54,7 +54,8 @@ class KernelContext {
   // True for constant slots: their contents never change, so derived data
   // (e.g. repacked weights) may be cached.
   virtual bool is_constant(const fb::Tid* tid) const = 0;
-  // Keeps `obj` alive as long as the session (e.g. a cache entry it uses).
+  // Keeps `obj` alive as long as the session (e.g. a cache entry it uses);
+  // retaining the same object again is a no-op.
   virtual void retain(std::shared_ptr<const void> obj) = 0;
 };
 

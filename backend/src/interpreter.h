@@ -2,6 +2,7 @@
 // per-session mutable buffers.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -41,7 +42,7 @@ class Interpreter final : public KernelContext {
   Result<int64_t> resolve(const fb::IntOrVidT* v) override;
   DType declared_dtype(const fb::Tid* tid) const override;
   bool is_constant(const fb::Tid* tid) const override { return prog_.roles[tid->idx()] == SlotRole::kConstant; }
-  void retain(std::shared_ptr<const void> obj) override { retained_.push_back(std::move(obj)); }
+  void retain(std::shared_ptr<const void> obj) override { retained_.emplace(obj.get(), std::move(obj)); }
 
  private:
   Status run_chain(uint32_t chain, uint32_t depth);
@@ -56,7 +57,7 @@ class Interpreter final : public KernelContext {
   std::vector<Value> values_;
   std::vector<uint8_t> value_written_;
   std::vector<uint8_t> value_is_input_;
-  std::vector<std::shared_ptr<const void>> retained_;
+  std::map<const void*, std::shared_ptr<const void>> retained_;  // one entry per object, however often retained
 };
 
 }  // namespace switchboard::detail
