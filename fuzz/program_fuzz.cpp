@@ -2,6 +2,7 @@
 // without constants) one execution on small zero inputs. Every outcome must be
 // a Status; sanitizers turn anything else into a crash.
 #include <cstddef>
+#include <cstdlib>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -47,6 +48,12 @@ void run_once(const std::shared_ptr<const Program>& program) {
 }
 
 }  // namespace
+
+// Keeps freed tensors from piling up in the buffer pool under libFuzzer's RSS limit.
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  setenv("SWITCHBOARD_BUFFER_POOL_MB", "64", 0);
+  return 0;
+}
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<uint8_t> bytes(data, data + size);

@@ -73,7 +73,9 @@ TEST(DType, BF16RoundsToNearestEven) {
   EXPECT_TRUE(std::isnan(bf16_to_f32(f32_to_bf16(f32_from_bits(0x7f800001u)))));  // payload in low bits
   for (uint32_t h = 0; h < 65536; ++h) {
     float f = bf16_to_f32(static_cast<uint16_t>(h));
-    if (!std::isnan(f)) ASSERT_EQ(f32_to_bf16(f), h);
+    if (!std::isnan(f)) {
+      ASSERT_EQ(f32_to_bf16(f), h);
+    }
   }
 }
 

@@ -59,7 +59,7 @@ class BufferPool {
   void give(void* p, size_t bytes) {
     if (bytes >= kMinPooled) {
       std::lock_guard<std::mutex> lock(mu_);
-      if (cached_ + bytes <= kMaxCached) {
+      if (cached_ + bytes <= max_cached_) {
         free_.emplace(bytes, p);
         cached_ += bytes;
         return;
@@ -69,8 +69,13 @@ class BufferPool {
   }
 
  private:
+  // $SWITCHBOARD_BUFFER_POOL_MB bounds the cache (default 1 GiB; 0 disables it).
+  BufferPool() {
+    const char* env = std::getenv("SWITCHBOARD_BUFFER_POOL_MB");
+    if (env && *env) max_cached_ = static_cast<size_t>(std::strtoull(env, nullptr, 10)) << 20;
+  }
   static constexpr size_t kMinPooled = size_t{256} << 10;
-  static constexpr size_t kMaxCached = size_t{2} << 30;
+  size_t max_cached_ = size_t{1} << 30;
   std::mutex mu_;
   std::multimap<size_t, void*> free_;
   size_t cached_ = 0;
