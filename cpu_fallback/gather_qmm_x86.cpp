@@ -1,5 +1,6 @@
 #include "gather_qmm_x86.h"
 
+#if defined(__x86_64__)
 #include <immintrin.h>
 #include <sys/mman.h>
 
@@ -274,3 +275,15 @@ void qmm_tiles(const Repacked& r, int e, const Q8Activations& xq, const float* x
 }
 
 }  // namespace switchboard::cpu::x86
+
+#else  // not x86-64: no fast path; callers check available() first.
+
+namespace switchboard::cpu::x86 {
+bool available() { return false; }
+double repacked_bytes_per_weight(int format) { return format / 8.0; }
+std::shared_ptr<const Repacked> repack(const ExpertTable&, std::vector<Tensor>) { return nullptr; }
+void qmm_tiles(const Repacked&, int, const Q8Activations&, const float*, const int64_t*, int64_t, int64_t, int64_t,
+               float*, int64_t) {}
+}  // namespace switchboard::cpu::x86
+
+#endif

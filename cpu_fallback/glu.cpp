@@ -1,8 +1,10 @@
 // Gated activations: SwiGLU, GEGLU (tanh approximation) and gpt-oss's clamped SwiGLU.
 #include "cpu_common.h"
 #include "exact_math.h"
-#include "exact_math_avx512.h"
 #include "gather_qmm_x86.h"
+#if defined(__x86_64__)
+#include "exact_math_avx512.h"
+#endif
 
 namespace switchboard::cpu {
 
@@ -21,6 +23,7 @@ float glu(fb::GluKind kind, float g, float u, float alpha, float limit) {
 }
 
 // silu(g) * u over whole 16-lane vectors; returns how many elements it did.
+#if defined(__x86_64__)
 __attribute__((target("avx512f,avx512dq"))) int64_t swiglu_f32_avx512(const float* g, const float* u, float* out,
                                                                         int64_t n) {
   int64_t i = 0;
@@ -28,6 +31,9 @@ __attribute__((target("avx512f,avx512dq"))) int64_t swiglu_f32_avx512(const floa
     _mm512_storeu_ps(out + i, _mm512_mul_ps(exact::avx512::silu(_mm512_loadu_ps(g + i)), _mm512_loadu_ps(u + i)));
   return i;
 }
+#else
+int64_t swiglu_f32_avx512(const float*, const float*, float*, int64_t) { return 0; }
+#endif
 
 Status glu_kernel(KernelContext& ctx, const fb::OpNodeUnion& op) {
   const auto* n = op.AsGluNode();

@@ -8,7 +8,12 @@
 #include <thread>
 #include <vector>
 
+#if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
+#define SB_CPU_RELAX() _mm_pause()
+#else
+#define SB_CPU_RELAX() ((void)0)
+#endif
 
 namespace switchboard::cpu {
 namespace {
@@ -89,7 +94,7 @@ class Pool {
     for (;;) {
       // Decode runs a parallel region every few tens of microseconds; spinning a
       // little before sleeping avoids paying a thread wake-up for each one.
-      for (int spin = 0; spin < 20000 && published_.load(std::memory_order_acquire) == seen; ++spin) _mm_pause();
+      for (int spin = 0; spin < 20000 && published_.load(std::memory_order_acquire) == seen; ++spin) SB_CPU_RELAX();
       {
         std::unique_lock<std::mutex> lock(mu_);
         cv_.wait(lock, [&] { return stop_ || (generation_ != seen && id < job_helpers_); });
