@@ -70,14 +70,23 @@ Q8Activations quantize_q8(const Tensor& x) {
 }
 
 namespace {
-bool g_fast = [] {
+CpuPath limit_from_env() {
   const char* v = std::getenv("SWITCHBOARD_CPU_PATH");
-  return !(v && std::strcmp(v, "portable") == 0);
-}();
+  if (v && std::strcmp(v, "portable") == 0) return CpuPath::kPortable;
+  if (v && std::strcmp(v, "avx2") == 0) return CpuPath::kAvx2;
+  return CpuPath::kAvx512Vnni;
+}
+CpuPath g_limit = limit_from_env();
 }  // namespace
 
-void set_fast_paths(bool enabled) { g_fast = enabled; }
-bool fast_paths_enabled() { return g_fast && x86::available(); }
+const char* cpu_path_name(CpuPath p) {
+  return p == CpuPath::kAvx512Vnni ? "avx512-vnni" : p == CpuPath::kAvx2 ? "avx2" : "portable";
+}
+CpuPath best_cpu_path() {
+  return x86::available() ? CpuPath::kAvx512Vnni : x86::avx2_available() ? CpuPath::kAvx2 : CpuPath::kPortable;
+}
+void set_cpu_path_limit(CpuPath limit) { g_limit = limit; }
+CpuPath active_cpu_path() { return std::min(g_limit, best_cpu_path()); }
 
 namespace {
 
@@ -219,7 +228,8 @@ Status gather_qmm(KernelContext& ctx, const fb::OpNodeUnion& op) {
     p = q;
   }
   std::shared_ptr<const x86::Repacked> fast;
-  if (fast_paths_enabled()) {
+  const CpuPath path = active_cpu_path();
+  if (path != CpuPath::kPortable) {
     const bool cached = ctx.is_constant(n->w.get()) && ctx.is_constant(n->scales.get()) && ctx.is_constant(n->biases.get());
     fast = cached ? repacked_cached(table, {w, scales, biases}) : x86::repack(table);
     if (fast && cached) ctx.retain(fast);
@@ -233,8 +243,11 @@ Status gather_qmm(KernelContext& ctx, const fb::OpNodeUnion& op) {
       auto [p0, p1] = runs[static_cast<size_t>(item / tiles)];
       const int64_t n0 = (item % tiles) * 64, n1 = std::min(nout, n0 + 64);
       const int e = static_cast<int>(rhs[p0]);
-      if (fast) x86::qmm_tiles(*fast, e, xq, xg.data(), lhs.data() + p0, p1 - p0, n0 / 16, (n1 + 15) / 16,
-                               g + p0 * nout + n0, nout);
+      if (fast && path == CpuPath::kAvx512Vnni)
+        x86::qmm_tiles(*fast, e, xq, xg.data(), lhs.data() + p0, p1 - p0, n0 / 16, (n1 + 15) / 16, g + p0 * nout + n0, nout);
+      else if (fast)
+        x86::qmm_tiles_avx2(*fast, e, xq, xg.data(), lhs.data() + p0, p1 - p0, n0 / 16, (n1 + 15) / 16, g + p0 * nout + n0,
+                            nout);
       else qmm_rows(table, e, xq, lhs.data() + p0, p1 - p0, n0, n1, g + p0 * nout + n0, nout);
     }
   });

@@ -33,10 +33,15 @@ struct ExpertTable {
   DType scale_dtype = DType::kF32;
 };
 
-// Fast paths (AVX-512 VNNI) are used when the CPU has them unless disabled here
-// or by SWITCHBOARD_CPU_PATH=portable; both give identical bits.
-void set_fast_paths(bool enabled);
-bool fast_paths_enabled();
+// SIMD paths, chosen at run time from the CPU's features; every path gives the
+// same bits. SWITCHBOARD_CPU_PATH=portable|avx2|avx512 (or set_cpu_path_limit)
+// caps the choice, e.g. to test a slower path on a faster machine.
+enum class CpuPath { kPortable = 0, kAvx2 = 1, kAvx512Vnni = 2 };
+const char* cpu_path_name(CpuPath p);
+CpuPath best_cpu_path();  // what this CPU supports
+void set_cpu_path_limit(CpuPath limit);
+CpuPath active_cpu_path();  // min(limit, best)
+inline bool fast_paths_enabled() { return active_cpu_path() == CpuPath::kAvx512Vnni; }
 
 // out[i * out_stride + (n - n0)] for the token rows `rows[0..count)` of `xq`, all
 // against expert e, output rows n in [n0, n1); f32 results before rounding.

@@ -12,8 +12,10 @@
 
 namespace switchboard::cpu::x86 {
 
-// True when this CPU (and build) can run the fast path.
+// True when this CPU (and build) can run the AVX-512 VNNI path.
 bool available();
+// True when it can run the AVX2 path (AVX2 + F16C).
+bool avx2_available();
 
 // One projection's experts in the tile layout: per expert, per 16-row tile, the
 // codes chunk by chunk (4-bit: 8 k per 64 bytes, low nibble k..k+3, high k+4..k+7;
@@ -39,5 +41,9 @@ double repacked_bytes_per_weight(int format);
 // X_g = sum over the group's blocks of Sx_j * d_j, per row of xq: [rows, groups].
 void qmm_tiles(const Repacked& r, int e, const Q8Activations& xq, const float* xg, const int64_t* rows, int64_t count,
                int64_t tile0, int64_t tile1, float* out, int64_t out_stride);
+
+// The same, with AVX2 (gather_qmm_avx2.cpp).
+void qmm_tiles_avx2(const Repacked& r, int e, const Q8Activations& xq, const float* xg, const int64_t* rows,
+                    int64_t count, int64_t tile0, int64_t tile1, float* out, int64_t out_stride);
 
 }  // namespace switchboard::cpu::x86

@@ -334,19 +334,16 @@ TEST(GatherQmm, BitsAndShapesAreValidated) {
 namespace switchboard {
 namespace {
 
-// Restores the fast-path switch when a test ends.
-struct FastPaths {
-  explicit FastPaths(bool on) { cpu::set_fast_paths(on); }
-  ~FastPaths() { cpu::set_fast_paths(true); }
+// Caps the CPU path for one scope.
+struct PathLimit {
+  explicit PathLimit(cpu::CpuPath p) { cpu::set_cpu_path_limit(p); }
+  ~PathLimit() { cpu::set_cpu_path_limit(cpu::CpuPath::kAvx512Vnni); }
 };
 
 // Every width (3/5/6 through the 8-bit expansion), row tails (N = 40), 1..7 tokens
 // per expert run, sorted and unsorted schedules: fast and portable paths agree bitwise.
-TEST(GatherQmm, FastAndPortablePathsGiveIdenticalBits) {
-  if (!cpu::x86::available()) {
-    std::printf("[  SKIPPED ] this CPU has no AVX-512 VNNI: only the portable path ran\n");
-    return;
-  }
+TEST(GatherQmm, EverySimdPathMatchesThePortablePathBitwise) {
+  std::printf("[   INFO   ] best CPU path here: %s\n", cpu::cpu_path_name(cpu::best_cpu_path()));
   std::vector<int> bits = {2, 3, 4, 5, 6, 8, 4, 2};
   for (int gs : {32, 128}) {
     Experts x = make_experts(8, 40, 256, gs, bits, DType::kF16, 31 + gs);
@@ -355,16 +352,22 @@ TEST(GatherQmm, FastAndPortablePathsGiveIdenticalBits) {
     for (int e = 0; e < 8; ++e)
       for (int t = 0; t <= e % 7; ++t) rhs.push_back(e), lhs.push_back((e + t) % 7);
     auto program = build_gqmm(x, DType::kF32, true, 1);
-    Tensor fast, portable;
+    Tensor portable;
     {
-      FastPaths on(true);
-      fast = run_gqmm(program, x, in, rhs, lhs).value();
-    }
-    {
-      FastPaths off(false);
+      PathLimit limit(cpu::CpuPath::kPortable);
       portable = run_gqmm(program, x, in, rhs, lhs).value();
     }
-    ASSERT_EQ(std::memcmp(fast.data(), portable.data(), fast.nbytes()), 0) << "group size " << gs;
+    for (cpu::CpuPath p : {cpu::CpuPath::kAvx2, cpu::CpuPath::kAvx512Vnni}) {
+      if (cpu::best_cpu_path() < p) {
+        std::printf("[  SKIPPED ] %s: this CPU cannot run it\n", cpu::cpu_path_name(p));
+        continue;
+      }
+      PathLimit limit(p);
+      ASSERT_EQ(cpu::active_cpu_path(), p);
+      Tensor fast = run_gqmm(program, x, in, rhs, lhs).value();
+      ASSERT_EQ(std::memcmp(fast.data(), portable.data(), fast.nbytes()), 0)
+          << cpu::cpu_path_name(p) << ", group size " << gs;
+    }
   }
 }
 

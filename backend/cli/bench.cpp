@@ -14,7 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli.h"
-#include "gather_qmm_x86.h"
+#include "gather_qmm.h"
 #include "parallel.h"
 #include "switchboard/builder.h"
 #include "switchboard/switchboard.h"
@@ -214,7 +214,7 @@ int run_bench_moe_layer(const BenchOptions& o) {
       {"group_size", o.group_size}, {"mixed", o.mixed},
       {"sorted", o.sorted},         {"path", o.tokens > cutoff ? "sorted" : "unsorted"},
       {"threads", cpu::num_threads()},
-      {"isa", cpu::x86::available() ? "avx512-vnni" : "portable"},
+      {"isa", cpu::cpu_path_name(cpu::active_cpu_path())},
       {"layers_cycled", layers},    {"iterations", iters},
       {"ms_per_layer", ms},         {"bytes_per_layer", bytes_per_layer},
       {"dram_gbps", dram},          {"roofline_ms", bytes_per_layer / (dram * 1e9) * 1e3},
