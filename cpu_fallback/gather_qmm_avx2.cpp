@@ -6,6 +6,7 @@
 #include "gather_qmm_x86.h"
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 
 #include <cstring>
@@ -13,7 +14,11 @@
 namespace switchboard::cpu::x86 {
 
 bool avx2_available() {
-  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  // clang's __builtin_cpu_supports does not know "f16c": read CPUID leaf 1 (ECX bit 29).
+  static const bool ok = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return __builtin_cpu_supports("avx2") && __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+  }();
   return ok;
 }
 
