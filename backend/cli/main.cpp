@@ -11,7 +11,7 @@ int main(int argc, char** argv) {
 
   switchboard::cli::DemoOptions demo;
   auto* demo_cmd = app.add_subcommand(
-      "demo", "Build a small MoE-layer program, save program + weights, load them back and run on the CPU");
+      "demo", "Build a 4-bit MoE-layer program, save program + weights, load them back and run it (M = 1 and 8)");
   demo_cmd->add_option("--save", demo.save_dir, "Directory for program.sbp and weights.safetensors");
   demo_cmd->add_option("--device", demo.device, "Device to run on (cpu)");
 
