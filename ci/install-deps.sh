@@ -9,7 +9,7 @@ PACKAGES=(
   flatbuffers-compiler libflatbuffers-dev
   libspdlog-dev libfmt-dev
   libopenblas-dev
-  glslang-tools spirv-tools spirv-cross
+  glslang-tools spirv-tools spirv-cross libspirv-cross-c-shared-dev
   libvulkan-dev mesa-vulkan-drivers
   libgtest-dev libgmock-dev googletest
   libbenchmark-dev

@@ -96,6 +96,11 @@ struct AxisSplit {
 };
 AxisSplit split_at(const Shape& s, int64_t axis);
 
+// numpy broadcasting: align right; each pair of dims equal or one of them 1.
+Result<Shape> broadcast_shape(const Shape& a, const Shape& b);
+// Element strides of `s` seen through the broadcast shape `out` (0 on broadcast dims).
+std::vector<int64_t> broadcast_strides(const Shape& s, const Shape& out);
+
 void register_elementwise_kernels(KernelRegistry& r);
 void register_cast_kernels(KernelRegistry& r);
 void register_shape_kernels(KernelRegistry& r);

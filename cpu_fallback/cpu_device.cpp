@@ -1,8 +1,13 @@
 // The CPU fallback device: every op's reference kernel.
+#include <cstdio>
 #include <cstdlib>
+#include <mutex>
 
 #include "cpu_common.h"
 #include "log.h"
+#if SWITCHBOARD_HAS_VULKAN
+#include "vulkan_device.h"
+#endif
 
 namespace switchboard {
 namespace cpu {
@@ -72,14 +77,36 @@ class CpuDevice final : public Device {
 
 std::unique_ptr<Device> make_cpu_device() { return std::make_unique<cpu::CpuDevice>(); }
 
-Result<std::unique_ptr<Device>> open_device(const std::string& spec) {
+Result<std::unique_ptr<Device>> open_device(const std::string& spec, bool cpu_fallback) {
   std::string name = spec;
   if (name.empty()) {
     const char* env = std::getenv("SWITCHBOARD_DEVICE");
     name = env && *env ? env : "cpu";
+    cpu_fallback = true;
   }
   if (name == "cpu") return make_cpu_device();
-  return make_error(StatusCode::kNotFound, "unknown device '%s' (this build has: cpu)", name.c_str());
+  Result<std::unique_ptr<Device>> dev = make_error(StatusCode::kNotFound, "unknown device '%s' (known: cpu, vulkan, vulkan:N)", name.c_str());
+  if (name == "vulkan" || name.rfind("vulkan:", 0) == 0) {
+    int index = -1;
+    if (name.size() > 7) {
+      char* end = nullptr;
+      long v = std::strtol(name.c_str() + 7, &end, 10);
+      if (*end || v < 0 || v > 1024) return make_error(StatusCode::kInvalidArgument, "device '%s': expected vulkan:N", name.c_str());
+      index = static_cast<int>(v);
+    }
+#if SWITCHBOARD_HAS_VULKAN
+    dev = vulkan::open_vulkan_device(index);
+#else
+    dev = make_error(StatusCode::kNotFound, "this build has no Vulkan device");
+#endif
+  }
+  if (dev.is_ok() || !cpu_fallback || dev.status().code() == StatusCode::kInvalidArgument) return dev;
+  static std::once_flag once;
+  std::call_once(once, [&] {
+    std::fprintf(stderr, "switchboard: device '%s' is unavailable (%s); running on the CPU\n", name.c_str(),
+                 dev.status().to_string().c_str());
+  });
+  return make_cpu_device();
 }
 
 }  // namespace switchboard

@@ -5,9 +5,7 @@
 #include "cpu_common.h"
 
 namespace switchboard::cpu {
-namespace {
 
-// numpy broadcasting: align right; each pair of dims equal or one of them 1.
 Result<Shape> broadcast_shape(const Shape& a, const Shape& b) {
   size_t r = std::max(a.size(), b.size());
   Shape out(r);
@@ -21,7 +19,6 @@ Result<Shape> broadcast_shape(const Shape& a, const Shape& b) {
   return out;
 }
 
-// Element strides of `s` seen through the broadcast shape `out` (0 on broadcast dims).
 std::vector<int64_t> broadcast_strides(const Shape& s, const Shape& out) {
   std::vector<int64_t> st(out.size(), 0);
   int64_t stride = 1;
@@ -32,6 +29,8 @@ std::vector<int64_t> broadcast_strides(const Shape& s, const Shape& out) {
   }
   return st;
 }
+
+namespace {
 
 float apply_f(fb::BinaryOp op, float a, float b) {
   switch (op) {

@@ -850,11 +850,16 @@ TEST(OpHarness, ToleranceKinds) {
 }
 
 TEST(OpHarness, ReportsFirstMismatch) {
+  // One device only, so exactly one failure is reported.
+  const char* old = std::getenv("SWITCHBOARD_TEST_DEVICES");
+  std::string saved = old ? old : "";
+  setenv("SWITCHBOARD_TEST_DEVICES", "", 1);
   ProgramBuilder b;
   b.output("y", b.neg(b.input("x", kF32, {2, 2})));
   auto wrong = [](const Inputs&) { return Expected{{"y", RefTensor{{2, 2}, {-1, -2, 4, 5}, {}}}}; };
   EXPECT_NONFATAL_FAILURE(check_op(b, {{"x", make(kF32, {2, 2}, {1, 2, 3, 4})}}, wrong, Tolerance::exact()),
                           "2 of 4 elements differ (exact); first at index 2 [1, 0]: got -3, expected 4");
+  setenv("SWITCHBOARD_TEST_DEVICES", saved.c_str(), 1);
 }
 
 TEST(OpHarness, DevicesMustAgreeBitwiseUpToNaNPayload) {

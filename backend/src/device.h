@@ -32,11 +32,20 @@ class Device {
   virtual ~Device() = default;
   virtual const std::string& name() const = 0;
   virtual const KernelRegistry& kernels() const = 0;
+  // Whether this device runs `op` with the operands' declared dtypes (asked once per
+  // instruction at plan time); kUnimplemented with the reason when it does not.
+  virtual Status can_run(const fb::OpNodeUnion& op, const KernelContext& ctx) const { return Status::ok(); }
+  // Waits for queued work; returns the errors the device found in it (an index out of
+  // range, say). Devices that run kernels synchronously have nothing to wait for.
+  virtual Status sync() { return Status::ok(); }
 };
 
 std::unique_ptr<Device> make_cpu_device();
-// "cpu"; empty → $SWITCHBOARD_DEVICE, else "cpu". Unknown names are errors.
-Result<std::unique_ptr<Device>> open_device(const std::string& spec);
+// "cpu", "vulkan" or "vulkan:N"; empty → $SWITCHBOARD_DEVICE, else "cpu". Unknown
+// names are errors; a Vulkan device that cannot be opened is kNotFound.
+// With cpu_fallback (always, for the environment variable) a device that cannot be
+// opened is replaced by the CPU, with one message on stderr per process.
+Result<std::unique_ptr<Device>> open_device(const std::string& spec, bool cpu_fallback = false);
 
 // What a kernel sees: its operands by slot id, resolved scalars, and the
 // declared dtype of its outputs. Implemented by the interpreter.
@@ -57,6 +66,8 @@ class KernelContext {
   // Keeps `obj` alive as long as the session (e.g. a cache entry it uses);
   // retaining the same object again is a no-op.
   virtual void retain(std::shared_ptr<const void> obj) = 0;
+  // The device running the kernel (device kernels reach their queues through it).
+  virtual Device& device() = 0;
 };
 
 }  // namespace switchboard

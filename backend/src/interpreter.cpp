@@ -39,6 +39,10 @@ Status Interpreter::plan() {
       SB_CHECK_OR_RETURN(is_host_op(t) || fn, StatusCode::kUnimplemented,
                          "chains[%zu].instructions[%zu]: device '%s' has no kernel for %s", c, i,
                          device_->name().c_str(), op_name(t));
+      if (fn) {
+        Status st = device_->can_run(chains[c]->instructions[i]->op, *this);
+        if (!st.is_ok()) return st.annotate(strformat("chains[%zu].instructions[%zu].%s", c, i, op_name(t)));
+      }
       plan_[c].push_back(fn);
     }
   }
@@ -56,7 +60,9 @@ Status Interpreter::reset() {
   }
   if (prog_.ir->init_chain >= 0) {
     clear_transient();
-    SB_RETURN_IF_ERROR_AT(run_chain(static_cast<uint32_t>(prog_.ir->init_chain), 0), "init chain");
+    Status st = run_chain(static_cast<uint32_t>(prog_.ir->init_chain), 0);
+    Status done = device_->sync();
+    SB_RETURN_IF_ERROR_AT(st.is_ok() ? done : st, "init chain");
   }
   return Status::ok();
 }
@@ -79,7 +85,9 @@ Status Interpreter::execute() {
     SB_CHECK_OR_RETURN(set, StatusCode::kInvalidArgument, "input '%s' was not set", io->name.c_str());
   }
   clear_transient();
-  return run_chain(prog_.ir->main_chain, 0);
+  Status st = run_chain(prog_.ir->main_chain, 0);
+  Status done = device_->sync();  // always drain queued work, even after an error
+  return st.is_ok() ? done : st;
 }
 
 Status Interpreter::run_chain(uint32_t chain, uint32_t depth) {
@@ -182,7 +190,9 @@ Status Interpreter::out(const fb::Tid* tid, Tensor value) {
 Result<Tensor> Interpreter::inplace(const fb::Tid* tid) {
   SB_ASSIGN_OR_RETURN(Tensor cur, in(tid));
   tensors_[tid->idx()] = Tensor();  // drop our reference so use_count reflects other holders
-  // Copy-on-write: the storage may be shared with a caller's tensor or a view.
+  // Copy-on-write: the storage may be shared with a caller's tensor or a view. The host
+  // copy reads the bytes, so queued device work that writes them must finish first.
+  if (!cur.storage_unique()) SB_RETURN_IF_ERROR(device_->sync());
   Tensor t = cur.storage_unique() ? std::move(cur) : cur.clone();
   tensors_[tid->idx()] = t;
   return t;

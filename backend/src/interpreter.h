@@ -43,6 +43,7 @@ class Interpreter final : public KernelContext {
   DType declared_dtype(const fb::Tid* tid) const override;
   bool is_constant(const fb::Tid* tid) const override { return prog_.roles[tid->idx()] == SlotRole::kConstant; }
   void retain(std::shared_ptr<const void> obj) override { retained_.emplace(obj.get(), std::move(obj)); }
+  Device& device() override { return *device_; }
 
  private:
   Status run_chain(uint32_t chain, uint32_t depth);

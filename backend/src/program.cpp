@@ -152,7 +152,7 @@ Result<std::unique_ptr<Session>> Session::create(std::shared_ptr<const Program> 
                      "%s: constants were not resolved (loaded with resolve_constants = false)",
                      program->impl().origin.c_str());
   SB_RETURN_IF_ERROR(check_buffer_bytes(program->impl(), options.max_buffer_bytes));
-  SB_ASSIGN_OR_RETURN(std::unique_ptr<Device> device, open_device(options.device));
+  SB_ASSIGN_OR_RETURN(std::unique_ptr<Device> device, open_device(options.device, options.cpu_fallback));
   std::unique_ptr<Session> s(new Session());
   s->program_ = program;
   s->interp_ = std::make_unique<detail::Interpreter>(program->impl(), std::move(device));

@@ -16,6 +16,8 @@ const char* status_code_name(StatusCode code) {
     case StatusCode::kUnimplemented: return "Unimplemented";
     case StatusCode::kIoError: return "IoError";
     case StatusCode::kInternal: return "Internal";
+    case StatusCode::kFailedPrecondition: return "FailedPrecondition";
+    case StatusCode::kResourceExhausted: return "ResourceExhausted";
   }
   return "Unknown";
 }

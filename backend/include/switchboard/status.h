@@ -19,6 +19,8 @@ enum class StatusCode {
   kUnimplemented,    // a device lacks a kernel
   kIoError,          // the operating system refused a file operation
   kInternal,         // a broken invariant inside Switchboard (a bug)
+  kFailedPrecondition,  // the device cannot meet the numerics contract (exact mode refused)
+  kResourceExhausted,   // a device allocation or limit ran out
 };
 
 const char* status_code_name(StatusCode code);

@@ -79,8 +79,12 @@ class Program {
 };
 
 struct SessionOptions {
-  // "cpu"; empty means $SWITCHBOARD_DEVICE, or "cpu" when that is unset.
+  // "cpu", "vulkan" (the best Vulkan device) or "vulkan:N"; empty means
+  // $SWITCHBOARD_DEVICE, or "cpu" when that is unset.
   std::string device;
+  // When the device cannot be opened (no Vulkan loader, no GPU), run on the CPU and
+  // say so once on stderr instead of failing. Always on for $SWITCHBOARD_DEVICE.
+  bool cpu_fallback = false;
   // Upper bound on the bytes of all mutable buffers (e.g. KV caches) together;
   // a program asking for more is refused before anything is allocated.
   uint64_t max_buffer_bytes = uint64_t{16} << 30;

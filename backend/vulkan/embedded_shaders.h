@@ -1,0 +1,32 @@
+// The kernels compiled at build time (cmake/shaders.cmake): SPIR-V for Vulkan, MSL
+// for Metal and spirv-cross reflection JSON, one entry per kernel variant.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace switchboard::vulkan {
+
+struct EmbeddedKernel {
+  const char* name;
+  const uint32_t* spirv;
+  size_t spirv_words;
+  const char* msl;
+  const char* reflection_json;
+};
+
+extern const EmbeddedKernel kEmbeddedKernels[];
+extern const size_t kNumEmbeddedKernels;
+
+// The entry with this name, or null.
+inline const EmbeddedKernel* find_embedded_kernel(const char* name) {
+  for (size_t i = 0; i < kNumEmbeddedKernels; ++i) {
+    const char* a = kEmbeddedKernels[i].name;
+    const char* b = name;
+    while (*a && *a == *b) ++a, ++b;
+    if (*a == *b) return &kEmbeddedKernels[i];
+  }
+  return nullptr;
+}
+
+}  // namespace switchboard::vulkan

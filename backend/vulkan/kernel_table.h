@@ -1,0 +1,79 @@
+// Every GPU kernel's interface as the hosts (Vulkan, Metal) bind it: bindings in
+// order with their access, the argument struct, the workgroup size. The structural
+// test (tests/shader_structure_test.cpp) checks each entry against the SPIR-V
+// reflection of the compiled shader; binding n is Metal buffer n, the arguments are
+// Metal buffer kMetalArgsBuffer.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernel_args.h"
+
+namespace switchboard::kernels {
+
+enum class Access : uint8_t { kRead, kWrite, kReadWrite };
+
+inline constexpr uint32_t kMetalArgsBuffer = 30;
+inline constexpr int kMaxBindings = 12;
+
+struct KernelInfo {
+  const char* name;        // kernel variant (sb_<name> is its MSL entry point)
+  const char* source;      // metal_shaders/<source>.comp
+  int num_bindings;
+  Access access[kMaxBindings];
+  uint32_t args_size;      // bytes of the push-constant block
+  const char* args_fields; // the SB_*_ARGS field list, as text
+  uint32_t local_size_x;
+  bool exact;              // on an exact path: the lint applies
+};
+
+#define SB_STR_(...) #__VA_ARGS__
+#define SB_STR(x) SB_STR_(x)
+
+using A = Access;
+inline constexpr KernelInfo kKernels[] = {
+    {"binary", "elementwise", 3, {A::kRead, A::kRead, A::kWrite}, sizeof(BinaryArgs), SB_STR(SB_BINARY_ARGS), 256, true},
+    {"unary", "elementwise", 2, {A::kRead, A::kWrite}, sizeof(UnaryArgs), SB_STR(SB_UNARY_ARGS), 256, true},
+    {"cast", "cast", 2, {A::kRead, A::kWrite}, sizeof(CastArgs), SB_STR(SB_CAST_ARGS), 256, true},
+    {"fill", "shape_ops", 1, {A::kWrite}, sizeof(FillArgs), SB_STR(SB_FILL_ARGS), 256, true},
+    {"glu", "glu", 3, {A::kRead, A::kRead, A::kWrite}, sizeof(GluArgs), SB_STR(SB_GLU_ARGS), 256, true},
+    {"combine", "combine", 5, {A::kRead, A::kRead, A::kRead, A::kRead, A::kWrite}, sizeof(CombineArgs),
+     SB_STR(SB_COMBINE_ARGS), 256, true},
+    {"gather_rows", "permute", 4, {A::kRead, A::kRead, A::kWrite, A::kReadWrite}, sizeof(PermuteArgs),
+     SB_STR(SB_PERMUTE_ARGS), 256, true},
+    {"invert_permutation", "permute", 3, {A::kRead, A::kReadWrite, A::kReadWrite}, sizeof(PermuteArgs),
+     SB_STR(SB_PERMUTE_ARGS), 256, true},
+    {"quantize_q8", "gather_qmm", 4, {A::kRead, A::kWrite, A::kWrite, A::kWrite}, sizeof(Q8Args), SB_STR(SB_Q8_ARGS),
+     64, true},
+    {"qmm", "gather_qmm", 11,
+     {A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kWrite,
+      A::kReadWrite},
+     sizeof(QmmArgs), SB_STR(SB_QMM_ARGS), 64, true},
+    {"numerics_probe", "probe", 2, {A::kRead, A::kWrite}, sizeof(ProbeArgs), SB_STR(SB_PROBE_ARGS), 64, true},
+};
+inline constexpr size_t kNumKernels = sizeof(kKernels) / sizeof(kKernels[0]);
+
+// The layouts are plain 32-bit fields: no padding, and offsets that match std430.
+static_assert(sizeof(BinaryArgs) == 4 * (4 + 3 * SB_MAX_RANK));
+static_assert(offsetof(BinaryArgs, shape) == 16 && offsetof(BinaryArgs, sb) == 16 + 8 * SB_MAX_RANK);
+static_assert(sizeof(UnaryArgs) == 16 && sizeof(CastArgs) == 16 && sizeof(FillArgs) == 16);
+static_assert(sizeof(GluArgs) == 32 && offsetof(GluArgs, alpha) == 12 && offsetof(GluArgs, limit) == 16);
+static_assert(sizeof(CombineArgs) == 32 && sizeof(Q8Args) == 16);
+static_assert(sizeof(QmmArgs) == 48 && offsetof(QmmArgs, out_dtype) == 32 && offsetof(QmmArgs, sorted) == 44);
+static_assert(sizeof(PermuteArgs) == 32 && offsetof(PermuteArgs, out_words) == 16);
+static_assert(sizeof(ProbeArgs) == 16);
+// 128 bytes is the smallest push-constant space Vulkan guarantees (lavapipe's limit).
+static_assert(sizeof(BinaryArgs) <= 128 && sizeof(QmmArgs) <= 128);
+
+inline const KernelInfo* find_kernel(const char* name) {
+  for (const KernelInfo& k : kKernels) {
+    const char* a = k.name;
+    const char* b = name;
+    while (*a && *a == *b) ++a, ++b;
+    if (*a == *b) return &k;
+  }
+  return nullptr;
+}
+
+}  // namespace switchboard::kernels

@@ -1,0 +1,550 @@
+#include "vk_runtime.h"
+
+#define VK_NO_PROTOTYPES
+#include <dlfcn.h>
+#include <vulkan/vulkan.h>
+
+#include <cstring>
+#include <map>
+#include <mutex>
+
+#include "embedded_shaders.h"
+#include "exact_math.h"
+#include "kernel_table.h"
+#include "log.h"
+
+namespace switchboard::vulkan {
+
+#define SB_VK_INSTANCE_FNS(X)                                                                              \
+  X(vkDestroyInstance) X(vkEnumeratePhysicalDevices) X(vkGetPhysicalDeviceProperties)                      \
+  X(vkGetPhysicalDeviceProperties2) X(vkGetPhysicalDeviceQueueFamilyProperties)                            \
+  X(vkGetPhysicalDeviceMemoryProperties) X(vkCreateDevice) X(vkGetDeviceProcAddr)                          \
+  X(vkEnumerateDeviceExtensionProperties)
+#define SB_VK_DEVICE_FNS(X)                                                                                \
+  X(vkDestroyDevice) X(vkGetDeviceQueue) X(vkCreateBuffer) X(vkDestroyBuffer)                              \
+  X(vkGetBufferMemoryRequirements) X(vkAllocateMemory) X(vkFreeMemory) X(vkBindBufferMemory) X(vkMapMemory) \
+  X(vkCreateShaderModule) X(vkDestroyShaderModule) X(vkCreateDescriptorSetLayout)                          \
+  X(vkDestroyDescriptorSetLayout) X(vkCreatePipelineLayout) X(vkDestroyPipelineLayout)                     \
+  X(vkCreateComputePipelines) X(vkDestroyPipeline) X(vkCreateCommandPool) X(vkDestroyCommandPool)          \
+  X(vkAllocateCommandBuffers) X(vkBeginCommandBuffer) X(vkEndCommandBuffer) X(vkResetCommandBuffer)        \
+  X(vkCmdBindPipeline) X(vkCmdPushConstants) X(vkCmdDispatch) X(vkCmdPipelineBarrier)                      \
+  X(vkCmdPushDescriptorSetKHR) X(vkCreateFence) X(vkDestroyFence) X(vkWaitForFences) X(vkResetFences)      \
+  X(vkQueueSubmit) X(vkDeviceWaitIdle)
+
+namespace {
+
+struct Block {
+  VkBuffer buffer = VK_NULL_HANDLE;
+  VkDeviceMemory memory = VK_NULL_HANDLE;
+  uint8_t* mapped = nullptr;
+  uint64_t size = 0;
+};
+
+struct Pipeline {
+  VkDescriptorSetLayout set_layout = VK_NULL_HANDLE;
+  VkPipelineLayout layout = VK_NULL_HANDLE;
+  VkPipeline pipeline = VK_NULL_HANDLE;
+  const kernels::KernelInfo* info = nullptr;
+  uint32_t local_size = 1;
+};
+
+// Size classes: powers of two from 256 bytes, then whole MiB above 64 MiB.
+uint64_t size_class(uint64_t bytes) {
+  if (bytes > (64ull << 20)) return (bytes + (1ull << 20) - 1) & ~((1ull << 20) - 1);
+  uint64_t c = 256;
+  while (c < bytes) c <<= 1;
+  return c;
+}
+
+}  // namespace
+
+struct Context {
+  void* lib = nullptr;
+  PFN_vkGetInstanceProcAddr vkGetInstanceProcAddr = nullptr;
+  PFN_vkCreateInstance vkCreateInstance = nullptr;
+#define SB_DECLARE(f) PFN_##f f = nullptr;
+  SB_VK_INSTANCE_FNS(SB_DECLARE)
+  SB_VK_DEVICE_FNS(SB_DECLARE)
+#undef SB_DECLARE
+  VkInstance instance = VK_NULL_HANDLE;
+  VkPhysicalDevice physical = VK_NULL_HANDLE;
+  VkDevice device = VK_NULL_HANDLE;
+  VkQueue queue = VK_NULL_HANDLE;
+  uint32_t queue_family = 0;
+  uint32_t memory_type = 0;
+  VkPhysicalDeviceLimits limits{};
+  VkCommandPool pool = VK_NULL_HANDLE;
+  VkCommandBuffer cmd = VK_NULL_HANDLE;
+  VkFence fence = VK_NULL_HANDLE;
+  std::map<std::string, Pipeline> pipelines;
+
+  std::mutex mu;  // guards the pools below (tensors may be freed on any thread)
+  std::map<uint64_t, std::vector<Block>> free_blocks;
+  std::map<uintptr_t, Block> live;  // mapped base -> block
+
+  ~Context() {
+    if (device) {
+      vkDeviceWaitIdle(device);
+      for (auto& [name, p] : pipelines) {
+        vkDestroyPipeline(device, p.pipeline, nullptr);
+        vkDestroyPipelineLayout(device, p.layout, nullptr);
+        vkDestroyDescriptorSetLayout(device, p.set_layout, nullptr);
+      }
+      for (auto& [size, blocks] : free_blocks)
+        for (Block& b : blocks) release(b);
+      for (auto& [base, b] : live) release(b);
+      if (fence) vkDestroyFence(device, fence, nullptr);
+      if (pool) vkDestroyCommandPool(device, pool, nullptr);
+      vkDestroyDevice(device, nullptr);
+    }
+    if (instance) vkDestroyInstance(instance, nullptr);
+    if (lib) dlclose(lib);
+  }
+  void release(Block& b) {
+    vkDestroyBuffer(device, b.buffer, nullptr);
+    vkFreeMemory(device, b.memory, nullptr);
+  }
+};
+
+namespace {
+
+std::string vk_error(const char* what, VkResult r) { return strformat("%s failed (VkResult %d)", what, static_cast<int>(r)); }
+#define SB_VK_CHECK(call, what)                                                             \
+  do {                                                                                      \
+    VkResult r_ = (call);                                                                   \
+    if (r_ != VK_SUCCESS) return make_error(StatusCode::kInternal, "%s", vk_error(what, r_).c_str()); \
+  } while (0)
+
+Status load_loader(Context& c) {
+  c.lib = dlopen("libvulkan.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!c.lib) c.lib = dlopen("libvulkan.so", RTLD_NOW | RTLD_LOCAL);
+  SB_CHECK_OR_RETURN(c.lib, StatusCode::kNotFound, "no Vulkan loader (libvulkan.so.1 not found)");
+  c.vkGetInstanceProcAddr = reinterpret_cast<PFN_vkGetInstanceProcAddr>(dlsym(c.lib, "vkGetInstanceProcAddr"));
+  SB_CHECK_OR_RETURN(c.vkGetInstanceProcAddr, StatusCode::kNotFound, "the Vulkan loader lacks vkGetInstanceProcAddr");
+  c.vkCreateInstance = reinterpret_cast<PFN_vkCreateInstance>(c.vkGetInstanceProcAddr(nullptr, "vkCreateInstance"));
+  SB_CHECK_OR_RETURN(c.vkCreateInstance, StatusCode::kNotFound, "the Vulkan loader lacks vkCreateInstance");
+  return Status::ok();
+}
+
+int device_rank(VkPhysicalDeviceType t) {
+  switch (t) {
+    case VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU: return 4;
+    case VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU: return 3;
+    case VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU: return 2;
+    case VK_PHYSICAL_DEVICE_TYPE_CPU: return 1;
+    default: return 0;
+  }
+}
+
+Status create_instance(Context& c) {
+  VkApplicationInfo app{VK_STRUCTURE_TYPE_APPLICATION_INFO};
+  app.pApplicationName = "switchboard";
+  app.apiVersion = VK_API_VERSION_1_2;
+  VkInstanceCreateInfo ci{VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO};
+  ci.pApplicationInfo = &app;
+  VkResult r = c.vkCreateInstance(&ci, nullptr, &c.instance);
+  SB_CHECK_OR_RETURN(r == VK_SUCCESS, StatusCode::kNotFound, "vkCreateInstance failed (VkResult %d): no Vulkan driver?",
+                     static_cast<int>(r));
+#define SB_LOAD_I(f) \
+  c.f = reinterpret_cast<PFN_##f>(c.vkGetInstanceProcAddr(c.instance, #f)); \
+  SB_CHECK_OR_RETURN(c.f, StatusCode::kNotFound, "Vulkan instance function %s missing", #f);
+  SB_VK_INSTANCE_FNS(SB_LOAD_I)
+#undef SB_LOAD_I
+  return Status::ok();
+}
+
+Status pick_device(Context& c, int index, std::string& description) {
+  uint32_t n = 0;
+  c.vkEnumeratePhysicalDevices(c.instance, &n, nullptr);
+  SB_CHECK_OR_RETURN(n > 0, StatusCode::kNotFound, "no Vulkan device");
+  std::vector<VkPhysicalDevice> devs(n);
+  c.vkEnumeratePhysicalDevices(c.instance, &n, devs.data());
+  int best = -1, best_rank = -1;
+  for (uint32_t i = 0; i < n; ++i) {
+    VkPhysicalDeviceProperties p;
+    c.vkGetPhysicalDeviceProperties(devs[i], &p);
+    if (device_rank(p.deviceType) > best_rank) best = static_cast<int>(i), best_rank = device_rank(p.deviceType);
+  }
+  if (index >= 0) {
+    SB_CHECK_OR_RETURN(static_cast<uint32_t>(index) < n, StatusCode::kNotFound, "vulkan:%d: only %u Vulkan device(s)",
+                       index, n);
+    best = index;
+  }
+  c.physical = devs[static_cast<size_t>(best)];
+  VkPhysicalDeviceProperties p;
+  c.vkGetPhysicalDeviceProperties(c.physical, &p);
+  c.limits = p.limits;
+  description = strformat("vulkan:%d %s (Vulkan %u.%u, driver 0x%x)", best, p.deviceName, VK_VERSION_MAJOR(p.apiVersion),
+                          VK_VERSION_MINOR(p.apiVersion), p.driverVersion);
+  SB_CHECK_OR_RETURN(VK_VERSION_MINOR(p.apiVersion) >= 2 || VK_VERSION_MAJOR(p.apiVersion) > 1, StatusCode::kNotFound,
+                     "%s: Vulkan 1.2 is required", description.c_str());
+  // Exact mode needs the float controls the shaders declare (docs/numerics.md).
+  VkPhysicalDeviceFloatControlsProperties fc{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FLOAT_CONTROLS_PROPERTIES};
+  VkPhysicalDeviceProperties2 p2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2};
+  p2.pNext = &fc;
+  c.vkGetPhysicalDeviceProperties2(c.physical, &p2);
+  SB_CHECK_OR_RETURN(fc.shaderRoundingModeRTEFloat32 && fc.shaderSignedZeroInfNanPreserveFloat32,
+                     StatusCode::kFailedPrecondition,
+                     "%s: exact mode refused: the device lacks RoundingModeRTE (%d) or SignedZeroInfNanPreserve (%d) "
+                     "for fp32",
+                     description.c_str(), fc.shaderRoundingModeRTEFloat32, fc.shaderSignedZeroInfNanPreserveFloat32);
+  return Status::ok();
+}
+
+Status create_device(Context& c, const std::string& description) {
+  uint32_t n = 0;
+  c.vkGetPhysicalDeviceQueueFamilyProperties(c.physical, &n, nullptr);
+  std::vector<VkQueueFamilyProperties> fams(n);
+  c.vkGetPhysicalDeviceQueueFamilyProperties(c.physical, &n, fams.data());
+  int fam = -1;
+  for (uint32_t i = 0; i < n && fam < 0; ++i)
+    if (fams[i].queueFlags & VK_QUEUE_COMPUTE_BIT) fam = static_cast<int>(i);
+  SB_CHECK_OR_RETURN(fam >= 0, StatusCode::kNotFound, "%s: no compute queue", description.c_str());
+  c.queue_family = static_cast<uint32_t>(fam);
+
+  uint32_t ne = 0;
+  c.vkEnumerateDeviceExtensionProperties(c.physical, nullptr, &ne, nullptr);
+  std::vector<VkExtensionProperties> exts(ne);
+  c.vkEnumerateDeviceExtensionProperties(c.physical, nullptr, &ne, exts.data());
+  bool push = false;
+  for (const auto& e : exts) push |= std::strcmp(e.extensionName, VK_KHR_PUSH_DESCRIPTOR_EXTENSION_NAME) == 0;
+  SB_CHECK_OR_RETURN(push, StatusCode::kNotFound, "%s: VK_KHR_push_descriptor is required", description.c_str());
+
+  VkPhysicalDeviceMemoryProperties mp;
+  c.vkGetPhysicalDeviceMemoryProperties(c.physical, &mp);
+  const VkMemoryPropertyFlags need = VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT;
+  int best = -1;
+  for (uint32_t i = 0; i < mp.memoryTypeCount; ++i) {
+    VkMemoryPropertyFlags f = mp.memoryTypes[i].propertyFlags;
+    if ((f & need) != need) continue;
+    // Device-local and mappable (unified memory, or resizable BAR) beats host memory.
+    if (best < 0 || ((f & VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT) &&
+                     !(mp.memoryTypes[best].propertyFlags & VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT)))
+      best = static_cast<int>(i);
+  }
+  SB_CHECK_OR_RETURN(best >= 0, StatusCode::kNotFound, "%s: no host-visible coherent memory", description.c_str());
+  c.memory_type = static_cast<uint32_t>(best);
+
+  float prio = 1.0f;
+  VkDeviceQueueCreateInfo qi{VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO};
+  qi.queueFamilyIndex = c.queue_family;
+  qi.queueCount = 1;
+  qi.pQueuePriorities = &prio;
+  const char* ext_names[] = {VK_KHR_PUSH_DESCRIPTOR_EXTENSION_NAME};
+  VkDeviceCreateInfo di{VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO};
+  di.queueCreateInfoCount = 1;
+  di.pQueueCreateInfos = &qi;
+  di.enabledExtensionCount = 1;
+  di.ppEnabledExtensionNames = ext_names;
+  SB_VK_CHECK(c.vkCreateDevice(c.physical, &di, nullptr, &c.device), "vkCreateDevice");
+#define SB_LOAD_D(f) \
+  c.f = reinterpret_cast<PFN_##f>(c.vkGetDeviceProcAddr(c.device, #f)); \
+  SB_CHECK_OR_RETURN(c.f, StatusCode::kNotFound, "Vulkan device function %s missing", #f);
+  SB_VK_DEVICE_FNS(SB_LOAD_D)
+#undef SB_LOAD_D
+  c.vkGetDeviceQueue(c.device, c.queue_family, 0, &c.queue);
+  VkCommandPoolCreateInfo pi{VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO};
+  pi.flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT;
+  pi.queueFamilyIndex = c.queue_family;
+  SB_VK_CHECK(c.vkCreateCommandPool(c.device, &pi, nullptr, &c.pool), "vkCreateCommandPool");
+  VkCommandBufferAllocateInfo ai{VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO};
+  ai.commandPool = c.pool;
+  ai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
+  ai.commandBufferCount = 1;
+  SB_VK_CHECK(c.vkAllocateCommandBuffers(c.device, &ai, &c.cmd), "vkAllocateCommandBuffers");
+  VkFenceCreateInfo fi{VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
+  SB_VK_CHECK(c.vkCreateFence(c.device, &fi, nullptr, &c.fence), "vkCreateFence");
+  return Status::ok();
+}
+
+Result<Block> new_block(Context& c, uint64_t size) {
+  Block b;
+  b.size = size;
+  VkBufferCreateInfo bi{VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO};
+  bi.size = size;
+  bi.usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT;
+  bi.sharingMode = VK_SHARING_MODE_EXCLUSIVE;
+  SB_VK_CHECK(c.vkCreateBuffer(c.device, &bi, nullptr, &b.buffer), "vkCreateBuffer");
+  VkMemoryRequirements req;
+  c.vkGetBufferMemoryRequirements(c.device, b.buffer, &req);
+  if (!(req.memoryTypeBits & (1u << c.memory_type))) {
+    c.vkDestroyBuffer(c.device, b.buffer, nullptr);
+    return make_error(StatusCode::kInternal, "storage buffers cannot use the chosen memory type");
+  }
+  VkMemoryAllocateInfo mi{VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO};
+  mi.allocationSize = req.size;
+  mi.memoryTypeIndex = c.memory_type;
+  VkResult r = c.vkAllocateMemory(c.device, &mi, nullptr, &b.memory);
+  if (r != VK_SUCCESS) {
+    c.vkDestroyBuffer(c.device, b.buffer, nullptr);
+    return make_error(StatusCode::kResourceExhausted, "vkAllocateMemory of %llu bytes failed (VkResult %d)",
+                      (unsigned long long)size, static_cast<int>(r));
+  }
+  c.vkBindBufferMemory(c.device, b.buffer, b.memory, 0);
+  void* p = nullptr;
+  SB_VK_CHECK(c.vkMapMemory(c.device, b.memory, 0, VK_WHOLE_SIZE, 0, &p), "vkMapMemory");
+  b.mapped = static_cast<uint8_t*>(p);
+  return b;
+}
+
+// A block of at least `bytes`, from the free list when one fits its size class.
+Result<std::shared_ptr<uint8_t>> take_block(const std::shared_ptr<Context>& ctx, uint64_t bytes) {
+  const uint64_t cls = size_class(bytes == 0 ? 4 : bytes);
+  Block b;
+  {
+    std::lock_guard<std::mutex> lock(ctx->mu);
+    auto& fl = ctx->free_blocks[cls];
+    if (!fl.empty()) {
+      b = fl.back();
+      fl.pop_back();
+    }
+  }
+  if (!b.buffer) {
+    SB_ASSIGN_OR_RETURN(b, new_block(*ctx, cls));
+  }
+  {
+    std::lock_guard<std::mutex> lock(ctx->mu);
+    ctx->live[reinterpret_cast<uintptr_t>(b.mapped)] = b;
+  }
+  // The deleter returns the block to the pool; the context lives while any block does.
+  return std::shared_ptr<uint8_t>(b.mapped, [ctx, cls](uint8_t* p) {
+    std::lock_guard<std::mutex> lock(ctx->mu);
+    auto it = ctx->live.find(reinterpret_cast<uintptr_t>(p));
+    if (it == ctx->live.end()) return;
+    ctx->free_blocks[cls].push_back(it->second);
+    ctx->live.erase(it);
+  });
+}
+
+Result<Pipeline*> pipeline_for(Context& c, const char* name) {
+  auto it = c.pipelines.find(name);
+  if (it != c.pipelines.end()) return &it->second;
+  const kernels::KernelInfo* info = kernels::find_kernel(name);
+  const EmbeddedKernel* code = find_embedded_kernel(name);
+  SB_CHECK_OR_RETURN(info && code, StatusCode::kInternal, "kernel '%s' is not built into this library", name);
+  Pipeline p;
+  p.info = info;
+  p.local_size = info->local_size_x;
+  std::vector<VkDescriptorSetLayoutBinding> binds(static_cast<size_t>(info->num_bindings));
+  for (int i = 0; i < info->num_bindings; ++i) {
+    binds[i] = {};
+    binds[i].binding = static_cast<uint32_t>(i);
+    binds[i].descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
+    binds[i].descriptorCount = 1;
+    binds[i].stageFlags = VK_SHADER_STAGE_COMPUTE_BIT;
+  }
+  VkDescriptorSetLayoutCreateInfo dl{VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO};
+  dl.flags = VK_DESCRIPTOR_SET_LAYOUT_CREATE_PUSH_DESCRIPTOR_BIT_KHR;
+  dl.bindingCount = static_cast<uint32_t>(binds.size());
+  dl.pBindings = binds.data();
+  SB_VK_CHECK(c.vkCreateDescriptorSetLayout(c.device, &dl, nullptr, &p.set_layout), "vkCreateDescriptorSetLayout");
+  VkPushConstantRange pcr{VK_SHADER_STAGE_COMPUTE_BIT, 0, info->args_size};
+  VkPipelineLayoutCreateInfo pl{VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO};
+  pl.setLayoutCount = 1;
+  pl.pSetLayouts = &p.set_layout;
+  pl.pushConstantRangeCount = 1;
+  pl.pPushConstantRanges = &pcr;
+  SB_VK_CHECK(c.vkCreatePipelineLayout(c.device, &pl, nullptr, &p.layout), "vkCreatePipelineLayout");
+  VkShaderModuleCreateInfo sm{VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO};
+  sm.codeSize = code->spirv_words * 4;
+  sm.pCode = code->spirv;
+  VkShaderModule mod = VK_NULL_HANDLE;
+  SB_VK_CHECK(c.vkCreateShaderModule(c.device, &sm, nullptr, &mod), "vkCreateShaderModule");
+  VkComputePipelineCreateInfo ci{VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO};
+  ci.stage = {VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO};
+  ci.stage.stage = VK_SHADER_STAGE_COMPUTE_BIT;
+  ci.stage.module = mod;
+  ci.stage.pName = "main";
+  ci.layout = p.layout;
+  VkResult r = c.vkCreateComputePipelines(c.device, VK_NULL_HANDLE, 1, &ci, nullptr, &p.pipeline);
+  c.vkDestroyShaderModule(c.device, mod, nullptr);
+  SB_CHECK_OR_RETURN(r == VK_SUCCESS, StatusCode::kInternal, "%s", vk_error("vkCreateComputePipelines", r).c_str());
+  return &c.pipelines.emplace(name, p).first->second;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Runtime>> Runtime::open(int index) {
+  std::unique_ptr<Runtime> rt(new Runtime());
+  rt->ctx_ = std::make_shared<Context>();
+  Context& c = *rt->ctx_;
+  SB_RETURN_IF_ERROR(load_loader(c));
+  SB_RETURN_IF_ERROR(create_instance(c));
+  SB_RETURN_IF_ERROR(pick_device(c, index, rt->description_));
+  SB_RETURN_IF_ERROR(create_device(c, rt->description_));
+  SB_ASSIGN_OR_RETURN(rt->error_, rt->alloc(DType::kU32, {4}));
+  std::memset(rt->error_.mutable_data(), 0, 16);
+  SB_RETURN_IF_ERROR(rt->probe_numerics());
+  return rt;
+}
+
+Runtime::~Runtime() {
+  if (recording_) (void)sync();
+}
+
+uint64_t Runtime::max_storage_range() const { return ctx_->limits.maxStorageBufferRange; }
+
+Result<Tensor> Runtime::alloc(DType dtype, Shape shape) {
+  SB_ASSIGN_OR_RETURN(int64_t n, shape_numel(shape));
+  const uint64_t bytes = (static_cast<uint64_t>(n) * dtype_size(dtype) + 3) & ~uint64_t{3};
+  SB_CHECK_OR_RETURN(bytes <= max_storage_range(), StatusCode::kResourceExhausted,
+                     "a %s tensor of %llu bytes exceeds the device's storage-buffer range (%llu bytes)",
+                     shape_str(shape).c_str(), (unsigned long long)bytes, (unsigned long long)max_storage_range());
+  SB_ASSIGN_OR_RETURN(std::shared_ptr<uint8_t> mem, take_block(ctx_, bytes));
+  uint8_t* p = mem.get();
+  return Tensor::wrap(dtype, std::move(shape), std::move(mem), p);
+}
+
+Result<BufferRef> Runtime::bind(const Tensor& t, bool constant) {
+  const auto addr = reinterpret_cast<uintptr_t>(t.data());
+  const uint64_t bytes = std::max<uint64_t>(4, (t.nbytes() + 3) & ~uint64_t{3});
+  {
+    std::lock_guard<std::mutex> lock(ctx_->mu);
+    auto it = ctx_->live.upper_bound(addr);
+    if (addr && it != ctx_->live.begin()) {
+      --it;
+      const Block& b = it->second;
+      const uint64_t off = addr - it->first;
+      if (off + t.nbytes() <= b.size && off % ctx_->limits.minStorageBufferOffsetAlignment == 0) {
+        keep_.push_back(t);
+        return BufferRef{reinterpret_cast<uint64_t>(b.buffer), off, std::min(bytes, b.size - off)};
+      }
+    }
+  }
+  if (constant)
+    for (auto& [key, dev] : constants_)
+      if (key.first == t.data() && key.second == t.nbytes()) return bind(dev, false);
+  // A host tensor (or a misaligned view): copy it in. Views of device tensors need
+  // their producers finished before the host reads them.
+  SB_RETURN_IF_ERROR(sync());
+  SB_ASSIGN_OR_RETURN(Tensor dev, alloc(t.dtype(), t.shape()));
+  if (t.nbytes()) std::memcpy(dev.mutable_data(), t.data(), t.nbytes());
+  if (constant) constants_.push_back({{t.data(), t.nbytes()}, dev});
+  return bind(dev, false);
+}
+
+Result<BufferRef> Runtime::scratch(size_t bytes, uint32_t fill_word) {
+  SB_ASSIGN_OR_RETURN(Tensor t, alloc(DType::kU32, {static_cast<int64_t>((bytes + 3) / 4)}));
+  auto* w = t.mutable_data_as<uint32_t>();
+  for (int64_t i = 0; i < t.numel(); ++i) w[i] = fill_word;
+  return bind(t, false);
+}
+
+BufferRef Runtime::error_word() const {
+  std::lock_guard<std::mutex> lock(ctx_->mu);
+  const Block& b = ctx_->live.at(reinterpret_cast<uintptr_t>(error_.data()));
+  return BufferRef{reinterpret_cast<uint64_t>(b.buffer), 0, 16};
+}
+
+Status Runtime::begin_if_needed() {
+  if (recording_) return Status::ok();
+  Context& c = *ctx_;
+  VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
+  bi.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
+  SB_VK_CHECK(c.vkBeginCommandBuffer(c.cmd, &bi), "vkBeginCommandBuffer");
+  recording_ = true;
+  return Status::ok();
+}
+
+Status Runtime::dispatch(const char* kernel, const std::vector<BufferRef>& bindings, const void* args, size_t args_size,
+                         uint64_t invocations) {
+  if (invocations == 0) return Status::ok();
+  Context& c = *ctx_;
+  SB_ASSIGN_OR_RETURN(Pipeline * p, pipeline_for(c, kernel));
+  SB_CHECK_OR_RETURN(static_cast<int>(bindings.size()) == p->info->num_bindings && args_size == p->info->args_size,
+                     StatusCode::kInternal, "kernel %s: %zu bindings / %zu argument bytes, expected %d / %u", kernel,
+                     bindings.size(), args_size, p->info->num_bindings, p->info->args_size);
+  const uint64_t groups = (invocations + p->local_size - 1) / p->local_size;
+  const uint64_t gx = std::min<uint64_t>(groups, 65535), gy = (groups + gx - 1) / gx;
+  SB_CHECK_OR_RETURN(gy <= 65535, StatusCode::kResourceExhausted, "kernel %s: %llu invocations are too many", kernel,
+                     (unsigned long long)invocations);
+  SB_RETURN_IF_ERROR(begin_if_needed());
+  std::vector<VkDescriptorBufferInfo> infos(bindings.size());
+  std::vector<VkWriteDescriptorSet> writes(bindings.size());
+  for (size_t i = 0; i < bindings.size(); ++i) {
+    infos[i] = {reinterpret_cast<VkBuffer>(bindings[i].buffer), bindings[i].offset, bindings[i].range};
+    writes[i] = {VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET};
+    writes[i].dstBinding = static_cast<uint32_t>(i);
+    writes[i].descriptorCount = 1;
+    writes[i].descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
+    writes[i].pBufferInfo = &infos[i];
+  }
+  c.vkCmdBindPipeline(c.cmd, VK_PIPELINE_BIND_POINT_COMPUTE, p->pipeline);
+  c.vkCmdPushDescriptorSetKHR(c.cmd, VK_PIPELINE_BIND_POINT_COMPUTE, p->layout, 0,
+                              static_cast<uint32_t>(writes.size()), writes.data());
+  c.vkCmdPushConstants(c.cmd, p->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, static_cast<uint32_t>(args_size), args);
+  c.vkCmdDispatch(c.cmd, static_cast<uint32_t>(gx), static_cast<uint32_t>(gy), 1);
+  // Every dispatch sees the writes of the ones before it.
+  VkMemoryBarrier mb{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
+  mb.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT;
+  mb.dstAccessMask = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_HOST_READ_BIT;
+  c.vkCmdPipelineBarrier(c.cmd, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
+                         VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &mb, 0, nullptr, 0,
+                         nullptr);
+  return Status::ok();
+}
+
+Status Runtime::sync() {
+  if (!recording_) return Status::ok();
+  Context& c = *ctx_;
+  recording_ = false;
+  SB_VK_CHECK(c.vkEndCommandBuffer(c.cmd), "vkEndCommandBuffer");
+  VkSubmitInfo si{VK_STRUCTURE_TYPE_SUBMIT_INFO};
+  si.commandBufferCount = 1;
+  si.pCommandBuffers = &c.cmd;
+  SB_VK_CHECK(c.vkQueueSubmit(c.queue, 1, &si, c.fence), "vkQueueSubmit");
+  SB_VK_CHECK(c.vkWaitForFences(c.device, 1, &c.fence, VK_TRUE, UINT64_MAX), "vkWaitForFences");
+  c.vkResetFences(c.device, 1, &c.fence);
+  c.vkResetCommandBuffer(c.cmd, 0);
+  keep_.clear();
+  auto* err = error_.mutable_data_as<uint32_t>();
+  const uint32_t bits = err[0];
+  err[0] = 0;
+  // A bad permutation also leaves unclaimed rows that read as bad indices: report the cause.
+  if (bits & SB_ERR_PERMUTATION)
+    return make_error(StatusCode::kInvalidArgument, "indices are not a permutation (found on the device)");
+  if (bits & SB_ERR_INDEX) return make_error(StatusCode::kOutOfRange, "an index is out of range (found on the device)");
+  if (bits & SB_ERR_PRUNED)
+    return make_error(StatusCode::kInvalidArgument, "a pair selects an expert which is pruned (0 bits)");
+  if (bits & SB_ERR_UNSORTED)
+    return make_error(StatusCode::kInvalidArgument, "sorted_indices is set but rhs_indices is not ascending");
+  return Status::ok();
+}
+
+// Runs numerics_probe and compares with the CPU's contract arithmetic, bit for bit.
+Status Runtime::probe_numerics() {
+  const float sub = 1.1754944e-38f;  // FLT_MIN: products below it are subnormal
+  std::vector<float> in = {
+      1.0f + 0x1p-23f, 1.0f - 0x1p-24f, -1.0f,        // a*b+c: fused and unfused differ
+      3.0f, 0x1.555556p-2f, -1.0f,                    // 3 * (1/3) - 1 exposes contraction
+      sub, 0.25f, sub,                                // subnormal product
+      0x1p-130f, 2.0f, 0x1p-131f,                     // subnormal inputs
+      1.0f, 0x1p-24f, 1.5f,                           // ties to even in add
+      -20.5f, 7.0f, 2.5f,                             // exp, rcp, round_even(2.5) = 2
+      88.5f, 1e-3f, -3.5f,                            // exp overflow, round_even(-3.5) = -4
+      -87.5f, 4.3e37f, 1e30f,                         // exp underflow, rcp range edge
+  };
+  const uint32_t n = static_cast<uint32_t>(in.size() / 3);
+  SB_ASSIGN_OR_RETURN(Tensor x, alloc(DType::kF32, {static_cast<int64_t>(in.size())}));
+  std::memcpy(x.mutable_data(), in.data(), in.size() * 4);
+  SB_ASSIGN_OR_RETURN(Tensor y, alloc(DType::kF32, {static_cast<int64_t>(6 * n)}));
+  SB_ASSIGN_OR_RETURN(BufferRef bx, bind(x, false));
+  SB_ASSIGN_OR_RETURN(BufferRef by, bind(y, false));
+  kernels::ProbeArgs args{n, 0, 0, 0};
+  SB_RETURN_IF_ERROR(dispatch("numerics_probe", {bx, by}, &args, sizeof(args), n));
+  SB_RETURN_IF_ERROR(sync());
+  static const char* kWhat[] = {"a*b+c (no fusion)", "a*b", "a-c", "exp", "rcp", "round_even"};
+  const float* got = y.data_as<float>();
+  for (uint32_t i = 0; i < n; ++i) {
+    const float a = in[3 * i], b = in[3 * i + 1], c = in[3 * i + 2];
+    const float want[6] = {a * b + c, a * b, a - c, exact::exp(a), exact::rcp(b), exact::round_even(c)};
+    for (int k = 0; k < 6; ++k)
+      SB_CHECK_OR_RETURN(f32_bits(got[6 * i + k]) == f32_bits(want[k]), StatusCode::kFailedPrecondition,
+                         "%s: exact mode refused: the start-up probe computed %s(%a, %a, %a) = %a, the contract "
+                         "says %a (rounding, contraction or denormal behaviour differs)",
+                         description_.c_str(), kWhat[k], a, b, c, got[6 * i + k], want[k]);
+  }
+  return Status::ok();
+}
+
+}  // namespace switchboard::vulkan

@@ -1,0 +1,374 @@
+// The Vulkan device: each op's kernel checks shapes on the host, places operands
+// in device memory and records a dispatch; the chain's dispatches run at sync().
+// Data-dependent checks (indices, permutations) run on the device and surface at
+// sync() as errors. Ops or dtypes without a kernel are refused at plan time.
+#include "vulkan_device.h"
+
+#include <cstring>
+
+#include "cpu_common.h"
+#include "kernel_table.h"
+#include "vk_runtime.h"
+
+namespace switchboard::vulkan {
+namespace {
+
+namespace k = kernels;
+
+class VulkanDevice final : public Device {
+ public:
+  VulkanDevice(std::unique_ptr<Runtime> rt, std::string name);
+  const std::string& name() const override { return name_; }
+  const KernelRegistry& kernels() const override { return registry_; }
+  Status can_run(const fb::OpNodeUnion& op, const KernelContext& ctx) const override;
+  Status sync() override { return rt_->sync(); }
+  Runtime& rt() { return *rt_; }
+
+ private:
+  std::unique_ptr<Runtime> rt_;
+  std::string name_;
+  KernelRegistry registry_;
+};
+
+Runtime& rt_of(KernelContext& ctx) { return static_cast<VulkanDevice&>(ctx.device()).rt(); }
+
+Result<BufferRef> bind_in(KernelContext& ctx, const fb::Tid* tid, Tensor* keep = nullptr) {
+  SB_ASSIGN_OR_RETURN(Tensor t, ctx.in(tid));
+  if (keep) *keep = t;
+  return rt_of(ctx).bind(t, ctx.is_constant(tid));
+}
+
+Result<uint32_t> u32_count(int64_t n, const char* what) {
+  SB_CHECK_OR_RETURN(n >= 0 && n < (int64_t{1} << 31), StatusCode::kUnimplemented,
+                     "%s: %lld elements exceed the Vulkan kernels' 2^31 limit", what, (long long)n);
+  return static_cast<uint32_t>(n);
+}
+
+uint64_t words_of(DType t, int64_t n) { return (static_cast<uint64_t>(n) * dtype_size(t) + 3) / 4; }
+
+Status binary(KernelContext& ctx, const fb::OpNodeUnion& op) {
+  const auto* n = op.AsBinaryNode();
+  Runtime& rt = rt_of(ctx);
+  Tensor a, b;
+  SB_ASSIGN_OR_RETURN(BufferRef ba, bind_in(ctx, n->a.get(), &a));
+  SB_ASSIGN_OR_RETURN(BufferRef bb, bind_in(ctx, n->b.get(), &b));
+  SB_ASSIGN_OR_RETURN(Shape shape, cpu::broadcast_shape(a.shape(), b.shape()));
+  SB_CHECK_OR_RETURN(shape.size() <= SB_MAX_RANK, StatusCode::kUnimplemented, "rank %zu exceeds %d", shape.size(),
+                     SB_MAX_RANK);
+  SB_ASSIGN_OR_RETURN(Tensor out, rt.alloc(a.dtype(), shape));
+  SB_ASSIGN_OR_RETURN(BufferRef bo, rt.bind(out, false));
+  k::BinaryArgs args{};
+  SB_ASSIGN_OR_RETURN(args.n, u32_count(out.numel(), "Binary"));
+  args.op = static_cast<uint32_t>(n->op);
+  args.dtype = static_cast<uint32_t>(a.dtype());
+  args.rank = static_cast<uint32_t>(shape.size());
+  std::vector<int64_t> sa = cpu::broadcast_strides(a.shape(), shape), sb = cpu::broadcast_strides(b.shape(), shape);
+  for (size_t d = 0; d < shape.size(); ++d) {
+    args.shape[d] = static_cast<uint32_t>(shape[d]);
+    args.sa[d] = static_cast<uint32_t>(sa[d]);
+    args.sb[d] = static_cast<uint32_t>(sb[d]);
+  }
+  SB_RETURN_IF_ERROR(rt.dispatch("binary", {ba, bb, bo}, &args, sizeof(args), words_of(out.dtype(), out.numel())));
+  return ctx.out(n->out.get(), std::move(out));
+}
+
+Status unary(KernelContext& ctx, const fb::OpNodeUnion& op) {
+  const auto* n = op.AsUnaryNode();
+  Runtime& rt = rt_of(ctx);
+  Tensor x;
+  SB_ASSIGN_OR_RETURN(BufferRef bx, bind_in(ctx, n->x.get(), &x));
+  SB_ASSIGN_OR_RETURN(Tensor out, rt.alloc(x.dtype(), x.shape()));
+  SB_ASSIGN_OR_RETURN(BufferRef bo, rt.bind(out, false));
+  k::UnaryArgs args{};
+  SB_ASSIGN_OR_RETURN(args.n, u32_count(x.numel(), "Unary"));
+  args.op = static_cast<uint32_t>(n->op);
+  args.dtype = static_cast<uint32_t>(x.dtype());
+  SB_RETURN_IF_ERROR(rt.dispatch("unary", {bx, bo}, &args, sizeof(args), words_of(x.dtype(), x.numel())));
+  return ctx.out(n->out.get(), std::move(out));
+}
+
+Status cast(KernelContext& ctx, const fb::OpNodeUnion& op) {
+  const auto* n = op.AsCastNode();
+  Runtime& rt = rt_of(ctx);
+  Tensor x;
+  SB_ASSIGN_OR_RETURN(BufferRef bx, bind_in(ctx, n->x.get(), &x));
+  const auto to = static_cast<DType>(n->dtype);
+  SB_ASSIGN_OR_RETURN(Tensor out, rt.alloc(to, x.shape()));
+  SB_ASSIGN_OR_RETURN(BufferRef bo, rt.bind(out, false));
+  k::CastArgs args{};
+  SB_ASSIGN_OR_RETURN(args.n, u32_count(x.numel(), "Cast"));
+  args.from_dtype = static_cast<uint32_t>(x.dtype());
+  args.to_dtype = static_cast<uint32_t>(to);
+  SB_RETURN_IF_ERROR(rt.dispatch("cast", {bx, bo}, &args, sizeof(args), words_of(to, x.numel())));
+  return ctx.out(n->out.get(), std::move(out));
+}
+
+Status full(KernelContext& ctx, const fb::OpNodeUnion& op) {
+  const auto* n = op.AsFullNode();
+  Runtime& rt = rt_of(ctx);
+  Shape shape;
+  for (size_t i = 0; i < n->shape.size(); ++i) {
+    SB_ASSIGN_OR_RETURN(int64_t d, ctx.resolve(n->shape[i].get()));
+    SB_CHECK_OR_RETURN(d >= 0, StatusCode::kInvalidArgument, "shape[%zu] = %lld is negative", i, (long long)d);
+    shape.push_back(d);
+  }
+  const auto t = static_cast<DType>(n->dtype);
+  // The fill pattern: two words hold whole elements of every dtype; the CPU kernel
+  // encodes them, so the values are the CPU's by construction.
+  SB_ASSIGN_OR_RETURN(Tensor pattern, Tensor::zeros(t, {static_cast<int64_t>(8 / dtype_size(t))}));
+  std::vector<uint8_t> bytes(8);
+  {
+    const double v = n->value;
+    const int64_t iv = v != v ? 0 : v >= 9.2233720368547758e18 ? INT64_MAX : v <= -9.2233720368547758e18 ? INT64_MIN
+                                                                                                        : static_cast<int64_t>(v);
+    for (int64_t i = 0; i < pattern.numel(); ++i) {
+      if (dtype_is_float(t)) cpu::store_f32(pattern.mutable_data(), t, i, static_cast<float>(v));
+      else cpu::store_i64(pattern.mutable_data(), t, i, t == DType::kBool ? (v != 0) : iv);
+    }
+    std::memcpy(bytes.data(), pattern.data(), 8);
+  }
+  SB_ASSIGN_OR_RETURN(Tensor out, rt.alloc(t, shape));
+  SB_ASSIGN_OR_RETURN(BufferRef bo, rt.bind(out, false));
+  k::FillArgs args{};
+  const uint64_t words = words_of(t, out.numel());
+  SB_ASSIGN_OR_RETURN(args.words, u32_count(static_cast<int64_t>(words), "Full"));
+  std::memcpy(&args.pattern0, bytes.data(), 4);
+  std::memcpy(&args.pattern1, bytes.data() + 4, 4);
+  SB_RETURN_IF_ERROR(rt.dispatch("fill", {bo}, &args, sizeof(args), words));
+  return ctx.out(n->out.get(), std::move(out));
+}
+
+Status glu(KernelContext& ctx, const fb::OpNodeUnion& op) {
+  const auto* n = op.AsGluNode();
+  Runtime& rt = rt_of(ctx);
+  Tensor g, u;
+  SB_ASSIGN_OR_RETURN(BufferRef bg, bind_in(ctx, n->gate.get(), &g));
+  SB_ASSIGN_OR_RETURN(BufferRef bu, bind_in(ctx, n->up.get(), &u));
+  SB_CHECK_OR_RETURN(g.shape() == u.shape(), StatusCode::kInvalidArgument, "gate %s and up %s differ",
+                     shape_str(g.shape()).c_str(), shape_str(u.shape()).c_str());
+  SB_ASSIGN_OR_RETURN(Tensor out, rt.alloc(g.dtype(), g.shape()));
+  SB_ASSIGN_OR_RETURN(BufferRef bo, rt.bind(out, false));
+  k::GluArgs args{};
+  SB_ASSIGN_OR_RETURN(args.n, u32_count(g.numel(), "Glu"));
+  args.dtype = static_cast<uint32_t>(g.dtype());
+  args.kind = static_cast<uint32_t>(n->kind);
+  args.alpha = n->alpha;
+  args.limit = n->limit;
+  SB_RETURN_IF_ERROR(rt.dispatch("glu", {bg, bu, bo}, &args, sizeof(args), words_of(g.dtype(), g.numel())));
+  return ctx.out(n->out.get(), std::move(out));
+}
+
+Status combine(KernelContext& ctx, const fb::OpNodeUnion& op) {
+  const auto* n = op.AsCombineNode();
+  Runtime& rt = rt_of(ctx);
+  Tensor y, w, shared, gate;
+  SB_ASSIGN_OR_RETURN(BufferRef by, bind_in(ctx, n->y.get(), &y));
+  SB_ASSIGN_OR_RETURN(BufferRef bw, bind_in(ctx, n->weights.get(), &w));
+  const int64_t tokens = w.dim(0), slots = w.dim(1), dim = y.dim(1);
+  SB_CHECK_OR_RETURN(y.dim(0) == tokens * slots, StatusCode::kInvalidArgument, "y %s does not hold %lld x %lld rows",
+                     shape_str(y.shape()).c_str(), (long long)tokens, (long long)slots);
+  BufferRef bs = bw, bgate = bw;  // stand-ins for absent operands (never read)
+  if (n->shared) {
+    SB_ASSIGN_OR_RETURN(bs, bind_in(ctx, n->shared.get(), &shared));
+    SB_CHECK_OR_RETURN(shared.shape() == (Shape{tokens, dim}), StatusCode::kInvalidArgument,
+                       "shared %s, expected [%lld, %lld]", shape_str(shared.shape()).c_str(), (long long)tokens,
+                       (long long)dim);
+  }
+  if (n->shared_gate) {
+    SB_ASSIGN_OR_RETURN(bgate, bind_in(ctx, n->shared_gate.get(), &gate));
+    SB_CHECK_OR_RETURN(gate.shape() == (Shape{tokens, 1}), StatusCode::kInvalidArgument,
+                       "shared_gate %s, expected [%lld, 1]", shape_str(gate.shape()).c_str(), (long long)tokens);
+  }
+  SB_ASSIGN_OR_RETURN(Tensor out, rt.alloc(y.dtype(), {tokens, dim}));
+  SB_ASSIGN_OR_RETURN(BufferRef bo, rt.bind(out, false));
+  k::CombineArgs args{};
+  SB_ASSIGN_OR_RETURN(args.tokens, u32_count(tokens, "Combine"));
+  SB_ASSIGN_OR_RETURN(args.slots, u32_count(slots, "Combine"));
+  SB_ASSIGN_OR_RETURN(args.dim, u32_count(dim, "Combine"));
+  SB_RETURN_IF_ERROR(u32_count(y.numel(), "Combine").status());
+  args.dtype = static_cast<uint32_t>(y.dtype());
+  args.has_shared = shared.defined();
+  args.shared_dtype = shared.defined() ? static_cast<uint32_t>(shared.dtype()) : 0;
+  args.has_gate = gate.defined();
+  args.gate_dtype = gate.defined() ? static_cast<uint32_t>(gate.dtype()) : 0;
+  SB_RETURN_IF_ERROR(rt.dispatch("combine", {by, bw, bs, bgate, bo}, &args, sizeof(args), words_of(y.dtype(), tokens * dim)));
+  return ctx.out(n->out.get(), std::move(out));
+}
+
+// Rows of x as units of 1, 2 or 4 bytes (8-byte dtypes: two 4-byte units).
+void row_units(const Tensor& x, int64_t rows, uint32_t& units, uint32_t& unit_bytes) {
+  const size_t es = dtype_size(x.dtype());
+  unit_bytes = static_cast<uint32_t>(es == 8 ? 4 : es);
+  const int64_t per_row = rows ? x.numel() / x.dim(0) : 0;
+  units = static_cast<uint32_t>(per_row * (es == 8 ? 2 : 1));
+}
+
+Status gather_rows_impl(KernelContext& ctx, const Tensor& x, BufferRef bx, BufferRef bidx, int64_t out_rows,
+                        const fb::Tid* out_tid) {
+  Runtime& rt = rt_of(ctx);
+  Shape shape = x.shape();
+  shape[0] = out_rows;
+  SB_ASSIGN_OR_RETURN(Tensor out, rt.alloc(x.dtype(), shape));
+  SB_ASSIGN_OR_RETURN(BufferRef bo, rt.bind(out, false));
+  k::PermuteArgs args{};
+  SB_ASSIGN_OR_RETURN(args.rows, u32_count(out_rows, "rows"));
+  SB_ASSIGN_OR_RETURN(args.src_rows, u32_count(x.dim(0), "rows"));
+  row_units(x, x.dim(0), args.row_units, args.unit_bytes);
+  SB_RETURN_IF_ERROR(u32_count(out_rows * static_cast<int64_t>(args.row_units), "GatherRows").status());
+  const uint64_t words = words_of(x.dtype(), out.numel());
+  args.out_words = static_cast<uint32_t>(words);
+  SB_RETURN_IF_ERROR(rt.dispatch("gather_rows", {bx, bidx, bo, rt.error_word()}, &args, sizeof(args), words));
+  return ctx.out(out_tid, std::move(out));
+}
+
+Status gather_rows(KernelContext& ctx, const fb::OpNodeUnion& op) {
+  const auto* n = op.AsGatherRowsNode();
+  Tensor x, idx;
+  SB_ASSIGN_OR_RETURN(BufferRef bx, bind_in(ctx, n->x.get(), &x));
+  SB_ASSIGN_OR_RETURN(BufferRef bi, bind_in(ctx, n->indices.get(), &idx));
+  return gather_rows_impl(ctx, x, bx, bi, idx.numel(), n->out.get());
+}
+
+// out[idx[p]] = x[p]: the device inverts the permutation (checking it), then gathers.
+Status scatter_rows(KernelContext& ctx, const fb::OpNodeUnion& op) {
+  const auto* n = op.AsScatterRowsNode();
+  Runtime& rt = rt_of(ctx);
+  Tensor x, idx;
+  SB_ASSIGN_OR_RETURN(BufferRef bx, bind_in(ctx, n->x.get(), &x));
+  SB_ASSIGN_OR_RETURN(BufferRef bi, bind_in(ctx, n->indices.get(), &idx));
+  SB_CHECK_OR_RETURN(idx.numel() == x.dim(0), StatusCode::kInvalidArgument, "%lld indices for %lld rows",
+                     (long long)idx.numel(), (long long)x.dim(0));
+  SB_ASSIGN_OR_RETURN(BufferRef inv, rt.scratch(static_cast<size_t>(idx.numel()) * 4, 0xffffffffu));
+  k::PermuteArgs args{};
+  SB_ASSIGN_OR_RETURN(args.rows, u32_count(idx.numel(), "ScatterRows"));
+  SB_RETURN_IF_ERROR(
+      rt.dispatch("invert_permutation", {bi, inv, rt.error_word()}, &args, sizeof(args), static_cast<uint64_t>(args.rows)));
+  return gather_rows_impl(ctx, x, bx, inv, x.dim(0), n->out.get());
+}
+
+Status gather_qmm(KernelContext& ctx, const fb::OpNodeUnion& op) {
+  const auto* n = op.AsGatherQmmNode();
+  Runtime& rt = rt_of(ctx);
+  Tensor x, w, scales, biases, lhs, rhs;
+  SB_ASSIGN_OR_RETURN(BufferRef bx, bind_in(ctx, n->x.get(), &x));
+  SB_ASSIGN_OR_RETURN(BufferRef bw, bind_in(ctx, n->w.get(), &w));
+  SB_ASSIGN_OR_RETURN(BufferRef bs, bind_in(ctx, n->scales.get(), &scales));
+  SB_ASSIGN_OR_RETURN(BufferRef bb, bind_in(ctx, n->biases.get(), &biases));
+  BufferRef bl = bx, br = bx;  // stand-ins when absent
+  if (n->lhs_indices) {
+    SB_ASSIGN_OR_RETURN(bl, bind_in(ctx, n->lhs_indices.get(), &lhs));
+  }
+  if (n->rhs_indices) {
+    SB_ASSIGN_OR_RETURN(br, bind_in(ctx, n->rhs_indices.get(), &rhs));
+  }
+  const int64_t rows = x.dim(0), kdim = x.dim(1), experts = scales.dim(0), nout = scales.dim(1);
+  const int64_t pairs = rhs.defined() ? rhs.numel() : lhs.defined() ? lhs.numel() : rows;
+  SB_CHECK_OR_RETURN(!lhs.defined() || lhs.numel() == pairs, StatusCode::kInvalidArgument,
+                     "lhs_indices has %lld entries, rhs_indices %lld", (long long)lhs.numel(), (long long)pairs);
+  SB_CHECK_OR_RETURN(lhs.defined() || rows == 0 || pairs % rows == 0, StatusCode::kInvalidArgument,
+                     "%lld pairs are not a multiple of %lld rows of x", (long long)pairs, (long long)rows);
+  // Per-expert widths and where each expert's codes start (host-known, from the node).
+  std::vector<uint32_t> info(static_cast<size_t>(2 * experts));
+  int64_t off = 0;
+  for (int64_t e = 0; e < experts; ++e) {
+    const int b = n->expert_bits.empty() ? n->bits : n->expert_bits[static_cast<size_t>(e)];
+    info[static_cast<size_t>(e)] = static_cast<uint32_t>(b);
+    info[static_cast<size_t>(experts + e)] = static_cast<uint32_t>(off);
+    off += nout * kdim * b / 32;
+  }
+  SB_CHECK_OR_RETURN(off == w.numel(), StatusCode::kInvalidArgument, "w holds %lld words, the experts need %lld",
+                     (long long)w.numel(), (long long)off);
+  SB_RETURN_IF_ERROR(u32_count(off, "GatherQmm weights").status());
+  SB_RETURN_IF_ERROR(u32_count(pairs * nout, "GatherQmm").status());
+  SB_RETURN_IF_ERROR(u32_count(pairs * rows, "GatherQmm pairs x rows").status());
+  int64_t sorted = 0;
+  if (n->sorted_indices) {
+    SB_ASSIGN_OR_RETURN(sorted, ctx.resolve(n->sorted_indices.get()));
+  }
+  SB_ASSIGN_OR_RETURN(Tensor info_t, Tensor::from_vector(DType::kU32, {2 * experts}, info));
+  SB_ASSIGN_OR_RETURN(BufferRef bi, rt.bind(info_t, false));
+
+  // Q8 activation blocks.
+  const int64_t blocks = rows * (kdim / 32);
+  SB_ASSIGN_OR_RETURN(Tensor q, rt.alloc(DType::kI32, {rows * kdim / 4}));
+  SB_ASSIGN_OR_RETURN(Tensor d, rt.alloc(DType::kF32, {blocks}));
+  SB_ASSIGN_OR_RETURN(Tensor s, rt.alloc(DType::kI32, {blocks}));
+  SB_ASSIGN_OR_RETURN(BufferRef bq, rt.bind(q, false));
+  SB_ASSIGN_OR_RETURN(BufferRef bd, rt.bind(d, false));
+  SB_ASSIGN_OR_RETURN(BufferRef bsum, rt.bind(s, false));
+  k::Q8Args qa{static_cast<uint32_t>(rows), static_cast<uint32_t>(kdim), static_cast<uint32_t>(x.dtype()), 0};
+  SB_RETURN_IF_ERROR(u32_count(rows * kdim, "GatherQmm x").status());
+  SB_RETURN_IF_ERROR(rt.dispatch("quantize_q8", {bx, bq, bd, bsum}, &qa, sizeof(qa), static_cast<uint64_t>(blocks)));
+
+  SB_ASSIGN_OR_RETURN(Tensor out, rt.alloc(x.dtype(), {pairs, nout}));
+  SB_ASSIGN_OR_RETURN(BufferRef bo, rt.bind(out, false));
+  k::QmmArgs args{};
+  args.pairs = static_cast<uint32_t>(pairs);
+  args.n = static_cast<uint32_t>(nout);
+  args.k = static_cast<uint32_t>(kdim);
+  args.groups = static_cast<uint32_t>(scales.dim(2));
+  args.group_size = static_cast<uint32_t>(n->group_size);
+  args.rows = static_cast<uint32_t>(rows);
+  args.experts = static_cast<uint32_t>(experts);
+  args.scale_dtype = static_cast<uint32_t>(scales.dtype());
+  args.out_dtype = static_cast<uint32_t>(x.dtype());
+  args.has_lhs = lhs.defined();
+  args.has_rhs = rhs.defined();
+  args.sorted = sorted != 0;
+  SB_RETURN_IF_ERROR(rt.dispatch("qmm", {bq, bd, bsum, bw, bs, bb, bl, br, bi, bo, rt.error_word()}, &args,
+                                 sizeof(args), words_of(x.dtype(), pairs * nout)));
+  return ctx.out(n->out.get(), std::move(out));
+}
+
+bool all_float(const KernelContext& ctx, std::initializer_list<const fb::Tid*> tids) {
+  for (const fb::Tid* t : tids)
+    if (t && !dtype_is_float(ctx.declared_dtype(t))) return false;
+  return true;
+}
+
+VulkanDevice::VulkanDevice(std::unique_ptr<Runtime> rt, std::string name) : rt_(std::move(rt)), name_(std::move(name)) {
+  registry_.add(fb::OpNode::BinaryNode, binary);
+  registry_.add(fb::OpNode::UnaryNode, unary);
+  registry_.add(fb::OpNode::CastNode, cast);
+  registry_.add(fb::OpNode::FullNode, full);
+  registry_.add(fb::OpNode::GluNode, glu);
+  registry_.add(fb::OpNode::CombineNode, combine);
+  registry_.add(fb::OpNode::GatherRowsNode, gather_rows);
+  registry_.add(fb::OpNode::ScatterRowsNode, scatter_rows);
+  registry_.add(fb::OpNode::GatherQmmNode, gather_qmm);
+  // Reshape makes a view and never touches the bytes: the CPU kernel serves as is.
+  registry_.add(fb::OpNode::ReshapeNode, make_cpu_device()->kernels().find(fb::OpNode::ReshapeNode));
+}
+
+Status VulkanDevice::can_run(const fb::OpNodeUnion& op, const KernelContext& ctx) const {
+  auto refuse = [&](const char* why) {
+    return make_error(StatusCode::kUnimplemented, "device '%s' has no kernel for this %s", name_.c_str(), why);
+  };
+  switch (op.type) {
+    case fb::OpNode::BinaryNode: {
+      const auto* n = op.AsBinaryNode();
+      if (!all_float(ctx, {n->a.get()})) return refuse("integer Binary");
+      if (n->op == fb::BinaryOp::Div) return refuse("Div (division is not in the GPU contract yet)");
+      return Status::ok();
+    }
+    case fb::OpNode::UnaryNode:
+      return all_float(ctx, {op.AsUnaryNode()->x.get()}) ? Status::ok() : refuse("integer Unary");
+    case fb::OpNode::CastNode: {
+      const auto* n = op.AsCastNode();
+      return all_float(ctx, {n->x.get(), n->out.get()}) ? Status::ok() : refuse("Cast to or from an integer dtype");
+    }
+    case fb::OpNode::GatherQmmNode:
+      return op.AsGatherQmmNode()->combine_weights ? refuse("fused GatherQmm + combine") : Status::ok();
+    default: return Status::ok();
+  }
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Device>> open_vulkan_device(int index) {
+  SB_ASSIGN_OR_RETURN(std::unique_ptr<Runtime> rt, Runtime::open(index));
+  std::string name = index < 0 ? "vulkan" : "vulkan:" + std::to_string(index);
+  return std::unique_ptr<Device>(new VulkanDevice(std::move(rt), std::move(name)));
+}
+
+}  // namespace switchboard::vulkan

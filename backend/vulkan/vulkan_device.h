@@ -1,0 +1,14 @@
+// Opens the Vulkan device (backend/vulkan/vulkan_device.cpp).
+#pragma once
+
+#include <memory>
+
+#include "device.h"
+
+namespace switchboard::vulkan {
+
+// index < 0: the best device. kNotFound when there is no loader or no device;
+// kFailedPrecondition when the device cannot meet the numerics contract.
+Result<std::unique_ptr<Device>> open_vulkan_device(int index);
+
+}  // namespace switchboard::vulkan

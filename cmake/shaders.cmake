@@ -1,0 +1,61 @@
+# Shaders: every kernel variant of metal_shaders/ goes glslangValidator -> SPIR-V ->
+# spirv-val -> spirv-cross (reflection JSON) and sb_shaderc (MSL with the binding
+# remap), all under ${CMAKE_BINARY_DIR}/shaders; then sb_shaderc embeds them in one
+# generated source compiled into the library. Variants: "file:DEFINE:kernel_name".
+set(SB_KERNEL_VARIANTS
+  elementwise:BINARY:binary
+  elementwise:UNARY:unary
+  cast:CAST:cast
+  shape_ops:FILL:fill
+  glu:GLU:glu
+  combine:COMBINE:combine
+  permute:GATHER_ROWS:gather_rows
+  permute:INVERT:invert_permutation
+  gather_qmm:QUANTIZE:quantize_q8
+  gather_qmm:QMM:qmm
+  probe:PROBE:numerics_probe)
+
+find_program(SB_GLSLANG glslangValidator REQUIRED)
+find_program(SB_SPIRV_VAL spirv-val REQUIRED)
+find_program(SB_SPIRV_CROSS spirv-cross REQUIRED)
+find_library(SB_SPIRV_CROSS_C spirv-cross-c-shared REQUIRED)
+
+add_executable(sb_shaderc metal_shaders/tools/sb_shaderc.cpp)
+target_link_libraries(sb_shaderc PRIVATE ${SB_SPIRV_CROSS_C})
+# A build tool: no sanitizers (its output is what matters, and ASan slows the build).
+target_compile_options(sb_shaderc PRIVATE -fno-sanitize=all)
+target_link_options(sb_shaderc PRIVATE -fno-sanitize=all)
+
+set(SB_SHADER_DIR ${CMAKE_BINARY_DIR}/shaders)
+set(SB_SHADER_SRC ${CMAKE_SOURCE_DIR}/metal_shaders)
+file(GLOB SB_SHADER_INCLUDES CONFIGURE_DEPENDS ${SB_SHADER_SRC}/*.glsl ${SB_SHADER_SRC}/*.h)
+set(SB_EMBED_ARGS)
+set(SB_SHADER_OUTPUTS)
+foreach(v ${SB_KERNEL_VARIANTS})
+  string(REPLACE ":" ";" parts ${v})
+  list(GET parts 0 file)
+  list(GET parts 1 define)
+  list(GET parts 2 name)
+  set(spv ${SB_SHADER_DIR}/${name}.spv)
+  set(msl ${SB_SHADER_DIR}/${name}.metal)
+  set(json ${SB_SHADER_DIR}/${name}.json)
+  add_custom_command(
+    OUTPUT ${spv} ${msl} ${json}
+    COMMAND ${CMAKE_COMMAND} -E make_directory ${SB_SHADER_DIR}
+    COMMAND ${SB_GLSLANG} -V --target-env vulkan1.2 -D${define} -I${SB_SHADER_SRC} ${SB_SHADER_SRC}/${file}.comp -o ${spv}
+    COMMAND ${SB_SPIRV_VAL} --target-env vulkan1.2 ${spv}
+    COMMAND ${SB_SPIRV_CROSS} ${spv} --reflect --output ${json}
+    COMMAND sb_shaderc msl ${spv} sb_${name} ${msl}
+    DEPENDS ${SB_SHADER_SRC}/${file}.comp ${SB_SHADER_INCLUDES} sb_shaderc
+    COMMENT "shader ${name} (${file}.comp -D${define})" VERBATIM)
+  list(APPEND SB_EMBED_ARGS ${name} ${spv} ${msl} ${json})
+  list(APPEND SB_SHADER_OUTPUTS ${spv} ${msl} ${json})
+endforeach()
+set(SB_EMBEDDED_CPP ${CMAKE_BINARY_DIR}/generated/embedded_shaders.cpp)
+add_custom_command(
+  OUTPUT ${SB_EMBEDDED_CPP}
+  COMMAND sb_shaderc embed ${SB_EMBEDDED_CPP} ${SB_EMBED_ARGS}
+  DEPENDS ${SB_SHADER_OUTPUTS} sb_shaderc VERBATIM)
+add_custom_target(switchboard_shaders DEPENDS ${SB_EMBEDDED_CPP})
+install(DIRECTORY ${SB_SHADER_DIR}/ DESTINATION ${CMAKE_INSTALL_DATADIR}/switchboard/shaders
+        FILES_MATCHING PATTERN "*.spv" PATTERN "*.metal" PATTERN "*.json")

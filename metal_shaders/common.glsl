@@ -1,0 +1,155 @@
+// Shared by every kernel: the float-control execution modes that make + - * exact
+// on GPUs (RoundingModeRTE + SignedZeroInfNanPreserve, fp32), element load/store by
+// dtype through 32-bit words, f16/bf16 conversions by integer ops, and the exact
+// routines of docs/numerics.md (cpu_fallback/exact_math.h carries the same steps).
+// Rule for every kernel: float arithmetic only into `precise` variables, so each op
+// is decorated NoContraction (checked by tests/shader_structure_test.cpp).
+#extension GL_EXT_spirv_intrinsics : require
+
+spirv_execution_mode(extensions = ["SPV_KHR_float_controls"], capabilities = [4466], 4461, 32);  // SZInfNanPreserve
+spirv_execution_mode(extensions = ["SPV_KHR_float_controls"], capabilities = [4467], 4462, 32);  // RoundingModeRTE
+
+#include "kernel_args.h"
+
+// Linear invocation id over a 2D grid of 1D workgroups (the host splits large
+// counts into rows of at most 65535 workgroups).
+uint sb_linear_id() {
+  return gl_GlobalInvocationID.x + gl_GlobalInvocationID.y * (gl_NumWorkGroups.x * gl_WorkGroupSize.x);
+}
+
+bool sb_is16(uint dt) { return dt == SB_DT_F16 || dt == SB_DT_BF16; }
+uint sb_word(uint dt, uint i) { return sb_is16(dt) ? (i >> 1) : i; }
+
+float sb_f16_to_f32(uint h) {
+  uint sign = (h & 0x8000u) << 16;
+  uint e = (h >> 10) & 0x1fu;
+  uint mant = h & 0x3ffu;
+  if (e == 0x1fu) return uintBitsToFloat(sign | 0x7f800000u | (mant << 13));
+  if (e == 0u) {
+    if (mant == 0u) return uintBitsToFloat(sign);
+    int s = -1;
+    do {
+      ++s;
+      mant <<= 1;
+    } while ((mant & 0x400u) == 0u);
+    return uintBitsToFloat(sign | ((112u - uint(s)) << 23) | ((mant & 0x3ffu) << 13));
+  }
+  return uintBitsToFloat(sign | ((e + 112u) << 23) | (mant << 13));
+}
+
+uint sb_f32_to_f16(float f) {
+  uint x = floatBitsToUint(f);
+  uint sign = (x >> 16) & 0x8000u;
+  uint a = x & 0x7fffffffu;
+  if (a > 0x7f800000u) return sign | 0x7e00u | ((a >> 13) & 0x3ffu);
+  if (a >= 0x477ff000u) return sign | 0x7c00u;
+  if (a < 0x38800000u) {
+    if (a < 0x33000000u) return sign;
+    uint e = a >> 23;
+    uint mant = (a & 0x7fffffu) | 0x800000u;
+    uint shift = 126u - e;
+    uint halfway = 1u << (shift - 1u);
+    uint rem = mant & ((1u << shift) - 1u);
+    uint q = mant >> shift;
+    if (rem > halfway || (rem == halfway && (q & 1u) != 0u)) ++q;
+    return sign | q;
+  }
+  uint r = a - 0x38000000u;
+  r += 0xfffu + ((r >> 13) & 1u);
+  return sign | (r >> 13);
+}
+
+uint sb_f32_to_bf16(float f) {
+  uint u = floatBitsToUint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return ((u >> 16) | 0x40u) & 0xffffu;
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return u >> 16;
+}
+
+// Element i of a float tensor whose 32-bit word holding it is `w`.
+float sb_decode(uint w, uint dt, uint i) {
+  if (dt == SB_DT_F32) return uintBitsToFloat(w);
+  uint h = (w >> ((i & 1u) * 16u)) & 0xffffu;
+  return dt == SB_DT_F16 ? sb_f16_to_f32(h) : uintBitsToFloat(h << 16);
+}
+uint sb_encode16(float v, uint dt) { return dt == SB_DT_F16 ? sb_f32_to_f16(v) : sb_f32_to_bf16(v); }
+// One output word: f32 holds `lo`; f16/bf16 hold lo in the low half and hi in the high half.
+uint sb_encode_word(float lo, float hi, uint dt) {
+  if (dt == SB_DT_F32) return floatBitsToUint(lo);
+  return sb_encode16(lo, dt) | (sb_encode16(hi, dt) << 16);
+}
+// Elements per 32-bit word of a float dtype.
+uint sb_per_word(uint dt) { return sb_is16(dt) ? 2u : 1u; }
+
+#define SB_LOAD(buf, dt, i) sb_decode(buf[sb_word(dt, i)], dt, i)
+
+// ---- exact routines (docs/numerics.md) ----
+
+bool sb_isnan(float x) { return (floatBitsToUint(x) & 0x7fffffffu) > 0x7f800000u; }
+
+float sb_max(float a, float b) {
+  if (sb_isnan(a) || sb_isnan(b)) return sb_isnan(a) ? a : b;
+  if (a == b) return uintBitsToFloat(floatBitsToUint(a) & floatBitsToUint(b));
+  return a > b ? a : b;
+}
+float sb_min(float a, float b) {
+  if (sb_isnan(a) || sb_isnan(b)) return sb_isnan(a) ? a : b;
+  if (a == b) return uintBitsToFloat(floatBitsToUint(a) | floatBitsToUint(b));
+  return a < b ? a : b;
+}
+
+float sb_round_even(float v) {
+  precise float t = v + 12582912.0;
+  precise float r = t - 12582912.0;
+  return r;
+}
+float sb_pow2i(int n) { return uintBitsToFloat(uint(n + 127) << 23); }
+
+float sb_exp(float x) {
+  if (sb_isnan(x)) return x;
+  if (x > 88.0) return uintBitsToFloat(0x7f800000u);
+  if (x < -87.0) return 0.0;
+  precise float xl = x * 1.44269504;
+  precise float n = sb_round_even(xl);
+  precise float r = x - n * 0.693145751953125;
+  r = r - n * 1.42860677e-06;
+  precise float p = 1.38888889e-03;
+  p = p * r + 8.33333333e-03;
+  p = p * r + 4.16666667e-02;
+  p = p * r + 1.66666667e-01;
+  p = p * r + 0.5;
+  p = p * r + 1.0;
+  p = p * r + 1.0;
+  precise float out_v = p * sb_pow2i(int(n));
+  return out_v;
+}
+
+float sb_rcp(float x) {
+  if (!(x <= 4.2535296e37)) return sb_isnan(x) ? x : 0.0;
+  precise float r = uintBitsToFloat(0x7EF311C3u - floatBitsToUint(x));
+  for (int i = 0; i < 3; ++i) {
+    precise float t = 2.0 - x * r;
+    r = r * t;
+  }
+  return r;
+}
+
+float sb_sigmoid(float x) {
+  precise float e = 1.0 + sb_exp(-x);
+  return sb_rcp(e);
+}
+float sb_silu(float x) {
+  precise float r = x * sb_sigmoid(x);
+  return r;
+}
+float sb_tanh(float u) {
+  precise float e = sb_exp(u + u) + 1.0;
+  precise float r = 1.0 - 2.0 * sb_rcp(e);
+  return r;
+}
+float sb_gelu_tanh(float x) {
+  precise float x3 = x * x * x;
+  precise float u = 0.7978845608 * (x + 0.044715 * x3);
+  precise float r = 0.5 * x * (1.0 + sb_tanh(u));
+  return r;
+}

@@ -1,0 +1,60 @@
+#version 450
+#extension GL_GOOGLE_include_directive : require
+// Binary (broadcasting) and unary elementwise ops on float dtypes; twin of
+// cpu_fallback/elementwise.cpp. Thread -> output: invocation w writes output word w
+// (one f32 element, or elements 2w and 2w+1 of an f16/bf16 tensor).
+#include "common.glsl"
+
+layout(local_size_x = 256) in;
+layout(std430, binding = 0) readonly buffer A { uint a[]; };
+#ifdef BINARY
+layout(std430, binding = 1) readonly buffer B { uint b[]; };
+layout(std430, binding = 2) writeonly buffer O { uint o[]; };
+layout(push_constant) uniform Args { SB_BINARY_ARGS } args;
+
+float apply(float x, float y) {
+  precise float r;
+  if (args.op == 0u) r = x + y;
+  else if (args.op == 1u) r = x - y;
+  else if (args.op == 2u) r = x * y;
+  else if (args.op == 4u) r = sb_max(x, y);
+  else r = sb_min(x, y);
+  return r;
+}
+
+// Output element i through the broadcast strides of a and b.
+float element(uint i) {
+  uint ia = 0u, ib = 0u, rest = i;
+  for (int d = int(args.rank) - 1; d >= 0; --d) {
+    uint c = rest % args.shape[d];
+    rest /= args.shape[d];
+    ia += c * args.sa[d];
+    ib += c * args.sb[d];
+  }
+  return apply(SB_LOAD(a, args.dtype, ia), SB_LOAD(b, args.dtype, ib));
+}
+#else
+layout(std430, binding = 1) writeonly buffer O { uint o[]; };
+layout(push_constant) uniform Args { SB_UNARY_ARGS } args;
+
+float element(uint i) {
+  float v = SB_LOAD(a, args.dtype, i);
+  if (args.op == 0u) return uintBitsToFloat(floatBitsToUint(v) ^ 0x80000000u);
+  if (args.op == 1u) return uintBitsToFloat(floatBitsToUint(v) & 0x7fffffffu);
+  if (args.op == 2u) {
+    precise float r = v * v;
+    return r;
+  }
+  return v < 0.0 ? 0.0 : v;  // Relu: NaN and -0 pass through
+}
+#endif
+
+void main() {
+  uint w = sb_linear_id();
+  uint per = sb_per_word(args.dtype);
+  uint i = w * per;
+  if (i >= args.n) return;
+  float lo = element(i);
+  float hi = (per == 2u && i + 1u < args.n) ? element(i + 1u) : 0.0;
+  o[w] = sb_encode_word(lo, hi, args.dtype);
+}

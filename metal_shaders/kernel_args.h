@@ -1,0 +1,73 @@
+// Kernel argument layouts (push constants), shared by the shaders and the hosts
+// (backend/vulkan, backend/metal). Each layout is one macro of 32-bit fields, so
+// both languages see the same list; the C++ side checks sizes and offsets with
+// static_asserts (backend/vulkan/kernel_table.h), the structural test checks the
+// SPIR-V reflection against the same table. Fields are uint/int/float only.
+#ifndef SWITCHBOARD_KERNEL_ARGS_H
+#define SWITCHBOARD_KERNEL_ARGS_H
+
+// DType codes (schema/program.fbs).
+#define SB_DT_F32 0u
+#define SB_DT_F16 1u
+#define SB_DT_BF16 2u
+#define SB_DT_I32 3u
+#define SB_DT_I64 4u
+#define SB_DT_U8 5u
+#define SB_DT_U32 6u
+#define SB_DT_BOOL 7u
+
+#define SB_MAX_RANK 6
+// Bits of the device status word a kernel raises on bad data (it then skips the element).
+#define SB_ERR_INDEX 1u      // an index outside its range
+#define SB_ERR_PRUNED 2u     // a pair selects an expert with 0 bits
+#define SB_ERR_UNSORTED 4u   // sorted_indices set but rhs_indices not ascending
+#define SB_ERR_PERMUTATION 8u  // ScatterRows indices are not a permutation
+
+// elementwise.comp BINARY: out word w (1 or 2 elements); a and b broadcast into out's shape.
+#define SB_BINARY_ARGS \
+  uint n; uint op; uint dtype; uint rank; \
+  uint shape[SB_MAX_RANK]; uint sa[SB_MAX_RANK]; uint sb[SB_MAX_RANK];
+// elementwise.comp UNARY.
+#define SB_UNARY_ARGS uint n; uint op; uint dtype; uint pad0;
+// cast.comp: float -> float.
+#define SB_CAST_ARGS uint n; uint from_dtype; uint to_dtype; uint pad0;
+// shape_ops.comp FILL: out[i] = pattern[i & 1] over `words` 32-bit words.
+#define SB_FILL_ARGS uint words; uint pattern0; uint pattern1; uint pad0;
+// glu.comp.
+#define SB_GLU_ARGS uint n; uint dtype; uint kind; float alpha; float limit; uint pad0; uint pad1; uint pad2;
+// combine.comp: y [T*k, D], weights [T, k] f32, shared [T, D], gate [T, 1].
+#define SB_COMBINE_ARGS \
+  uint tokens; uint slots; uint dim; uint dtype; \
+  uint has_shared; uint shared_dtype; uint has_gate; uint gate_dtype;
+// gather_qmm.comp QUANTIZE: x [rows, k] -> q (int8 in words), d, sum per 32-block.
+#define SB_Q8_ARGS uint rows; uint k; uint dtype; uint pad0;
+// gather_qmm.comp QMM: out [pairs, n] (x's dtype), experts of per-expert bits.
+#define SB_QMM_ARGS \
+  uint pairs; uint n; uint k; uint groups; \
+  uint group_size; uint rows; uint experts; uint scale_dtype; \
+  uint out_dtype; uint has_lhs; uint has_rhs; uint sorted;
+// permute.comp GATHER_ROWS: out [rows] of x [src_rows], rows of `row_units` units of
+// `unit_bytes` (1, 2 or 4). INVERT: inv[idx[p]] = p for p < rows (inv prefilled with ~0).
+#define SB_PERMUTE_ARGS uint rows; uint src_rows; uint row_units; uint unit_bytes; uint out_words; uint pad0; uint pad1; uint pad2;
+// probe.comp: the start-up check of a device's arithmetic against the contract.
+#define SB_PROBE_ARGS uint n; uint pad0; uint pad1; uint pad2;
+
+#ifdef __cplusplus
+#include <cstddef>
+#include <cstdint>
+namespace switchboard::kernels {
+using uint = std::uint32_t;
+struct BinaryArgs { SB_BINARY_ARGS };
+struct UnaryArgs { SB_UNARY_ARGS };
+struct CastArgs { SB_CAST_ARGS };
+struct FillArgs { SB_FILL_ARGS };
+struct GluArgs { SB_GLU_ARGS };
+struct CombineArgs { SB_COMBINE_ARGS };
+struct Q8Args { SB_Q8_ARGS };
+struct QmmArgs { SB_QMM_ARGS };
+struct PermuteArgs { SB_PERMUTE_ARGS };
+struct ProbeArgs { SB_PROBE_ARGS };
+}  // namespace switchboard::kernels
+#endif
+
+#endif  // SWITCHBOARD_KERNEL_ARGS_H

@@ -1,0 +1,57 @@
+#version 450
+#extension GL_GOOGLE_include_directive : require
+// GatherRows (out[p] = x[idx[p]]) and the inverse permutation that turns
+// ScatterRows (out[idx[p]] = x[p]) into a gather; twin of cpu_fallback/permute.cpp.
+#include "common.glsl"
+
+layout(local_size_x = 256) in;
+layout(push_constant) uniform Args { SB_PERMUTE_ARGS } args;
+
+#ifdef GATHER_ROWS
+// Thread -> output: invocation w writes word w of out; each unit in it comes from
+// the source row its output row names. Rows are units of 1, 2 or 4 bytes (8-byte
+// dtypes are two 4-byte units), so a word may span two rows.
+layout(std430, binding = 0) readonly buffer X { uint x[]; };
+layout(std430, binding = 1) readonly buffer I { int idx[]; };
+layout(std430, binding = 2) writeonly buffer O { uint o[]; };
+layout(std430, binding = 3) buffer E { uint err[]; };
+
+void main() {
+  uint w = sb_linear_id();
+  if (w >= args.out_words) return;
+  uint per = 4u / args.unit_bytes;
+  uint bits = args.unit_bytes * 8u;
+  uint mask = bits == 32u ? 0xffffffffu : ((1u << bits) - 1u);
+  uint total = args.rows * args.row_units;
+  uint word = 0u;
+  for (uint s = 0u; s < per; ++s) {
+    uint e = w * per + s;
+    if (e >= total) break;
+    uint r = e / args.row_units, c = e % args.row_units;
+    int src = idx[r];
+    if (src < 0 || uint(src) >= args.src_rows) {
+      atomicOr(err[0], SB_ERR_INDEX);
+      continue;
+    }
+    uint se = uint(src) * args.row_units + c;
+    word |= ((x[se / per] >> ((se % per) * bits)) & mask) << (s * bits);
+  }
+  o[w] = word;
+}
+#endif
+
+#ifdef INVERT
+// Thread -> entry: invocation p claims inv[idx[p]]; a second claim of one row, or an
+// index out of range, raises SB_ERR_PERMUTATION.
+layout(std430, binding = 0) readonly buffer I { int idx[]; };
+layout(std430, binding = 1) buffer V { uint inv[]; };
+layout(std430, binding = 2) buffer E { uint err[]; };
+
+void main() {
+  uint p = sb_linear_id();
+  if (p >= args.rows) return;
+  int dst = idx[p];
+  if (dst < 0 || uint(dst) >= args.rows || atomicCompSwap(inv[dst], 0xffffffffu, p) != 0xffffffffu)
+    atomicOr(err[0], SB_ERR_PERMUTATION);
+}
+#endif

@@ -1,0 +1,182 @@
+// GatherQmm through the op harness, on every test device: the portable CPU
+// implementation of the integer contract (cpu::qmm_rows) is the oracle, exact to
+// the bit; gather_qmm_test.cpp checks that oracle against fp64 math. Covers every
+// bit width, group size and scale dtype, odd output widths (f16/bf16 words that
+// straddle rows), mixed bits with pruned experts, sorted pairs, absent indices and
+// the data errors a device must find by itself.
+#include <random>
+
+#include "gather_qmm.h"
+#include "op_harness.h"
+
+namespace switchboard::optest {
+namespace {
+
+struct Case {
+  int64_t experts = 4, n = 5, k = 128, tokens = 3;
+  int group = 64;
+  std::vector<int> bits;  // per expert
+  bool uniform = true;    // w as [E, N, K*b/32] (all experts one width) or flat
+  DType x_dtype = DType::kF32, scale_dtype = DType::kF16;
+  std::vector<int64_t> lhs, rhs;  // empty: absent
+  bool sorted = false;
+  uint32_t seed = 1;
+};
+
+struct Built {
+  Inputs inputs;
+  int64_t words = 0;
+};
+
+Built make_inputs(const Case& c) {
+  std::mt19937 rng(c.seed);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  Built out;
+  for (int b : c.bits) out.words += c.n * c.k * b / 32;
+  std::vector<double> w(static_cast<size_t>(out.words)), x(static_cast<size_t>(c.tokens * c.k));
+  for (auto& v : w) v = rng();  // any bit pattern is a valid code stream
+  for (auto& v : x) v = normal(rng);
+  const int64_t g = c.k / c.group, sn = c.experts * c.n * g;
+  std::vector<double> s(static_cast<size_t>(sn)), bi(static_cast<size_t>(sn));
+  for (auto& v : s) v = 0.02 * normal(rng);
+  for (auto& v : bi) v = 0.1 * normal(rng);
+  Shape wshape = c.uniform ? Shape{c.experts, c.n, c.k * c.bits[0] / 32} : Shape{out.words};
+  out.inputs["x"] = make(c.x_dtype, {c.tokens, c.k}, x);
+  out.inputs["w"] = make(DType::kU32, wshape, w);
+  out.inputs["scales"] = make(c.scale_dtype, {c.experts, c.n, g}, s);
+  out.inputs["biases"] = make(c.scale_dtype, {c.experts, c.n, g}, bi);
+  auto idx = [](const std::vector<int64_t>& v) {
+    return make(DType::kI32, {static_cast<int64_t>(v.size())}, std::vector<double>(v.begin(), v.end()));
+  };
+  if (!c.lhs.empty()) out.inputs["lhs"] = idx(c.lhs);
+  if (!c.rhs.empty()) out.inputs["rhs"] = idx(c.rhs);
+  return out;
+}
+
+void build(ProgramBuilder& b, const Case& c, const Built& in) {
+  QuantizedExperts q;
+  q.w = b.input("w", DType::kU32, std::vector<Dim>(in.inputs.at("w").shape().begin(), in.inputs.at("w").shape().end()));
+  const Shape ss{c.experts, c.n, c.k / c.group};
+  q.scales = b.input("scales", c.scale_dtype, {ss[0], ss[1], ss[2]});
+  q.biases = b.input("biases", c.scale_dtype, {ss[0], ss[1], ss[2]});
+  q.group_size = c.group;
+  if (c.uniform) q.bits = c.bits[0];
+  else q.expert_bits.assign(c.bits.begin(), c.bits.end());
+  GatherOptions o;
+  if (!c.lhs.empty()) o.lhs_indices = b.input("lhs", DType::kI32, {static_cast<int64_t>(c.lhs.size())});
+  if (!c.rhs.empty()) o.rhs_indices = b.input("rhs", DType::kI32, {static_cast<int64_t>(c.rhs.size())});
+  o.sorted_indices = c.sorted ? 1 : 0;
+  b.output("y", b.gather_qmm(b.input("x", c.x_dtype, {c.tokens, c.k}), q, o));
+}
+
+// The oracle: the contract's portable implementation, then the store to x's dtype.
+Expected oracle(const Case& c, const Inputs& in) {
+  cpu::ExpertTable t;
+  t.n = c.n;
+  t.k = c.k;
+  t.groups = c.k / c.group;
+  t.group_size = c.group;
+  t.bits = c.bits;
+  int64_t off = 0;
+  for (int b : c.bits) {
+    t.word_offset.push_back(off);
+    off += c.n * c.k * b / 32;
+  }
+  t.codes = in.at("w").data_as<uint32_t>();
+  t.scales = in.at("scales").data();
+  t.biases = in.at("biases").data();
+  t.scale_dtype = c.scale_dtype;
+  const cpu::Q8Activations xq = cpu::quantize_q8(in.at("x"));
+  const int64_t pairs = !c.rhs.empty() ? c.rhs.size() : !c.lhs.empty() ? c.lhs.size() : c.tokens;
+  RefTensor r{{pairs, c.n}, {}, {}};
+  std::vector<float> row(static_cast<size_t>(c.n));
+  for (int64_t p = 0; p < pairs; ++p) {
+    const int e = c.rhs.empty() ? 0 : static_cast<int>(c.rhs[p]);
+    const int64_t lr = c.lhs.empty() ? p * c.tokens / pairs : c.lhs[p];
+    cpu::qmm_rows(t, e, xq, &lr, 1, 0, c.n, row.data(), c.n);
+    for (float v : row) r.values.push_back(round_to(c.x_dtype, v));
+  }
+  return {{"y", r}};
+}
+
+void run(const Case& c) {
+  Built in = make_inputs(c);
+  ProgramBuilder b;
+  build(b, c, in);
+  check_op(b, in.inputs, [&](const Inputs& i) { return oracle(c, i); }, Tolerance::exact());
+}
+
+TEST(GatherQmmDevices, EveryWidthGroupAndScaleDtype) {
+  const DType dts[] = {DType::kF32, DType::kF16, DType::kBF16};
+  uint32_t seed = 10;
+  for (int bits : {2, 3, 4, 5, 6, 8})
+    for (int group : {32, 64, 128}) {
+      Case c;
+      c.bits.assign(4, bits);
+      c.group = group;
+      c.k = 256;
+      c.scale_dtype = dts[seed % 3];
+      c.x_dtype = dts[(seed / 3) % 3];
+      c.lhs = {0, 2, 1, 1, 2, 0};
+      c.rhs = {3, 0, 2, 2, 1, 3};
+      c.seed = seed++;
+      SCOPED_TRACE(std::to_string(bits) + "-bit, group " + std::to_string(group) + ", scales " +
+                   dtype_name(c.scale_dtype) + ", x " + dtype_name(c.x_dtype));
+      run(c);
+    }
+}
+
+TEST(GatherQmmDevices, MixedBitsWithPrunedExpertSortedPairs) {
+  Case c;
+  c.experts = 5;
+  c.bits = {4, 0, 8, 2, 3};
+  c.uniform = false;
+  c.n = 7;
+  c.x_dtype = DType::kBF16;
+  c.scale_dtype = DType::kBF16;
+  c.lhs = {0, 1, 2, 0, 2, 1, 0};
+  c.rhs = {0, 0, 2, 3, 3, 4, 4};
+  c.sorted = true;
+  run(c);
+}
+
+TEST(GatherQmmDevices, AbsentIndicesUseExpertZeroAndRowOrder) {
+  Case c;
+  c.bits.assign(2, 4);
+  c.experts = 2;
+  c.tokens = 4;
+  run(c);
+}
+
+TEST(GatherQmmDevices, DataErrorsAreFoundOnEveryDevice) {
+  Case c;
+  c.bits = {4, 0, 4};
+  c.experts = 3;
+  c.uniform = false;
+  c.lhs = {0, 1};
+  c.rhs = {2, 7};
+  {
+    Built in = make_inputs(c);
+    ProgramBuilder b;
+    build(b, c, in);
+    check_op_error(b, in.inputs, "out of range");
+  }
+  c.rhs = {0, 1};
+  {
+    Built in = make_inputs(c);
+    ProgramBuilder b;
+    build(b, c, in);
+    check_op_error(b, in.inputs, "which is pruned (0 bits)");
+  }
+  c.rhs = {2, 0};
+  c.sorted = true;
+  {
+    Built in = make_inputs(c);
+    ProgramBuilder b;
+    build(b, c, in);
+    check_op_error(b, in.inputs, "sorted_indices is set but rhs_indices");
+  }
+}
+
+}  // namespace
+}  // namespace switchboard::optest
