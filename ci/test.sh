@@ -10,6 +10,11 @@ JOBS=${JOBS:-$(nproc)}
 
 cmake --preset dev
 cmake --build --preset dev -j "$JOBS"
+# Every op-harness case also runs on Vulkan through lavapipe (Mesa's CPU driver) and must
+# match the CPU bit for bit; SWITCHBOARD_REQUIRE_VULKAN turns a missing device into a failure.
+export VK_DRIVER_FILES=/usr/share/vulkan/icd.d/lvp_icd.x86_64.json
+export SWITCHBOARD_TEST_DEVICES=vulkan SWITCHBOARD_REQUIRE_VULKAN=1
+export XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp} MESA_SHADER_CACHE_DIR=${MESA_SHADER_CACHE_DIR:-$PWD/build/mesa_cache}
 ctest --preset dev -j "$JOBS"
 
 FUZZ_SECONDS=${FUZZ_SECONDS:-60}
