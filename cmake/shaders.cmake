@@ -13,6 +13,8 @@ set(SB_KERNEL_VARIANTS
   permute:INVERT:invert_permutation
   gather_qmm:QUANTIZE:quantize_q8
   gather_qmm:QMM:qmm
+  permute:ARGSORT:argsort
+  router:ROUTER:router
   probe:PROBE:numerics_probe)
 
 find_program(SB_GLSLANG glslangValidator REQUIRED)

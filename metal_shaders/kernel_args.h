@@ -49,6 +49,15 @@
 // permute.comp GATHER_ROWS: out [rows] of x [src_rows], rows of `row_units` units of
 // `unit_bytes` (1, 2 or 4). INVERT: inv[idx[p]] = p for p < rows (inv prefilled with ~0).
 #define SB_PERMUTE_ARGS uint rows; uint src_rows; uint row_units; uint unit_bytes; uint out_words; uint pad0; uint pad1; uint pad2;
+// router.comp: logits [T, E] -> weights [T, k] f32, indices [T, k] i32.
+#define SB_ROUTER_ARGS \
+  uint tokens; uint experts; uint k; uint kind; \
+  uint dtype; uint renormalize; uint n_group; uint topk_group; \
+  float routed_scaling_factor; uint has_bias; uint has_scale; uint pad0;
+// permute.comp ARGSORT: stable ascending order of n i32 keys.
+#define SB_ARGSORT_ARGS uint n; uint pad0; uint pad1; uint pad2;
+#define SB_ERR_ROUTER 16u  // fewer selectable experts than k
+
 // probe.comp: the start-up check of a device's arithmetic against the contract.
 #define SB_PROBE_ARGS uint n; uint pad0; uint pad1; uint pad2;
 
@@ -67,6 +76,8 @@ struct Q8Args { SB_Q8_ARGS };
 struct QmmArgs { SB_QMM_ARGS };
 struct PermuteArgs { SB_PERMUTE_ARGS };
 struct ProbeArgs { SB_PROBE_ARGS };
+struct RouterArgs { SB_ROUTER_ARGS };
+struct ArgsortArgs { SB_ARGSORT_ARGS };
 }  // namespace switchboard::kernels
 #endif
 

@@ -5,7 +5,9 @@
 #include "common.glsl"
 
 layout(local_size_x = 256) in;
+#ifndef ARGSORT
 layout(push_constant) uniform Args { SB_PERMUTE_ARGS } args;
+#endif
 
 #ifdef GATHER_ROWS
 // Thread -> output: invocation w writes word w of out; each unit in it comes from
@@ -53,5 +55,25 @@ void main() {
   int dst = idx[p];
   if (dst < 0 || uint(dst) >= args.rows || atomicCompSwap(inv[dst], 0xffffffffu, p) != 0xffffffffu)
     atomicOr(err[0], SB_ERR_PERMUTATION);
+}
+#endif
+
+#ifdef ARGSORT
+// Stable ascending argsort. Thread -> output: invocation i computes the rank of key i
+// (keys smaller, or equal with a lower index) and writes out[rank] = i.
+layout(std430, binding = 0) readonly buffer K { int keys[]; };
+layout(std430, binding = 1) writeonly buffer O { int order[]; };
+layout(push_constant) uniform Args { SB_ARGSORT_ARGS } args;
+
+void main() {
+  uint i = sb_linear_id();
+  if (i >= args.n) return;
+  int v = keys[i];
+  uint rank = 0u;
+  for (uint j = 0u; j < args.n; ++j) {
+    int u = keys[j];
+    if (u < v || (u == v && j < i)) ++rank;
+  }
+  order[rank] = int(i);
 }
 #endif

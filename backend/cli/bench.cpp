@@ -118,7 +118,7 @@ Result<Layer> make_layer(const Shape3& m, const BenchOptions& o, const std::vect
   lo.constants = std::move(consts);
   Layer layer;
   SB_ASSIGN_OR_RETURN(layer.program, Program::from_bytes(std::move(bytes), "bench", lo));
-  SB_ASSIGN_OR_RETURN(layer.session, Session::create(layer.program));
+  SB_ASSIGN_OR_RETURN(layer.session, Session::create(layer.program, SessionOptions{o.device, true}));
   return layer;
 }
 
@@ -214,6 +214,7 @@ int run_bench_moe_layer(const BenchOptions& o) {
       {"group_size", o.group_size}, {"mixed", o.mixed},
       {"sorted", o.sorted},         {"path", o.tokens > cutoff ? "sorted" : "unsorted"},
       {"threads", cpu::num_threads()},
+      {"device", stack.front().session->device_name()},
       {"isa", cpu::cpu_path_name(cpu::active_cpu_path())},
       {"layers_cycled", layers},    {"iterations", iters},
       {"ms_per_layer", ms},         {"bytes_per_layer", bytes_per_layer},

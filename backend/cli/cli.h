@@ -13,6 +13,7 @@ int run_demo(const DemoOptions& opts);
 
 struct BenchOptions {
   std::string model = "qwen3-30b-a3b";
+  std::string device = "cpu";  // cpu | vulkan | vulkan:N (falls back to the CPU, saying so)
   int bits = 4;
   int group_size = 64;
   int64_t tokens = 1;

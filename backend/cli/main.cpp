@@ -30,6 +30,7 @@ int main(int argc, char** argv) {
   moe_cmd->add_option("--tokens", bench.tokens, "Tokens M per layer call")->check(CLI::Range(1, 4096));
   moe_cmd->add_option("--mixed", bench.mixed, "Per-expert bits as bits:fraction,... e.g. 8:0.05,4:0.80,2:0.15");
   moe_cmd->add_option("--sorted", bench.sorted, "auto | always | never")->check(CLI::IsMember({"auto", "always", "never"}));
+  moe_cmd->add_option("--device", bench.device, "cpu | vulkan | vulkan:N (no Vulkan: the CPU, with a message)");
   moe_cmd->add_option("--threads", bench.threads, "Kernel threads (default: all cores)");
   moe_cmd->add_option("--iterations", bench.iterations, "Timed iterations (default: automatic)");
   moe_cmd->add_flag("--json", bench.json, "One JSON object on one line");

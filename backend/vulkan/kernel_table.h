@@ -50,6 +50,11 @@ inline constexpr KernelInfo kKernels[] = {
      {A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kWrite,
       A::kReadWrite},
      sizeof(QmmArgs), SB_STR(SB_QMM_ARGS), 64, true},
+    {"argsort", "permute", 2, {A::kRead, A::kWrite}, sizeof(ArgsortArgs), SB_STR(SB_ARGSORT_ARGS), 256, true},
+    {"router", "router", 9,
+     {A::kRead, A::kRead, A::kRead, A::kRead, A::kReadWrite, A::kReadWrite, A::kReadWrite, A::kReadWrite,
+      A::kReadWrite},
+     sizeof(RouterArgs), SB_STR(SB_ROUTER_ARGS), 64, true},
     {"numerics_probe", "probe", 2, {A::kRead, A::kWrite}, sizeof(ProbeArgs), SB_STR(SB_PROBE_ARGS), 64, true},
 };
 inline constexpr size_t kNumKernels = sizeof(kKernels) / sizeof(kKernels[0]);
@@ -62,7 +67,8 @@ static_assert(sizeof(GluArgs) == 32 && offsetof(GluArgs, alpha) == 12 && offseto
 static_assert(sizeof(CombineArgs) == 32 && sizeof(Q8Args) == 16);
 static_assert(sizeof(QmmArgs) == 48 && offsetof(QmmArgs, out_dtype) == 32 && offsetof(QmmArgs, sorted) == 44);
 static_assert(sizeof(PermuteArgs) == 32 && offsetof(PermuteArgs, out_words) == 16);
-static_assert(sizeof(ProbeArgs) == 16);
+static_assert(sizeof(ProbeArgs) == 16 && sizeof(ArgsortArgs) == 16);
+static_assert(sizeof(RouterArgs) == 48 && offsetof(RouterArgs, routed_scaling_factor) == 32);
 // 128 bytes is the smallest push-constant space Vulkan guarantees (lavapipe's limit).
 static_assert(sizeof(BinaryArgs) <= 128 && sizeof(QmmArgs) <= 128);
 

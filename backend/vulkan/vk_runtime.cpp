@@ -506,6 +506,7 @@ Status Runtime::sync() {
   if (bits & SB_ERR_INDEX) return make_error(StatusCode::kOutOfRange, "an index is out of range (found on the device)");
   if (bits & SB_ERR_PRUNED)
     return make_error(StatusCode::kInvalidArgument, "a pair selects an expert which is pruned (0 bits)");
+  if (bits & SB_ERR_ROUTER) return make_error(StatusCode::kInternal, "the router found fewer selectable experts than k");
   if (bits & SB_ERR_UNSORTED)
     return make_error(StatusCode::kInvalidArgument, "sorted_indices is set but rhs_indices is not ascending");
   return Status::ok();

@@ -158,24 +158,24 @@ Status glu(KernelContext& ctx, const fb::OpNodeUnion& op) {
   return ctx.out(n->out.get(), std::move(out));
 }
 
-Status combine(KernelContext& ctx, const fb::OpNodeUnion& op) {
-  const auto* n = op.AsCombineNode();
+// out = base + sum over slots of weights * y (slot order), y: [T*k, D] on the device.
+Status combine_impl(KernelContext& ctx, const Tensor& y, BufferRef by, const fb::Tid* weights_tid, const fb::Tid* shared_tid,
+                    const fb::Tid* gate_tid, const fb::Tid* out_tid) {
   Runtime& rt = rt_of(ctx);
-  Tensor y, w, shared, gate;
-  SB_ASSIGN_OR_RETURN(BufferRef by, bind_in(ctx, n->y.get(), &y));
-  SB_ASSIGN_OR_RETURN(BufferRef bw, bind_in(ctx, n->weights.get(), &w));
+  Tensor w, shared, gate;
+  SB_ASSIGN_OR_RETURN(BufferRef bw, bind_in(ctx, weights_tid, &w));
   const int64_t tokens = w.dim(0), slots = w.dim(1), dim = y.dim(1);
   SB_CHECK_OR_RETURN(y.dim(0) == tokens * slots, StatusCode::kInvalidArgument, "y %s does not hold %lld x %lld rows",
                      shape_str(y.shape()).c_str(), (long long)tokens, (long long)slots);
   BufferRef bs = bw, bgate = bw;  // stand-ins for absent operands (never read)
-  if (n->shared) {
-    SB_ASSIGN_OR_RETURN(bs, bind_in(ctx, n->shared.get(), &shared));
+  if (shared_tid) {
+    SB_ASSIGN_OR_RETURN(bs, bind_in(ctx, shared_tid, &shared));
     SB_CHECK_OR_RETURN(shared.shape() == (Shape{tokens, dim}), StatusCode::kInvalidArgument,
                        "shared %s, expected [%lld, %lld]", shape_str(shared.shape()).c_str(), (long long)tokens,
                        (long long)dim);
   }
-  if (n->shared_gate) {
-    SB_ASSIGN_OR_RETURN(bgate, bind_in(ctx, n->shared_gate.get(), &gate));
+  if (gate_tid) {
+    SB_ASSIGN_OR_RETURN(bgate, bind_in(ctx, gate_tid, &gate));
     SB_CHECK_OR_RETURN(gate.shape() == (Shape{tokens, 1}), StatusCode::kInvalidArgument,
                        "shared_gate %s, expected [%lld, 1]", shape_str(gate.shape()).c_str(), (long long)tokens);
   }
@@ -192,7 +192,69 @@ Status combine(KernelContext& ctx, const fb::OpNodeUnion& op) {
   args.has_gate = gate.defined();
   args.gate_dtype = gate.defined() ? static_cast<uint32_t>(gate.dtype()) : 0;
   SB_RETURN_IF_ERROR(rt.dispatch("combine", {by, bw, bs, bgate, bo}, &args, sizeof(args), words_of(y.dtype(), tokens * dim)));
+  return ctx.out(out_tid, std::move(out));
+}
+
+Status combine(KernelContext& ctx, const fb::OpNodeUnion& op) {
+  const auto* n = op.AsCombineNode();
+  Tensor y;
+  SB_ASSIGN_OR_RETURN(BufferRef by, bind_in(ctx, n->y.get(), &y));
+  return combine_impl(ctx, y, by, n->weights.get(), n->shared.get(), n->shared_gate.get(), n->out.get());
+}
+
+Status argsort(KernelContext& ctx, const fb::OpNodeUnion& op) {
+  const auto* n = op.AsArgsortNode();
+  Runtime& rt = rt_of(ctx);
+  Tensor x;
+  SB_ASSIGN_OR_RETURN(BufferRef bx, bind_in(ctx, n->x.get(), &x));
+  SB_ASSIGN_OR_RETURN(Tensor out, rt.alloc(DType::kI32, x.shape()));
+  SB_ASSIGN_OR_RETURN(BufferRef bo, rt.bind(out, false));
+  k::ArgsortArgs args{};
+  SB_ASSIGN_OR_RETURN(args.n, u32_count(x.numel(), "Argsort"));
+  SB_RETURN_IF_ERROR(rt.dispatch("argsort", {bx, bo}, &args, sizeof(args), args.n));
   return ctx.out(n->out.get(), std::move(out));
+}
+
+Status router(KernelContext& ctx, const fb::OpNodeUnion& op) {
+  const auto* n = op.AsRouterNode();
+  Runtime& rt = rt_of(ctx);
+  Tensor logits, bias, scale;
+  SB_ASSIGN_OR_RETURN(BufferRef bl, bind_in(ctx, n->logits.get(), &logits));
+  BufferRef bb = bl, bs = bl;  // stand-ins when absent
+  if (n->selection_bias) {
+    SB_ASSIGN_OR_RETURN(bb, bind_in(ctx, n->selection_bias.get(), &bias));
+  }
+  if (n->expert_scale) {
+    SB_ASSIGN_OR_RETURN(bs, bind_in(ctx, n->expert_scale.get(), &scale));
+  }
+  const int64_t tokens = logits.dim(0), e = logits.dim(1);
+  std::vector<uint32_t> live(static_cast<size_t>(e), 1);
+  for (int32_t p : n->pruned_experts) live[static_cast<size_t>(p)] = 0;
+  SB_ASSIGN_OR_RETURN(Tensor live_t, Tensor::from_vector(DType::kU32, {e}, live));
+  SB_ASSIGN_OR_RETURN(BufferRef blive, rt.bind(live_t, false));
+  SB_ASSIGN_OR_RETURN(Tensor weights, rt.alloc(DType::kF32, {tokens, n->k}));
+  SB_ASSIGN_OR_RETURN(Tensor indices, rt.alloc(DType::kI32, {tokens, n->k}));
+  SB_ASSIGN_OR_RETURN(BufferRef bw, rt.bind(weights, false));
+  SB_ASSIGN_OR_RETURN(BufferRef bi, rt.bind(indices, false));
+  SB_RETURN_IF_ERROR(u32_count(tokens * e * 3, "Router").status());
+  SB_ASSIGN_OR_RETURN(BufferRef scratch, rt.scratch(static_cast<size_t>(tokens * e * 3) * 4, 0));
+  SB_ASSIGN_OR_RETURN(BufferRef flags, rt.scratch(static_cast<size_t>(tokens * e) * 4, 0));
+  k::RouterArgs args{};
+  args.tokens = static_cast<uint32_t>(tokens);
+  args.experts = static_cast<uint32_t>(e);
+  args.k = static_cast<uint32_t>(n->k);
+  args.kind = static_cast<uint32_t>(n->kind);
+  args.dtype = static_cast<uint32_t>(logits.dtype());
+  args.renormalize = n->renormalize;
+  args.n_group = static_cast<uint32_t>(n->n_group);
+  args.topk_group = static_cast<uint32_t>(n->topk_group);
+  args.routed_scaling_factor = n->routed_scaling_factor;
+  args.has_bias = bias.defined();
+  args.has_scale = scale.defined();
+  SB_RETURN_IF_ERROR(rt.dispatch("router", {bl, bb, bs, blive, bw, bi, scratch, flags, rt.error_word()}, &args,
+                                 sizeof(args), static_cast<uint64_t>(tokens)));
+  SB_RETURN_IF_ERROR(ctx.out(n->weights.get(), std::move(weights)));
+  return ctx.out(n->indices.get(), std::move(indices));
 }
 
 // Rows of x as units of 1, 2 or 4 bytes (8-byte dtypes: two 4-byte units).
@@ -317,7 +379,10 @@ Status gather_qmm(KernelContext& ctx, const fb::OpNodeUnion& op) {
   args.sorted = sorted != 0;
   SB_RETURN_IF_ERROR(rt.dispatch("qmm", {bq, bd, bsum, bw, bs, bb, bl, br, bi, bo, rt.error_word()}, &args,
                                  sizeof(args), words_of(x.dtype(), pairs * nout)));
-  return ctx.out(n->out.get(), std::move(out));
+  if (!n->combine_weights) return ctx.out(n->out.get(), std::move(out));
+  // Fused down-projection + combine: by the contract its bits are those of the stored
+  // (rounded) product followed by Combine, which is what the device runs.
+  return combine_impl(ctx, out, bo, n->combine_weights.get(), n->shared.get(), n->shared_gate.get(), n->out.get());
 }
 
 bool all_float(const KernelContext& ctx, std::initializer_list<const fb::Tid*> tids) {
@@ -336,6 +401,8 @@ VulkanDevice::VulkanDevice(std::unique_ptr<Runtime> rt, std::string name) : rt_(
   registry_.add(fb::OpNode::GatherRowsNode, gather_rows);
   registry_.add(fb::OpNode::ScatterRowsNode, scatter_rows);
   registry_.add(fb::OpNode::GatherQmmNode, gather_qmm);
+  registry_.add(fb::OpNode::ArgsortNode, argsort);
+  registry_.add(fb::OpNode::RouterNode, router);
   // Reshape makes a view and never touches the bytes: the CPU kernel serves as is.
   registry_.add(fb::OpNode::ReshapeNode, make_cpu_device()->kernels().find(fb::OpNode::ReshapeNode));
 }
@@ -357,8 +424,6 @@ Status VulkanDevice::can_run(const fb::OpNodeUnion& op, const KernelContext& ctx
       const auto* n = op.AsCastNode();
       return all_float(ctx, {n->x.get(), n->out.get()}) ? Status::ok() : refuse("Cast to or from an integer dtype");
     }
-    case fb::OpNode::GatherQmmNode:
-      return op.AsGatherQmmNode()->combine_weights ? refuse("fused GatherQmm + combine") : Status::ok();
     default: return Status::ok();
   }
 }
