@@ -55,8 +55,10 @@ void main() {
 #endif
 
 #ifdef QMM
-// Thread -> output: invocation w writes word w of out [pairs, n] (one f32 element,
-// or two f16/bf16 elements, each its own (pair, row) dot over all of k).
+// Thread -> output: workgroup w writes word w of out [pairs, n] (one f32 element, or
+// two f16/bf16 elements). For each element (pair p, row n) thread t computes the
+// exact integer dots of 32-blocks t, t+64, ...; threads then form the groups' terms
+// (s*P + b*X, blocks in order) and thread 0 adds the terms in group order.
 layout(std430, binding = 0) readonly buffer Q { uint q[]; };
 layout(std430, binding = 1) readonly buffer D { float dq[]; };
 layout(std430, binding = 2) readonly buffer S { int sq[]; };
@@ -70,64 +72,80 @@ layout(std430, binding = 9) writeonly buffer O { uint o[]; };
 layout(std430, binding = 10) buffer Er { uint err[]; };
 layout(push_constant) uniform Args { SB_QMM_ARGS } args;
 
-// Code j of a little-endian bit stream of `bits`-wide codes starting at word `row`.
-uint code_at(uint row, uint j, uint bits) {
-  uint bit = j * bits;
-  uint wi = row + (bit >> 5);
-  uint shift = bit & 31u;
-  uint v = codes[wi] >> shift;
-  if (shift + bits > 32u) v |= codes[wi + 1u] << (32u - shift);
-  return v & ((1u << bits) - 1u);
-}
+const uint kThreads = 64u;
+const uint kMaxBlocks = 256u;  // k <= 8192 (the host checks)
+shared int s_iq[kMaxBlocks];
+shared float s_term[kMaxBlocks];
+shared float s_out[2];
 
-float qdot(uint e) {
+// Element e = (pair, row) into s_out[slot]. Every branch depends only on workgroup-
+// uniform values, so all threads reach the same barriers.
+void qdot(uint e, uint slot) {
+  uint tid = gl_LocalInvocationID.x;
   uint p = e / args.n, n = e % args.n;
   int ex = args.has_rhs != 0u ? rhs[p] : 0;
   int r = args.has_lhs != 0u ? lhs[p] : int(p * args.rows / args.pairs);
-  if (ex < 0 || uint(ex) >= args.experts || r < 0 || uint(r) >= args.rows) {
-    atomicOr(err[0], SB_ERR_INDEX);
-    return 0.0;
+  uint fault = 0u;
+  if (ex < 0 || uint(ex) >= args.experts || r < 0 || uint(r) >= args.rows) fault = SB_ERR_INDEX;
+  else if (expert_info[ex] == 0u) fault = SB_ERR_PRUNED;
+  if (args.sorted != 0u && p > 0u && fault == 0u && rhs[p - 1u] > ex && tid == 0u) atomicOr(err[0], SB_ERR_UNSORTED);
+  if (fault != 0u) {
+    if (tid == 0u) {
+      atomicOr(err[0], fault);
+      s_out[slot] = 0.0;
+    }
+    return;
   }
-  if (args.sorted != 0u && p > 0u && rhs[p - 1u] > ex) atomicOr(err[0], SB_ERR_UNSORTED);
   uint bits = expert_info[ex];
-  if (bits == 0u) {
-    atomicOr(err[0], SB_ERR_PRUNED);
-    return 0.0;
-  }
+  uint mask = (1u << bits) - 1u;
   uint row = expert_info[args.experts + uint(ex)] + n * (args.k * bits / 32u);
   uint blocks = args.k / 32u, per_group = args.group_size / 32u;
   uint xrow = uint(r) * blocks;
+  // A 32-block of codes is exactly `bits` words: blocks never share a word.
+  for (uint j = tid; j < blocks; j += kThreads) {
+    uint base = row + j * bits;
+    int iq = 0;
+    for (uint i = 0u; i < 32u; ++i) {
+      uint bit = i * bits;
+      uint sh = bit & 31u;
+      uint v = codes[base + (bit >> 5)] >> sh;
+      if (sh + bits > 32u) v |= codes[base + (bit >> 5) + 1u] << (32u - sh);
+      iq += int(v & mask) * bitfieldExtract(int(q[(xrow + j) * 8u + (i >> 2)]), int(8u * (i & 3u)), 8);
+    }
+    s_iq[j] = iq;
+  }
+  barrier();
   uint sidx = (uint(ex) * args.n + n) * args.groups;
-  precise float acc = 0.0;
-  for (uint g = 0u; g < args.groups; ++g) {
+  for (uint g = tid; g < args.groups; g += kThreads) {
     precise float pg = 0.0, xg = 0.0;
     for (uint j = g * per_group; j < (g + 1u) * per_group; ++j) {
-      int iq = 0;
-      for (uint w = 0u; w < 8u; ++w) {
-        uint xw = q[(xrow + j) * 8u + w];
-        for (uint b = 0u; b < 4u; ++b)
-          iq += int(code_at(row, j * 32u + w * 4u + b, bits)) * bitfieldExtract(int(xw), int(8u * b), 8);
-      }
       float d = dq[xrow + j];
-      pg = pg + float(iq) * d;
+      pg = pg + float(s_iq[j]) * d;
       xg = xg + float(sq[xrow + j]) * d;
     }
-    float s = SB_LOAD(scales, args.scale_dtype, sidx + g);
-    float b = SB_LOAD(biases, args.scale_dtype, sidx + g);
-    precise float term = s * pg + b * xg;
-    acc = acc + term;
+    float sc = SB_LOAD(scales, args.scale_dtype, sidx + g);
+    float bc = SB_LOAD(biases, args.scale_dtype, sidx + g);
+    precise float term = sc * pg + bc * xg;
+    s_term[g] = term;
   }
-  return acc;
+  barrier();
+  if (tid == 0u) {
+    precise float acc = 0.0;
+    for (uint g = 0u; g < args.groups; ++g) acc = acc + s_term[g];
+    s_out[slot] = acc;
+  }
+  barrier();
 }
 
 void main() {
-  uint w = sb_linear_id();
+  uint w = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
   uint per = sb_per_word(args.out_dtype);
   uint i = w * per;
   uint count = args.pairs * args.n;
   if (i >= count) return;
-  float lo = qdot(i);
-  float hi = (per == 2u && i + 1u < count) ? qdot(i + 1u) : 0.0;
-  o[w] = sb_encode_word(lo, hi, args.out_dtype);
+  qdot(i, 0u);
+  bool two = per == 2u && i + 1u < count;
+  if (two) qdot(i + 1u, 1u);
+  if (gl_LocalInvocationID.x == 0u) o[w] = sb_encode_word(s_out[0], two ? s_out[1] : 0.0, args.out_dtype);
 }
 #endif

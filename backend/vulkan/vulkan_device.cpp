@@ -377,8 +377,11 @@ Status gather_qmm(KernelContext& ctx, const fb::OpNodeUnion& op) {
   args.has_lhs = lhs.defined();
   args.has_rhs = rhs.defined();
   args.sorted = sorted != 0;
+  SB_CHECK_OR_RETURN(kdim / 32 <= 256, StatusCode::kUnimplemented, "GatherQmm on Vulkan: k = %lld exceeds 8192",
+                     (long long)kdim);
+  // One workgroup of 64 threads per output word (see gather_qmm.comp).
   SB_RETURN_IF_ERROR(rt.dispatch("qmm", {bq, bd, bsum, bw, bs, bb, bl, br, bi, bo, rt.error_word()}, &args,
-                                 sizeof(args), words_of(x.dtype(), pairs * nout)));
+                                 sizeof(args), 64 * words_of(x.dtype(), pairs * nout)));
   if (!n->combine_weights) return ctx.out(n->out.get(), std::move(out));
   // Fused down-projection + combine: by the contract its bits are those of the stored
   // (rounded) product followed by Combine, which is what the device runs.
