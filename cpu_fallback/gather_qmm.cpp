@@ -74,16 +74,21 @@ CpuPath limit_from_env() {
   const char* v = std::getenv("SWITCHBOARD_CPU_PATH");
   if (v && std::strcmp(v, "portable") == 0) return CpuPath::kPortable;
   if (v && std::strcmp(v, "avx2") == 0) return CpuPath::kAvx2;
-  return CpuPath::kAvx512Vnni;
+  if (v && std::strcmp(v, "avx512") == 0) return CpuPath::kAvx512Vnni;
+  return CpuPath::kAmx;
 }
 CpuPath g_limit = limit_from_env();
 }  // namespace
 
 const char* cpu_path_name(CpuPath p) {
-  return p == CpuPath::kAvx512Vnni ? "avx512-vnni" : p == CpuPath::kAvx2 ? "avx2" : "portable";
+  return p == CpuPath::kAmx ? "amx" : p == CpuPath::kAvx512Vnni ? "avx512-vnni" : p == CpuPath::kAvx2 ? "avx2" : "portable";
 }
 CpuPath best_cpu_path() {
-  return x86::available() ? CpuPath::kAvx512Vnni : x86::avx2_available() ? CpuPath::kAvx2 : CpuPath::kPortable;
+  // amx_available() implies available(): the AMX path runs the VNNI kernels for short runs.
+  return x86::amx_available() ? CpuPath::kAmx
+         : x86::available()   ? CpuPath::kAvx512Vnni
+         : x86::avx2_available() ? CpuPath::kAvx2
+                                 : CpuPath::kPortable;
 }
 void set_cpu_path_limit(CpuPath limit) { g_limit = limit; }
 CpuPath active_cpu_path() { return std::min(g_limit, best_cpu_path()); }
@@ -243,7 +248,10 @@ Status gather_qmm(KernelContext& ctx, const fb::OpNodeUnion& op) {
       auto [p0, p1] = runs[static_cast<size_t>(item / tiles)];
       const int64_t n0 = (item % tiles) * 64, n1 = std::min(nout, n0 + 64);
       const int e = static_cast<int>(rhs[p0]);
-      if (fast && path == CpuPath::kAvx512Vnni)
+      if (fast && path == CpuPath::kAmx)  // AMX for runs of >= kAmxMinRows rows, VNNI for the rest
+        x86::qmm_tiles_amx(*fast, e, xq, xg.data(), lhs.data() + p0, p1 - p0, n0 / 16, (n1 + 15) / 16, g + p0 * nout + n0,
+                           nout);
+      else if (fast && path == CpuPath::kAvx512Vnni)
         x86::qmm_tiles(*fast, e, xq, xg.data(), lhs.data() + p0, p1 - p0, n0 / 16, (n1 + 15) / 16, g + p0 * nout + n0, nout);
       else if (fast)
         x86::qmm_tiles_avx2(*fast, e, xq, xg.data(), lhs.data() + p0, p1 - p0, n0 / 16, (n1 + 15) / 16, g + p0 * nout + n0,

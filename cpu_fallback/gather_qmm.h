@@ -34,14 +34,17 @@ struct ExpertTable {
 };
 
 // SIMD paths, chosen at run time from the CPU's features; every path gives the
-// same bits. SWITCHBOARD_CPU_PATH=portable|avx2|avx512 (or set_cpu_path_limit)
-// caps the choice, e.g. to test a slower path on a faster machine.
-enum class CpuPath { kPortable = 0, kAvx2 = 1, kAvx512Vnni = 2 };
+// same bits. SWITCHBOARD_CPU_PATH=portable|avx2|avx512|amx (or set_cpu_path_limit)
+// caps the choice, e.g. to test a slower path on a faster machine. Each path is a
+// superset of the one below it: kAmx runs the AVX-512 VNNI kernels too, and uses
+// AMX tiles only for runs of >= x86::kAmxMinRows token rows on one expert.
+enum class CpuPath { kPortable = 0, kAvx2 = 1, kAvx512Vnni = 2, kAmx = 3 };
 const char* cpu_path_name(CpuPath p);
 CpuPath best_cpu_path();  // what this CPU supports
 void set_cpu_path_limit(CpuPath limit);
 CpuPath active_cpu_path();  // min(limit, best)
-inline bool fast_paths_enabled() { return active_cpu_path() == CpuPath::kAvx512Vnni; }
+// The AVX-512 kernels (GatherQmm VNNI tiles, the f32 SwiGLU) may run.
+inline bool fast_paths_enabled() { return active_cpu_path() >= CpuPath::kAvx512Vnni; }
 
 // out[i * out_stride + (n - n0)] for the token rows `rows[0..count)` of `xq`, all
 // against expert e, output rows n in [n0, n1); f32 results before rounding.

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "cpu_common.h"
+#include "gather_qmm_x86_steps.h"
 #include "quantize.h"
 
 namespace switchboard::cpu::x86 {
@@ -132,13 +133,6 @@ std::shared_ptr<const Repacked> repack(const ExpertTable& t, std::vector<Tensor>
 
 namespace {
 
-__attribute__((target("avx512f"))) inline __m512 load16(const uint8_t* p, DType t) {
-  if (t == DType::kF32) return _mm512_loadu_ps(p);
-  __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  if (t == DType::kF16) return _mm512_cvtph_ps(h);
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));  // bf16
-}
-
 // vpdpbusd takes the broadcast straight from memory ({1to16}).
 typedef int32_t unaligned_i32 __attribute__((aligned(1), may_alias));
 __attribute__((target("avx512f"))) inline __m512i bcast4(const int8_t* p) {
@@ -210,16 +204,14 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void tile_rows(const Repa
       block_dots<FMT, TT, R>(codes, xr, j, iacc);
       for (int r = 0; r < R; ++r) {
         const __m512 d = _mm512_set1_ps(dr[r][j]);
-        for (int t = 0; t < TT; ++t) p[t][r] = _mm512_add_ps(p[t][r], _mm512_mul_ps(_mm512_cvtepi32_ps(iacc[t][r]), d));
+        for (int t = 0; t < TT; ++t) p[t][r] = steps::block_step(p[t][r], iacc[t][r], d);
       }
     }
     for (int t = 0; t < TT; ++t) {
       const uint8_t* gsb = sb[t] + g * 2 * kTile * es;
-      const __m512 s = load16(gsb, rp.scale_dtype), b = load16(gsb + kTile * es, rp.scale_dtype);
-      for (int r = 0; r < R; ++r) {
-        const __m512 x = _mm512_set1_ps(xg[rows[r] * rp.groups + g]);
-        acc[t][r] = _mm512_add_ps(acc[t][r], _mm512_add_ps(_mm512_mul_ps(s, p[t][r]), _mm512_mul_ps(b, x)));
-      }
+      const __m512 s = steps::load16(gsb, rp.scale_dtype), b = steps::load16(gsb + kTile * es, rp.scale_dtype);
+      for (int r = 0; r < R; ++r)
+        acc[t][r] = steps::group_step(acc[t][r], s, b, p[t][r], _mm512_set1_ps(xg[rows[r] * rp.groups + g]));
     }
   }
   for (int t = 0; t < TT; ++t)

@@ -1,7 +1,9 @@
 // GatherQmm fast path for x86 with AVX-512 VNNI: weights repacked so one 64-byte
 // load holds 4 codes for each of 16 output rows, consumed by vpdpbusd (u8 codes
 // x s8 activations). It computes exactly the integer contract of
-// docs/numerics.md, so its bits equal the portable path's.
+// docs/numerics.md, so its bits equal the portable path's. With AMX
+// (gather_qmm_amx.cpp), runs of many token rows on one expert take the same
+// tiles through tdpbsud instead: the same exact int32 block sums, the same bits.
 #pragma once
 
 #include <cstdint>
@@ -16,6 +18,9 @@ namespace switchboard::cpu::x86 {
 bool available();
 // True when it can run the AVX2 path (AVX2 + F16C).
 bool avx2_available();
+// True when it can run the AMX path: AMX-TILE + AMX-INT8 in CPUID, tile state
+// enabled in XCR0, the Linux tile-data permission granted, and available().
+bool amx_available();
 
 // One projection's experts in the tile layout: per expert, per 16-row tile, the
 // codes chunk by chunk (4-bit: 8 k per 64 bytes, low nibble k..k+3, high k+4..k+7;
@@ -41,6 +46,13 @@ double repacked_bytes_per_weight(int format);
 // X_g = sum over the group's blocks of Sx_j * d_j, per row of xq: [rows, groups].
 void qmm_tiles(const Repacked& r, int e, const Q8Activations& xq, const float* xg, const int64_t* rows, int64_t count,
                int64_t tile0, int64_t tile1, float* out, int64_t out_stride);
+
+// The same with AMX (gather_qmm_amx.cpp): 16 token rows per tdpbsud; a last
+// partial group of at least kAmxMinRows rows is zero-padded to 16, fewer rows
+// (and every count below kAmxMinRows) go to qmm_tiles.
+inline constexpr int64_t kAmxMinRows = 8;
+void qmm_tiles_amx(const Repacked& r, int e, const Q8Activations& xq, const float* xg, const int64_t* rows,
+                   int64_t count, int64_t tile0, int64_t tile1, float* out, int64_t out_stride);
 
 // The same, with AVX2 (gather_qmm_avx2.cpp).
 void qmm_tiles_avx2(const Repacked& r, int e, const Q8Activations& xq, const float* xg, const int64_t* rows,

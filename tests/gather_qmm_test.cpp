@@ -337,13 +337,30 @@ namespace {
 // Caps the CPU path for one scope.
 struct PathLimit {
   explicit PathLimit(cpu::CpuPath p) { cpu::set_cpu_path_limit(p); }
-  ~PathLimit() { cpu::set_cpu_path_limit(cpu::CpuPath::kAvx512Vnni); }
+  ~PathLimit() { cpu::set_cpu_path_limit(cpu::CpuPath::kAmx); }
 };
+
+// The fast paths this CPU can run, each said aloud: ran or skipped, and why.
+std::vector<cpu::CpuPath> fast_paths_here() {
+  std::vector<cpu::CpuPath> out;
+  for (cpu::CpuPath p : {cpu::CpuPath::kAvx2, cpu::CpuPath::kAvx512Vnni, cpu::CpuPath::kAmx}) {
+    if (cpu::best_cpu_path() < p) {
+      std::printf("[ SKIPPED-PATH ] %s: %s\n", cpu::cpu_path_name(p),
+                  p == cpu::CpuPath::kAmx ? "this CPU has no AMX (or the OS did not grant tile data)"
+                                          : "this CPU cannot run it");
+      continue;
+    }
+    std::printf("[ RAN-PATH     ] %s\n", cpu::cpu_path_name(p));
+    out.push_back(p);
+  }
+  return out;
+}
 
 // Every width (3/5/6 through the 8-bit expansion), row tails (N = 40), 1..7 tokens
 // per expert run, sorted and unsorted schedules: fast and portable paths agree bitwise.
 TEST(GatherQmm, EverySimdPathMatchesThePortablePathBitwise) {
   std::printf("[   INFO   ] best CPU path here: %s\n", cpu::cpu_path_name(cpu::best_cpu_path()));
+  const std::vector<cpu::CpuPath> paths = fast_paths_here();
   std::vector<int> bits = {2, 3, 4, 5, 6, 8, 4, 2};
   for (int gs : {32, 128}) {
     Experts x = make_experts(8, 40, 256, gs, bits, DType::kF16, 31 + gs);
@@ -357,11 +374,7 @@ TEST(GatherQmm, EverySimdPathMatchesThePortablePathBitwise) {
       PathLimit limit(cpu::CpuPath::kPortable);
       portable = run_gqmm(program, x, in, rhs, lhs).value();
     }
-    for (cpu::CpuPath p : {cpu::CpuPath::kAvx2, cpu::CpuPath::kAvx512Vnni}) {
-      if (cpu::best_cpu_path() < p) {
-        std::printf("[  SKIPPED ] %s: this CPU cannot run it\n", cpu::cpu_path_name(p));
-        continue;
-      }
+    for (cpu::CpuPath p : paths) {
       PathLimit limit(p);
       ASSERT_EQ(cpu::active_cpu_path(), p);
       Tensor fast = run_gqmm(program, x, in, rhs, lhs).value();
@@ -369,6 +382,52 @@ TEST(GatherQmm, EverySimdPathMatchesThePortablePathBitwise) {
           << cpu::cpu_path_name(p) << ", group size " << gs;
     }
   }
+}
+
+// Long runs on one expert (prefill, the sorted schedule) are where AMX takes
+// over: tiles of 16 token rows, a last partial tile of >= kAmxMinRows rows
+// zero-padded, fewer rows on the VNNI kernels. Each of 8 experts gets one run
+// length around those edges; every width (and mixed), every group size, N = 72 (a 64-row
+// work item, then a tail tile of 8 rows), an odd block count (K = 224 at
+// group 32), a zero row (d = 0) and a large-magnitude row. All bitwise.
+TEST(GatherQmm, LongExpertRunsMatchThePortablePathBitwiseOnEveryPath) {
+  std::printf("[   INFO   ] best CPU path here: %s; AMX takes runs of >= %lld rows\n",
+              cpu::cpu_path_name(cpu::best_cpu_path()), (long long)cpu::x86::kAmxMinRows);
+  const std::vector<cpu::CpuPath> paths = fast_paths_here();
+  const std::vector<int> run_lengths = {1, 7, 8, 15, 16, 17, 33, 64};
+  const int64_t n = 72, tokens = 64;
+  for (int bits : {2, 3, 4, 5, 6, 8, 0})  // 0: mixed, one width per expert
+    for (int gs : {32, 64, 128}) {
+      const int64_t k = gs == 32 ? 224 : 384;
+      const DType sdt = bits % 3 == 0 ? DType::kF32 : bits % 3 == 1 ? DType::kF16 : DType::kBF16;
+      SCOPED_TRACE(strformat("bits %d, group %d, K %lld, scales %s", bits, gs, (long long)k, dtype_name(sdt)));
+      const std::vector<int> widths = bits ? std::vector<int>(8, bits) : std::vector<int>{8, 2, 4, 3, 6, 5, 2, 4};
+      Experts x = make_experts(8, n, k, gs, widths, sdt, 700 + bits * 10 + gs);
+      Tensor in = random_f32({tokens, k}, 41 + bits);
+      float* xin = in.mutable_data_as<float>();
+      for (int64_t i = 0; i < k; ++i) xin[5 * k + i] = 0.0f, xin[9 * k + i] *= 1e4f;
+      std::vector<int32_t> rhs, lhs;
+      for (int e = 0; e < 8; ++e)
+        for (int t = 0; t < run_lengths[e]; ++t) rhs.push_back(e), lhs.push_back((e * 13 + t * 7) % tokens);
+      auto program = build_gqmm(x, DType::kF32, true, 1);
+      Tensor portable;
+      {
+        PathLimit limit(cpu::CpuPath::kPortable);
+        portable = run_gqmm(program, x, in, rhs, lhs).value();
+      }
+      for (cpu::CpuPath p : paths) {
+        PathLimit limit(p);
+        ASSERT_EQ(cpu::active_cpu_path(), p);
+        Tensor fast = run_gqmm(program, x, in, rhs, lhs).value();
+        ASSERT_EQ(fast.shape(), portable.shape());
+        const uint32_t* a = reinterpret_cast<const uint32_t*>(fast.data());
+        const uint32_t* b = reinterpret_cast<const uint32_t*>(portable.data());
+        for (int64_t i = 0; i < fast.numel(); ++i)
+          ASSERT_EQ(a[i], b[i]) << cpu::cpu_path_name(p) << ": pair " << i / n << " (expert " << rhs[i / n] << ", "
+                                << widths[rhs[i / n]] << "-bit, run of " << run_lengths[rhs[i / n]]
+                                << " rows), output row " << i % n;
+      }
+    }
 }
 
 }  // namespace

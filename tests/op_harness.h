@@ -180,7 +180,9 @@ inline void expect_bitwise_equal(const std::string& what, const Tensor& got, con
 }
 
 // A session on `device`, or null. A missing device, or one lacking a kernel, is skipped with a visible
-// line; cpu is the reference device, so any failure to open it fails the test.
+// "[ DEVICE SKIPPED ]" line (not gtest's "[  SKIPPED ]", which ctest would take for the whole test
+// being skipped, hiding the other devices' results); cpu is the reference device, so any failure to
+// open it fails the test.
 inline std::unique_ptr<Session> open_session(std::shared_ptr<const Program> program, const std::string& device) {
   auto s = Session::create(std::move(program), SessionOptions{device});
   if (s.is_ok()) return std::move(s).value();
@@ -188,7 +190,7 @@ inline std::unique_ptr<Session> open_session(std::shared_ptr<const Program> prog
   if (device == "cpu" || (c != StatusCode::kNotFound && c != StatusCode::kUnimplemented)) {
     ADD_FAILURE() << device << ": Session::create: " << s.status().to_string();
   } else {
-    std::printf("[  SKIPPED ] %s: %s\n", device.c_str(), s.status().to_string().c_str());
+    std::printf("[ DEVICE SKIPPED ] %s: %s\n", device.c_str(), s.status().to_string().c_str());
     std::fflush(stdout);
   }
   return nullptr;

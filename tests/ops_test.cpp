@@ -879,7 +879,7 @@ TEST(OpHarness, SkipsDevicesThatAreMissing) {
   auto ref = [](const Inputs&) { return Expected{{"y", RefTensor{{1}, {2}, {}}}}; };
   check_op(b, {{"x", make(kF32, {1}, {-2})}}, ref, Tolerance::exact());
   std::string out = ::testing::internal::GetCapturedStdout();
-  EXPECT_NE(out.find("[  SKIPPED ] nosuch_device: NotFound"), std::string::npos) << out;
+  EXPECT_NE(out.find("[ DEVICE SKIPPED ] nosuch_device: NotFound"), std::string::npos) << out;
   old ? setenv("SWITCHBOARD_TEST_DEVICES", saved.c_str(), 1) : unsetenv("SWITCHBOARD_TEST_DEVICES");
 }
 

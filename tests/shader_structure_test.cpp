@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "embedded_shaders.h"
-#include "kernel_table.h"
+#include "gpu_embedded_shaders.h"
+#include "gpu_kernel_table.h"
 #include "switchboard/builder.h"
 #include "switchboard/switchboard.h"
 
@@ -23,7 +23,7 @@ namespace {
 
 using kernels::Access;
 using kernels::KernelInfo;
-using vulkan::EmbeddedKernel;
+using gpu::EmbeddedKernel;
 
 struct Field {
   std::string name;
@@ -51,7 +51,7 @@ std::vector<Field> parse_fields(const std::string& text) {
 }
 
 const EmbeddedKernel& embedded(const KernelInfo& k) {
-  const EmbeddedKernel* e = vulkan::find_embedded_kernel(k.name);
+  const EmbeddedKernel* e = gpu::find_embedded_kernel(k.name);
   EXPECT_NE(e, nullptr) << k.name << " is in the kernel table but was not built (cmake/shaders.cmake)";
   static const EmbeddedKernel none{"", nullptr, 0, "", "{}"};
   return e ? *e : none;
@@ -60,7 +60,7 @@ const EmbeddedKernel& embedded(const KernelInfo& k) {
 TEST(ShaderStructure, TableAndBuiltKernelsAreTheSameSet) {
   std::set<std::string> table, built;
   for (const KernelInfo& k : kernels::kKernels) table.insert(k.name);
-  for (size_t i = 0; i < vulkan::kNumEmbeddedKernels; ++i) built.insert(vulkan::kEmbeddedKernels[i].name);
+  for (size_t i = 0; i < gpu::kNumEmbeddedKernels; ++i) built.insert(gpu::kEmbeddedKernels[i].name);
   EXPECT_EQ(table, built);
 }
 
@@ -197,7 +197,7 @@ TEST(ShaderStructure, VulkanDeviceOpensWhenRequired) {
   auto s = Session::create(program, SessionOptions{"vulkan"});
   if (!s.is_ok()) {
     EXPECT_FALSE(req && *req == '1') << s.status().to_string();
-    std::printf("[  SKIPPED ] vulkan: %s\n", s.status().to_string().c_str());
+    std::printf("[ DEVICE SKIPPED ] vulkan: %s\n", s.status().to_string().c_str());
     return;
   }
   ASSERT_TRUE((*s)->set_input("x", Tensor::from_vector(DType::kF32, {4}, std::vector<float>{1, -2, 0, 3}).value()).is_ok());

@@ -8,9 +8,9 @@
 #include <map>
 #include <mutex>
 
-#include "embedded_shaders.h"
-#include "exact_math.h"
-#include "kernel_table.h"
+#include "gpu_embedded_shaders.h"
+#include "gpu_kernel_table.h"
+#include "vulkan_device.h"
 #include "log.h"
 
 namespace switchboard::vulkan {
@@ -320,7 +320,7 @@ Result<Pipeline*> pipeline_for(Context& c, const char* name) {
   auto it = c.pipelines.find(name);
   if (it != c.pipelines.end()) return &it->second;
   const kernels::KernelInfo* info = kernels::find_kernel(name);
-  const EmbeddedKernel* code = find_embedded_kernel(name);
+  const gpu::EmbeddedKernel* code = gpu::find_embedded_kernel(name);
   SB_CHECK_OR_RETURN(info && code, StatusCode::kInternal, "kernel '%s' is not built into this library", name);
   Pipeline p;
   p.info = info;
@@ -364,8 +364,8 @@ Result<Pipeline*> pipeline_for(Context& c, const char* name) {
 
 }  // namespace
 
-Result<std::unique_ptr<Runtime>> Runtime::open(int index) {
-  std::unique_ptr<Runtime> rt(new Runtime());
+Result<std::unique_ptr<VulkanRuntime>> VulkanRuntime::open(int index) {
+  std::unique_ptr<VulkanRuntime> rt(new VulkanRuntime());
   rt->ctx_ = std::make_shared<Context>();
   Context& c = *rt->ctx_;
   SB_RETURN_IF_ERROR(load_loader(c));
@@ -378,13 +378,13 @@ Result<std::unique_ptr<Runtime>> Runtime::open(int index) {
   return rt;
 }
 
-Runtime::~Runtime() {
+VulkanRuntime::~VulkanRuntime() {
   if (recording_) (void)sync();
 }
 
-uint64_t Runtime::max_storage_range() const { return ctx_->limits.maxStorageBufferRange; }
+uint64_t VulkanRuntime::max_storage_range() const { return ctx_->limits.maxStorageBufferRange; }
 
-Result<Tensor> Runtime::alloc(DType dtype, Shape shape) {
+Result<Tensor> VulkanRuntime::alloc(DType dtype, Shape shape) {
   SB_ASSIGN_OR_RETURN(int64_t n, shape_numel(shape));
   const uint64_t bytes = (static_cast<uint64_t>(n) * dtype_size(dtype) + 3) & ~uint64_t{3};
   SB_CHECK_OR_RETURN(bytes <= max_storage_range(), StatusCode::kResourceExhausted,
@@ -395,7 +395,7 @@ Result<Tensor> Runtime::alloc(DType dtype, Shape shape) {
   return Tensor::wrap(dtype, std::move(shape), std::move(mem), p);
 }
 
-Result<BufferRef> Runtime::bind(const Tensor& t, bool constant) {
+Result<gpu::BufferRef> VulkanRuntime::bind(const Tensor& t, bool constant) {
   const auto addr = reinterpret_cast<uintptr_t>(t.data());
   const uint64_t bytes = std::max<uint64_t>(4, (t.nbytes() + 3) & ~uint64_t{3});
   {
@@ -407,7 +407,7 @@ Result<BufferRef> Runtime::bind(const Tensor& t, bool constant) {
       const uint64_t off = addr - it->first;
       if (off + t.nbytes() <= b.size && off % ctx_->limits.minStorageBufferOffsetAlignment == 0) {
         keep_.push_back(t);
-        return BufferRef{reinterpret_cast<uint64_t>(b.buffer), off, std::min(bytes, b.size - off)};
+        return gpu::BufferRef{reinterpret_cast<uint64_t>(b.buffer), off, std::min(bytes, b.size - off)};
       }
     }
   }
@@ -423,20 +423,20 @@ Result<BufferRef> Runtime::bind(const Tensor& t, bool constant) {
   return bind(dev, false);
 }
 
-Result<BufferRef> Runtime::scratch(size_t bytes, uint32_t fill_word) {
+Result<gpu::BufferRef> VulkanRuntime::scratch(size_t bytes, uint32_t fill_word) {
   SB_ASSIGN_OR_RETURN(Tensor t, alloc(DType::kU32, {static_cast<int64_t>((bytes + 3) / 4)}));
   auto* w = t.mutable_data_as<uint32_t>();
   for (int64_t i = 0; i < t.numel(); ++i) w[i] = fill_word;
   return bind(t, false);
 }
 
-BufferRef Runtime::error_word() const {
+gpu::BufferRef VulkanRuntime::error_word() const {
   std::lock_guard<std::mutex> lock(ctx_->mu);
   const Block& b = ctx_->live.at(reinterpret_cast<uintptr_t>(error_.data()));
-  return BufferRef{reinterpret_cast<uint64_t>(b.buffer), 0, 16};
+  return gpu::BufferRef{reinterpret_cast<uint64_t>(b.buffer), 0, 16};
 }
 
-Status Runtime::begin_if_needed() {
+Status VulkanRuntime::begin_if_needed() {
   if (recording_) return Status::ok();
   Context& c = *ctx_;
   VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
@@ -446,7 +446,7 @@ Status Runtime::begin_if_needed() {
   return Status::ok();
 }
 
-Status Runtime::dispatch(const char* kernel, const std::vector<BufferRef>& bindings, const void* args, size_t args_size,
+Status VulkanRuntime::dispatch(const char* kernel, const std::vector<gpu::BufferRef>& bindings, const void* args, size_t args_size,
                          uint64_t invocations) {
   if (invocations == 0) return Status::ok();
   Context& c = *ctx_;
@@ -484,7 +484,7 @@ Status Runtime::dispatch(const char* kernel, const std::vector<BufferRef>& bindi
   return Status::ok();
 }
 
-Status Runtime::sync() {
+Status VulkanRuntime::sync() {
   if (!recording_) return Status::ok();
   Context& c = *ctx_;
   recording_ = false;
@@ -500,52 +500,27 @@ Status Runtime::sync() {
   auto* err = error_.mutable_data_as<uint32_t>();
   const uint32_t bits = err[0];
   err[0] = 0;
-  // A bad permutation also leaves unclaimed rows that read as bad indices: report the cause.
-  if (bits & SB_ERR_PERMUTATION)
-    return make_error(StatusCode::kInvalidArgument, "indices are not a permutation (found on the device)");
-  if (bits & SB_ERR_INDEX) return make_error(StatusCode::kOutOfRange, "an index is out of range (found on the device)");
-  if (bits & SB_ERR_PRUNED)
-    return make_error(StatusCode::kInvalidArgument, "a pair selects an expert which is pruned (0 bits)");
-  if (bits & SB_ERR_ROUTER) return make_error(StatusCode::kInternal, "the router found fewer selectable experts than k");
-  if (bits & SB_ERR_UNSORTED)
-    return make_error(StatusCode::kInvalidArgument, "sorted_indices is set but rhs_indices is not ascending");
-  return Status::ok();
+  return gpu::status_from_error_bits(bits);
 }
 
 // Runs numerics_probe and compares with the CPU's contract arithmetic, bit for bit.
-Status Runtime::probe_numerics() {
-  const float sub = 1.1754944e-38f;  // FLT_MIN: products below it are subnormal
-  std::vector<float> in = {
-      1.0f + 0x1p-23f, 1.0f - 0x1p-24f, -1.0f,        // a*b+c: fused and unfused differ
-      3.0f, 0x1.555556p-2f, -1.0f,                    // 3 * (1/3) - 1 exposes contraction
-      sub, 0.25f, sub,                                // subnormal product
-      0x1p-130f, 2.0f, 0x1p-131f,                     // subnormal inputs
-      1.0f, 0x1p-24f, 1.5f,                           // ties to even in add
-      -20.5f, 7.0f, 2.5f,                             // exp, rcp, round_even(2.5) = 2
-      88.5f, 1e-3f, -3.5f,                            // exp overflow, round_even(-3.5) = -4
-      -87.5f, 4.3e37f, 1e30f,                         // exp underflow, rcp range edge
-  };
+Status VulkanRuntime::probe_numerics() {
+  const std::vector<float> in = gpu::probe_inputs();
   const uint32_t n = static_cast<uint32_t>(in.size() / 3);
   SB_ASSIGN_OR_RETURN(Tensor x, alloc(DType::kF32, {static_cast<int64_t>(in.size())}));
   std::memcpy(x.mutable_data(), in.data(), in.size() * 4);
   SB_ASSIGN_OR_RETURN(Tensor y, alloc(DType::kF32, {static_cast<int64_t>(6 * n)}));
-  SB_ASSIGN_OR_RETURN(BufferRef bx, bind(x, false));
-  SB_ASSIGN_OR_RETURN(BufferRef by, bind(y, false));
+  SB_ASSIGN_OR_RETURN(gpu::BufferRef bx, bind(x, false));
+  SB_ASSIGN_OR_RETURN(gpu::BufferRef by, bind(y, false));
   kernels::ProbeArgs args{n, 0, 0, 0};
   SB_RETURN_IF_ERROR(dispatch("numerics_probe", {bx, by}, &args, sizeof(args), n));
   SB_RETURN_IF_ERROR(sync());
-  static const char* kWhat[] = {"a*b+c (no fusion)", "a*b", "a-c", "exp", "rcp", "round_even"};
-  const float* got = y.data_as<float>();
-  for (uint32_t i = 0; i < n; ++i) {
-    const float a = in[3 * i], b = in[3 * i + 1], c = in[3 * i + 2];
-    const float want[6] = {a * b + c, a * b, a - c, exact::exp(a), exact::rcp(b), exact::round_even(c)};
-    for (int k = 0; k < 6; ++k)
-      SB_CHECK_OR_RETURN(f32_bits(got[6 * i + k]) == f32_bits(want[k]), StatusCode::kFailedPrecondition,
-                         "%s: exact mode refused: the start-up probe computed %s(%a, %a, %a) = %a, the contract "
-                         "says %a (rounding, contraction or denormal behaviour differs)",
-                         description_.c_str(), kWhat[k], a, b, c, got[6 * i + k], want[k]);
-  }
-  return Status::ok();
+  return gpu::check_probe(description_, in, y.data_as<float>());
+}
+
+Result<std::unique_ptr<Device>> open_vulkan_device(int index) {
+  SB_ASSIGN_OR_RETURN(std::unique_ptr<VulkanRuntime> rt, VulkanRuntime::open(index));
+  return gpu::make_gpu_device(std::move(rt), index < 0 ? "vulkan" : "vulkan:" + std::to_string(index));
 }
 
 }  // namespace switchboard::vulkan

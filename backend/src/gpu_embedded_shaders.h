@@ -5,7 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 
-namespace switchboard::vulkan {
+namespace switchboard::gpu {
 
 struct EmbeddedKernel {
   const char* name;
@@ -29,4 +29,4 @@ inline const EmbeddedKernel* find_embedded_kernel(const char* name) {
   return nullptr;
 }
 
-}  // namespace switchboard::vulkan
+}  // namespace switchboard::gpu

@@ -1,23 +1,25 @@
-// The Vulkan device: each op's kernel checks shapes on the host, places operands
-// in device memory and records a dispatch; the chain's dispatches run at sync().
-// Data-dependent checks (indices, permutations) run on the device and surface at
-// sync() as errors. Ops or dtypes without a kernel are refused at plan time.
-#include "vulkan_device.h"
-
+// The GPU device (Vulkan and Metal alike): each op's kernel checks shapes on the
+// host, places operands in device memory and records a dispatch of a kernel of
+// metal_shaders/; a chain's dispatches run at sync(). Data-dependent checks
+// (indices, permutations) run on the device and surface at sync() as errors. Ops
+// or dtypes without a kernel are refused at plan time.
 #include <cstring>
 
 #include "cpu_common.h"
-#include "kernel_table.h"
-#include "vk_runtime.h"
+#include "exact_math.h"
+#include "gpu_kernel_table.h"
+#include "gpu_runtime.h"
 
-namespace switchboard::vulkan {
+namespace switchboard::gpu {
 namespace {
 
 namespace k = kernels;
 
-class VulkanDevice final : public Device {
+using Runtime = GpuRuntime;
+
+class GpuDevice final : public Device {
  public:
-  VulkanDevice(std::unique_ptr<Runtime> rt, std::string name);
+  GpuDevice(std::unique_ptr<Runtime> rt, std::string name);
   const std::string& name() const override { return name_; }
   const KernelRegistry& kernels() const override { return registry_; }
   Status can_run(const fb::OpNodeUnion& op, const KernelContext& ctx) const override;
@@ -30,7 +32,7 @@ class VulkanDevice final : public Device {
   KernelRegistry registry_;
 };
 
-Runtime& rt_of(KernelContext& ctx) { return static_cast<VulkanDevice&>(ctx.device()).rt(); }
+Runtime& rt_of(KernelContext& ctx) { return static_cast<GpuDevice&>(ctx.device()).rt(); }
 
 Result<BufferRef> bind_in(KernelContext& ctx, const fb::Tid* tid, Tensor* keep = nullptr) {
   SB_ASSIGN_OR_RETURN(Tensor t, ctx.in(tid));
@@ -394,7 +396,7 @@ bool all_float(const KernelContext& ctx, std::initializer_list<const fb::Tid*> t
   return true;
 }
 
-VulkanDevice::VulkanDevice(std::unique_ptr<Runtime> rt, std::string name) : rt_(std::move(rt)), name_(std::move(name)) {
+GpuDevice::GpuDevice(std::unique_ptr<Runtime> rt, std::string name) : rt_(std::move(rt)), name_(std::move(name)) {
   registry_.add(fb::OpNode::BinaryNode, binary);
   registry_.add(fb::OpNode::UnaryNode, unary);
   registry_.add(fb::OpNode::CastNode, cast);
@@ -410,7 +412,7 @@ VulkanDevice::VulkanDevice(std::unique_ptr<Runtime> rt, std::string name) : rt_(
   registry_.add(fb::OpNode::ReshapeNode, make_cpu_device()->kernels().find(fb::OpNode::ReshapeNode));
 }
 
-Status VulkanDevice::can_run(const fb::OpNodeUnion& op, const KernelContext& ctx) const {
+Status GpuDevice::can_run(const fb::OpNodeUnion& op, const KernelContext& ctx) const {
   auto refuse = [&](const char* why) {
     return make_error(StatusCode::kUnimplemented, "device '%s' has no kernel for this %s", name_.c_str(), why);
   };
@@ -433,10 +435,49 @@ Status VulkanDevice::can_run(const fb::OpNodeUnion& op, const KernelContext& ctx
 
 }  // namespace
 
-Result<std::unique_ptr<Device>> open_vulkan_device(int index) {
-  SB_ASSIGN_OR_RETURN(std::unique_ptr<Runtime> rt, Runtime::open(index));
-  std::string name = index < 0 ? "vulkan" : "vulkan:" + std::to_string(index);
-  return std::unique_ptr<Device>(new VulkanDevice(std::move(rt), std::move(name)));
+std::unique_ptr<Device> make_gpu_device(std::unique_ptr<GpuRuntime> rt, std::string name) {
+  return std::make_unique<GpuDevice>(std::move(rt), std::move(name));
 }
 
-}  // namespace switchboard::vulkan
+Status status_from_error_bits(uint32_t bits) {
+  // A bad permutation also leaves unclaimed rows that read as bad indices: report the cause.
+  if (bits & SB_ERR_PERMUTATION)
+    return make_error(StatusCode::kInvalidArgument, "indices are not a permutation (found on the device)");
+  if (bits & SB_ERR_INDEX) return make_error(StatusCode::kOutOfRange, "an index is out of range (found on the device)");
+  if (bits & SB_ERR_PRUNED)
+    return make_error(StatusCode::kInvalidArgument, "a pair selects an expert which is pruned (0 bits)");
+  if (bits & SB_ERR_ROUTER) return make_error(StatusCode::kInternal, "the router found fewer selectable experts than k");
+  if (bits & SB_ERR_UNSORTED)
+    return make_error(StatusCode::kInvalidArgument, "sorted_indices is set but rhs_indices is not ascending");
+  return Status::ok();
+}
+
+std::vector<float> probe_inputs() {
+  const float sub = 1.1754944e-38f;  // FLT_MIN: products below it are subnormal
+  return {
+      1.0f + 0x1p-23f, 1.0f - 0x1p-24f, -1.0f,  // a*b+c: fused and unfused differ
+      3.0f, 0x1.555556p-2f, -1.0f,              // 3 * (1/3) - 1 exposes contraction
+      sub, 0.25f, sub,                          // subnormal product
+      0x1p-130f, 2.0f, 0x1p-131f,               // subnormal inputs
+      1.0f, 0x1p-24f, 1.5f,                     // ties to even in add
+      -20.5f, 7.0f, 2.5f,                       // exp, rcp, round_even(2.5) = 2
+      88.5f, 1e-3f, -3.5f,                      // exp overflow, round_even(-3.5) = -4
+      -87.5f, 4.3e37f, 1e30f,                   // exp underflow, rcp range edge
+  };
+}
+
+Status check_probe(const std::string& device, const std::vector<float>& in, const float* got) {
+  static const char* kWhat[] = {"a*b+c (no fusion)", "a*b", "a-c", "exp", "rcp", "round_even"};
+  for (size_t i = 0; i < in.size() / 3; ++i) {
+    const float a = in[3 * i], b = in[3 * i + 1], c = in[3 * i + 2];
+    const float want[6] = {a * b + c, a * b, a - c, exact::exp(a), exact::rcp(b), exact::round_even(c)};
+    for (int k = 0; k < 6; ++k)
+      SB_CHECK_OR_RETURN(f32_bits(got[6 * i + k]) == f32_bits(want[k]), StatusCode::kFailedPrecondition,
+                         "%s: exact mode refused: the start-up probe computed %s(%a, %a, %a) = %a, the contract "
+                         "says %a (rounding, contraction or denormal behaviour differs)",
+                         device.c_str(), kWhat[k], a, b, c, got[6 * i + k], want[k]);
+  }
+  return Status::ok();
+}
+
+}  // namespace switchboard::gpu

@@ -1,0 +1,59 @@
+// What the GPU op kernels (gpu_device.cpp) need from a GPU backend: device memory
+// that tensors live in, binding a tensor for a kernel, dispatching a built kernel
+// (gpu_kernel_table.h) and waiting. Vulkan (backend/vulkan) and Metal
+// (backend/metal) implement it, so both run the same dispatch plan.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "device.h"
+#include "switchboard/status.h"
+#include "switchboard/tensor.h"
+
+namespace switchboard::gpu {
+
+// A tensor's place in device memory: a backend buffer handle (VkBuffer or
+// id<MTLBuffer>), a byte offset and a byte range.
+struct BufferRef {
+  uint64_t buffer = 0;
+  uint64_t offset = 0;
+  uint64_t range = 0;
+};
+
+class GpuRuntime {
+ public:
+  virtual ~GpuRuntime() = default;
+  // "vulkan:0 NVIDIA H100 ..." and the like.
+  virtual const std::string& description() const = 0;
+  // A tensor in device memory (contents undefined until a kernel writes it).
+  virtual Result<Tensor> alloc(DType dtype, Shape shape) = 0;
+  // Where t lives for a kernel: its own allocation, a cached upload of a constant,
+  // or a fresh upload of a host tensor. Keeps t alive until sync().
+  virtual Result<BufferRef> bind(const Tensor& t, bool constant) = 0;
+  // A scratch buffer of `bytes`, every word set to fill_word.
+  virtual Result<BufferRef> scratch(size_t bytes, uint32_t fill_word) = 0;
+  // The status word kernels raise SB_ERR_* bits in (reset at each sync).
+  virtual BufferRef error_word() const = 0;
+  // Records one dispatch of `kernel` over `invocations` threads (a 2D grid of
+  // workgroups of the kernel's size, at most 65535 wide).
+  virtual Status dispatch(const char* kernel, const std::vector<BufferRef>& bindings, const void* args,
+                          size_t args_size, uint64_t invocations) = 0;
+  // Runs what was recorded and waits; errors name the SB_ERR_* bits raised.
+  virtual Status sync() = 0;
+};
+
+// The error a device status word stands for (OK when no bit is set).
+Status status_from_error_bits(uint32_t bits);
+
+// The numbers the start-up probe (probe.comp) feeds a device, and the check of its
+// results against the CPU's contract arithmetic.
+std::vector<float> probe_inputs();
+Status check_probe(const std::string& device, const std::vector<float>& inputs, const float* results);
+
+// A Device that runs every GPU kernel on `rt`; `name` is "vulkan", "metal", ...
+std::unique_ptr<Device> make_gpu_device(std::unique_ptr<GpuRuntime> rt, std::string name);
+
+}  // namespace switchboard::gpu
