@@ -22,6 +22,7 @@
 #define SB_ERR_PRUNED 2u     // a pair selects an expert with 0 bits
 #define SB_ERR_UNSORTED 4u   // sorted_indices set but rhs_indices not ascending
 #define SB_ERR_PERMUTATION 8u  // ScatterRows indices are not a permutation
+#define SB_ERR_DIV_ZERO 32u    // FloorDiv by zero
 
 // elementwise.comp BINARY: out word w (1 or 2 elements); a and b broadcast into out's shape.
 #define SB_BINARY_ARGS \

@@ -70,7 +70,7 @@ Status binary(KernelContext& ctx, const fb::OpNodeUnion& op) {
     args.sa[d] = static_cast<uint32_t>(sa[d]);
     args.sb[d] = static_cast<uint32_t>(sb[d]);
   }
-  SB_RETURN_IF_ERROR(rt.dispatch("binary", {ba, bb, bo}, &args, sizeof(args), words_of(out.dtype(), out.numel())));
+  SB_RETURN_IF_ERROR(rt.dispatch("binary", {ba, bb, bo, rt.error_word()}, &args, sizeof(args), words_of(out.dtype(), out.numel())));
   return ctx.out(n->out.get(), std::move(out));
 }
 
@@ -419,7 +419,8 @@ Status GpuDevice::can_run(const fb::OpNodeUnion& op, const KernelContext& ctx) c
   switch (op.type) {
     case fb::OpNode::BinaryNode: {
       const auto* n = op.AsBinaryNode();
-      if (!all_float(ctx, {n->a.get()})) return refuse("integer Binary");
+      if (!all_float(ctx, {n->a.get()}) && ctx.declared_dtype(n->a.get()) != DType::kI32)
+        return refuse("Binary on integers other than i32");
       if (n->op == fb::BinaryOp::Div) return refuse("Div (division is not in the GPU contract yet)");
       return Status::ok();
     }
@@ -449,6 +450,7 @@ Status status_from_error_bits(uint32_t bits) {
   if (bits & SB_ERR_ROUTER) return make_error(StatusCode::kInternal, "the router found fewer selectable experts than k");
   if (bits & SB_ERR_UNSORTED)
     return make_error(StatusCode::kInvalidArgument, "sorted_indices is set but rhs_indices is not ascending");
+  if (bits & SB_ERR_DIV_ZERO) return make_error(StatusCode::kInvalidArgument, "FloorDiv by zero (found on the device)");
   return Status::ok();
 }
 

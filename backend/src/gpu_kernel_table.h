@@ -33,7 +33,8 @@ struct KernelInfo {
 
 using A = Access;
 inline constexpr KernelInfo kKernels[] = {
-    {"binary", "elementwise", 3, {A::kRead, A::kRead, A::kWrite}, sizeof(BinaryArgs), SB_STR(SB_BINARY_ARGS), 256, true},
+    {"binary", "elementwise", 4, {A::kRead, A::kRead, A::kWrite, A::kReadWrite}, sizeof(BinaryArgs),
+     SB_STR(SB_BINARY_ARGS), 256, true},
     {"unary", "elementwise", 2, {A::kRead, A::kWrite}, sizeof(UnaryArgs), SB_STR(SB_UNARY_ARGS), 256, true},
     {"cast", "cast", 2, {A::kRead, A::kWrite}, sizeof(CastArgs), SB_STR(SB_CAST_ARGS), 256, true},
     {"fill", "shape_ops", 1, {A::kWrite}, sizeof(FillArgs), SB_STR(SB_FILL_ARGS), 256, true},

@@ -97,8 +97,7 @@ struct Context {
       if (pool) vkDestroyCommandPool(device, pool, nullptr);
       vkDestroyDevice(device, nullptr);
     }
-    if (instance) vkDestroyInstance(instance, nullptr);
-    if (lib) dlclose(lib);
+    // The instance and the loader stay for the process (see shared_instance()).
   }
   void release(Block& b) {
     vkDestroyBuffer(device, b.buffer, nullptr);
@@ -126,16 +125,6 @@ Status load_loader(Context& c) {
   return Status::ok();
 }
 
-int device_rank(VkPhysicalDeviceType t) {
-  switch (t) {
-    case VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU: return 4;
-    case VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU: return 3;
-    case VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU: return 2;
-    case VK_PHYSICAL_DEVICE_TYPE_CPU: return 1;
-    default: return 0;
-  }
-}
-
 Status create_instance(Context& c) {
   VkApplicationInfo app{VK_STRUCTURE_TYPE_APPLICATION_INFO};
   app.pApplicationName = "switchboard";
@@ -151,6 +140,47 @@ Status create_instance(Context& c) {
   SB_VK_INSTANCE_FNS(SB_LOAD_I)
 #undef SB_LOAD_I
   return Status::ok();
+}
+
+// One loader handle and one VkInstance per process, never released: destroying the
+// last instance makes the loader unload the driver, and NVIDIA's driver, loaded
+// again in the same process, refuses new instances (VK_ERROR_INCOMPATIBLE_DRIVER).
+struct SharedInstance {
+  Status status;
+  Context fns;  // only the loader and instance members are filled
+};
+
+const SharedInstance& shared_instance() {
+  static SharedInstance* si = [] {
+    auto* s = new SharedInstance();
+    s->status = load_loader(s->fns);
+    if (s->status.is_ok()) s->status = create_instance(s->fns);
+    return s;
+  }();
+  return *si;
+}
+
+Status attach_instance(Context& c) {
+  const SharedInstance& si = shared_instance();
+  SB_RETURN_IF_ERROR(si.status);
+  c.lib = si.fns.lib;
+  c.vkGetInstanceProcAddr = si.fns.vkGetInstanceProcAddr;
+  c.vkCreateInstance = si.fns.vkCreateInstance;
+  c.instance = si.fns.instance;
+#define SB_COPY_I(f) c.f = si.fns.f;
+  SB_VK_INSTANCE_FNS(SB_COPY_I)
+#undef SB_COPY_I
+  return Status::ok();
+}
+
+int device_rank(VkPhysicalDeviceType t) {
+  switch (t) {
+    case VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU: return 4;
+    case VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU: return 3;
+    case VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU: return 2;
+    case VK_PHYSICAL_DEVICE_TYPE_CPU: return 1;
+    default: return 0;
+  }
 }
 
 Status pick_device(Context& c, int index, std::string& description) {
@@ -368,8 +398,7 @@ Result<std::unique_ptr<VulkanRuntime>> VulkanRuntime::open(int index) {
   std::unique_ptr<VulkanRuntime> rt(new VulkanRuntime());
   rt->ctx_ = std::make_shared<Context>();
   Context& c = *rt->ctx_;
-  SB_RETURN_IF_ERROR(load_loader(c));
-  SB_RETURN_IF_ERROR(create_instance(c));
+  SB_RETURN_IF_ERROR(attach_instance(c));
   SB_RETURN_IF_ERROR(pick_device(c, index, rt->description_));
   SB_RETURN_IF_ERROR(create_device(c, rt->description_));
   SB_ASSIGN_OR_RETURN(rt->error_, rt->alloc(DType::kU32, {4}));
