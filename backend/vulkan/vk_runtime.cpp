@@ -29,7 +29,8 @@ namespace switchboard::vulkan {
   X(vkAllocateCommandBuffers) X(vkBeginCommandBuffer) X(vkEndCommandBuffer) X(vkResetCommandBuffer)        \
   X(vkCmdBindPipeline) X(vkCmdPushConstants) X(vkCmdDispatch) X(vkCmdPipelineBarrier)                      \
   X(vkCmdPushDescriptorSetKHR) X(vkCreateFence) X(vkDestroyFence) X(vkWaitForFences) X(vkResetFences)      \
-  X(vkQueueSubmit) X(vkDeviceWaitIdle)
+  X(vkQueueSubmit) X(vkDeviceWaitIdle) X(vkCreateQueryPool) X(vkDestroyQueryPool) X(vkCmdResetQueryPool)         \
+  X(vkCmdWriteTimestamp) X(vkGetQueryPoolResults)
 
 namespace {
 
@@ -76,6 +77,10 @@ struct Context {
   VkCommandPool pool = VK_NULL_HANDLE;
   VkCommandBuffer cmd = VK_NULL_HANDLE;
   VkFence fence = VK_NULL_HANDLE;
+  // GPU timestamps around each dispatch while SWITCHBOARD_OP_LOG is on.
+  VkQueryPool timestamps = VK_NULL_HANDLE;
+  uint32_t max_timed = 0;
+  double ns_per_tick = 1.0;
   std::map<std::string, Pipeline> pipelines;
 
   std::mutex mu;  // guards the pools below (tensors may be freed on any thread)
@@ -94,6 +99,7 @@ struct Context {
         for (Block& b : blocks) release(b);
       for (auto& [base, b] : live) release(b);
       if (fence) vkDestroyFence(device, fence, nullptr);
+      if (timestamps) vkDestroyQueryPool(device, timestamps, nullptr);
       if (pool) vkDestroyCommandPool(device, pool, nullptr);
       vkDestroyDevice(device, nullptr);
     }
@@ -284,6 +290,14 @@ Status create_device(Context& c, const std::string& description) {
   SB_VK_CHECK(c.vkAllocateCommandBuffers(c.device, &ai, &c.cmd), "vkAllocateCommandBuffers");
   VkFenceCreateInfo fi{VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
   SB_VK_CHECK(c.vkCreateFence(c.device, &fi, nullptr, &c.fence), "vkCreateFence");
+  if (log::op_log_enabled() && fams[c.queue_family].timestampValidBits > 0 && c.limits.timestampComputeAndGraphics) {
+    VkQueryPoolCreateInfo qp{VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO};
+    qp.queryType = VK_QUERY_TYPE_TIMESTAMP;
+    qp.queryCount = 8192;
+    SB_VK_CHECK(c.vkCreateQueryPool(c.device, &qp, nullptr, &c.timestamps), "vkCreateQueryPool");
+    c.max_timed = qp.queryCount / 2;
+    c.ns_per_tick = c.limits.timestampPeriod;
+  }
   return Status::ok();
 }
 
@@ -427,6 +441,7 @@ Result<Tensor> VulkanRuntime::alloc(DType dtype, Shape shape) {
 Result<gpu::BufferRef> VulkanRuntime::bind(const Tensor& t, bool constant) {
   const auto addr = reinterpret_cast<uintptr_t>(t.data());
   const uint64_t bytes = std::max<uint64_t>(4, (t.nbytes() + 3) & ~uint64_t{3});
+  bool in_device_memory = false;
   {
     std::lock_guard<std::mutex> lock(ctx_->mu);
     auto it = ctx_->live.upper_bound(addr);
@@ -434,6 +449,7 @@ Result<gpu::BufferRef> VulkanRuntime::bind(const Tensor& t, bool constant) {
       --it;
       const Block& b = it->second;
       const uint64_t off = addr - it->first;
+      in_device_memory = off < b.size;
       if (off + t.nbytes() <= b.size && off % ctx_->limits.minStorageBufferOffsetAlignment == 0) {
         keep_.push_back(t);
         return gpu::BufferRef{reinterpret_cast<uint64_t>(b.buffer), off, std::min(bytes, b.size - off)};
@@ -443,9 +459,9 @@ Result<gpu::BufferRef> VulkanRuntime::bind(const Tensor& t, bool constant) {
   if (constant)
     for (auto& [key, dev] : constants_)
       if (key.first == t.data() && key.second == t.nbytes()) return bind(dev, false);
-  // A host tensor (or a misaligned view): copy it in. Views of device tensors need
-  // their producers finished before the host reads them.
-  SB_RETURN_IF_ERROR(sync());
+  // A host tensor is copied in now (its bytes are final). A misaligned view of device
+  // memory is copied too, after the queued work that may write it has finished.
+  if (in_device_memory) SB_RETURN_IF_ERROR(sync());
   SB_ASSIGN_OR_RETURN(Tensor dev, alloc(t.dtype(), t.shape()));
   if (t.nbytes()) std::memcpy(dev.mutable_data(), t.data(), t.nbytes());
   if (constant) constants_.push_back({{t.data(), t.nbytes()}, dev});
@@ -471,6 +487,8 @@ Status VulkanRuntime::begin_if_needed() {
   VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
   bi.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
   SB_VK_CHECK(c.vkBeginCommandBuffer(c.cmd, &bi), "vkBeginCommandBuffer");
+  if (c.timestamps) c.vkCmdResetQueryPool(c.cmd, c.timestamps, 0, 2 * c.max_timed);
+  timed_.clear();
   recording_ = true;
   return Status::ok();
 }
@@ -498,11 +516,20 @@ Status VulkanRuntime::dispatch(const char* kernel, const std::vector<gpu::Buffer
     writes[i].descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
     writes[i].pBufferInfo = &infos[i];
   }
+  const bool timed = c.timestamps && timed_.size() < c.max_timed;
+  if (timed) {
+    c.vkCmdWriteTimestamp(c.cmd, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, c.timestamps, static_cast<uint32_t>(2 * timed_.size()));
+  }
   c.vkCmdBindPipeline(c.cmd, VK_PIPELINE_BIND_POINT_COMPUTE, p->pipeline);
   c.vkCmdPushDescriptorSetKHR(c.cmd, VK_PIPELINE_BIND_POINT_COMPUTE, p->layout, 0,
                               static_cast<uint32_t>(writes.size()), writes.data());
   c.vkCmdPushConstants(c.cmd, p->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, static_cast<uint32_t>(args_size), args);
   c.vkCmdDispatch(c.cmd, static_cast<uint32_t>(gx), static_cast<uint32_t>(gy), 1);
+  if (timed) {
+    c.vkCmdWriteTimestamp(c.cmd, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, c.timestamps,
+                          static_cast<uint32_t>(2 * timed_.size() + 1));
+    timed_.push_back(kernel);
+  }
   // Every dispatch sees the writes of the ones before it.
   VkMemoryBarrier mb{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
   mb.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT;
@@ -526,10 +553,30 @@ Status VulkanRuntime::sync() {
   c.vkResetFences(c.device, 1, &c.fence);
   c.vkResetCommandBuffer(c.cmd, 0);
   keep_.clear();
+  log_timestamps();
   auto* err = error_.mutable_data_as<uint32_t>();
   const uint32_t bits = err[0];
   err[0] = 0;
   return gpu::status_from_error_bits(bits);
+}
+
+// One line per timed dispatch (SWITCHBOARD_OP_LOG): kernel and GPU microseconds,
+// then the submission's GPU total.
+void VulkanRuntime::log_timestamps() {
+  Context& c = *ctx_;
+  if (!c.timestamps || timed_.empty()) return;
+  std::vector<uint64_t> ticks(2 * timed_.size());
+  VkResult r = c.vkGetQueryPoolResults(c.device, c.timestamps, 0, static_cast<uint32_t>(ticks.size()),
+                                       ticks.size() * 8, ticks.data(), 8, VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT);
+  if (r != VK_SUCCESS) return;
+  double total = 0;
+  for (size_t i = 0; i < timed_.size(); ++i) {
+    const double us = static_cast<double>(ticks[2 * i + 1] - ticks[2 * i]) * c.ns_per_tick * 1e-3;
+    total += us;
+    log::logger().info("gpu {} {:.2f} us on {}", timed_[i], us, description_);
+  }
+  log::logger().info("gpu submission: {} dispatches, {:.2f} us of kernels, {:.2f} us first to last", timed_.size(),
+                     total, static_cast<double>(ticks.back() - ticks.front()) * c.ns_per_tick * 1e-3);
 }
 
 // Runs numerics_probe and compares with the CPU's contract arithmetic, bit for bit.

@@ -36,6 +36,7 @@ class VulkanRuntime final : public gpu::GpuRuntime {
   uint64_t max_storage_range() const;
   Status begin_if_needed();
   Status probe_numerics();
+  void log_timestamps();
 
   std::shared_ptr<Context> ctx_;
   std::string description_;
@@ -43,6 +44,7 @@ class VulkanRuntime final : public gpu::GpuRuntime {
   std::vector<Tensor> keep_;  // operands of recorded dispatches
   std::vector<std::pair<std::pair<const void*, size_t>, Tensor>> constants_;  // host bytes -> device copy
   Tensor error_;
+  std::vector<const char*> timed_;  // kernels of the timed dispatches, in order
 };
 
 }  // namespace switchboard::vulkan
