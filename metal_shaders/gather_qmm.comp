@@ -55,10 +55,10 @@ void main() {
 #endif
 
 #ifdef QMM
-// Thread -> output: workgroup w writes word w of out [pairs, n] (one f32 element, or
-// two f16/bf16 elements). For each element (pair p, row n) thread t computes the
-// exact integer dots of 32-blocks t, t+64, ...; threads then form the groups' terms
-// (s*P + b*X, blocks in order) and thread 0 adds the terms in group order.
+// Thread -> output: workgroup w computes outputs [w*per_wg, (w+1)*per_wg) of out
+// [pairs, n] (per_wg even, so f16/bf16 words are whole). Task (output, group) ->
+// thread: each task forms its group's term s*P + b*X, blocks in order, with exact
+// integer block dots; then thread i adds output i's terms in group order.
 layout(std430, binding = 0) readonly buffer Q { uint q[]; };
 layout(std430, binding = 1) readonly buffer D { float dq[]; };
 layout(std430, binding = 2) readonly buffer S { int sq[]; };
@@ -73,79 +73,96 @@ layout(std430, binding = 10) buffer Er { uint err[]; };
 layout(push_constant) uniform Args { SB_QMM_ARGS } args;
 
 const uint kThreads = 64u;
-const uint kMaxBlocks = 256u;  // k <= 8192 (the host checks)
-shared int s_iq[kMaxBlocks];
-shared float s_term[kMaxBlocks];
-shared float s_out[2];
+const uint kMaxTerms = 1024u;  // per_wg * groups (the host checks)
+const uint kMaxPerWg = 64u;
+shared float s_term[kMaxTerms];
+shared float s_out[kMaxPerWg];
 
-// Element e = (pair, row) into s_out[slot]. Every branch depends only on workgroup-
-// uniform values, so all threads reach the same barriers.
-void qdot(uint e, uint slot) {
-  uint tid = gl_LocalInvocationID.x;
+// Exact int dot of 32-block j of a code row (a block is exactly `bits` words) with
+// the activation block at word qb.
+int block_dot(uint base, uint bits, uint qb) {
+  int iq = 0;
+  if (bits == 4u || bits == 2u || bits == 8u) {  // codes never straddle words
+    uint per_word = 32u / bits, mask = (1u << bits) - 1u;
+    for (uint w = 0u; w < bits; ++w) {
+      uint cw = codes[base + w];
+      for (uint i = 0u; i < per_word; ++i) {
+        uint idx = w * per_word + i;
+        int xv = bitfieldExtract(int(q[qb + (idx >> 2)]), int(8u * (idx & 3u)), 8);
+        iq += int((cw >> (i * bits)) & mask) * xv;
+      }
+    }
+    return iq;
+  }
+  uint mask = (1u << bits) - 1u;
+  for (uint i = 0u; i < 32u; ++i) {
+    uint bit = i * bits;
+    uint sh = bit & 31u;
+    uint v = codes[base + (bit >> 5)] >> sh;
+    if (sh + bits > 32u) v |= codes[base + (bit >> 5) + 1u] << (32u - sh);
+    iq += int(v & mask) * bitfieldExtract(int(q[qb + (i >> 2)]), int(8u * (i & 3u)), 8);
+  }
+  return iq;
+}
+
+// Group g's term of output e (0 on bad data, which raises an error bit).
+float group_term(uint e, uint g) {
   uint p = e / args.n, n = e % args.n;
   int ex = args.has_rhs != 0u ? rhs[p] : 0;
   int r = args.has_lhs != 0u ? lhs[p] : int(p * args.rows / args.pairs);
-  uint fault = 0u;
-  if (ex < 0 || uint(ex) >= args.experts || r < 0 || uint(r) >= args.rows) fault = SB_ERR_INDEX;
-  else if (expert_info[ex] == 0u) fault = SB_ERR_PRUNED;
-  if (args.sorted != 0u && p > 0u && fault == 0u && rhs[p - 1u] > ex && tid == 0u) atomicOr(err[0], SB_ERR_UNSORTED);
-  if (fault != 0u) {
-    if (tid == 0u) {
-      atomicOr(err[0], fault);
-      s_out[slot] = 0.0;
-    }
-    return;
+  if (ex < 0 || uint(ex) >= args.experts || r < 0 || uint(r) >= args.rows) {
+    atomicOr(err[0], SB_ERR_INDEX);
+    return 0.0;
   }
   uint bits = expert_info[ex];
-  uint mask = (1u << bits) - 1u;
+  if (bits == 0u) {
+    atomicOr(err[0], SB_ERR_PRUNED);
+    return 0.0;
+  }
+  if (g == 0u && n == 0u && args.sorted != 0u && p > 0u && rhs[p - 1u] > ex) atomicOr(err[0], SB_ERR_UNSORTED);
   uint row = expert_info[args.experts + uint(ex)] + n * (args.k * bits / 32u);
   uint blocks = args.k / 32u, per_group = args.group_size / 32u;
   uint xrow = uint(r) * blocks;
-  // A 32-block of codes is exactly `bits` words: blocks never share a word.
-  for (uint j = tid; j < blocks; j += kThreads) {
-    uint base = row + j * bits;
-    int iq = 0;
-    for (uint i = 0u; i < 32u; ++i) {
-      uint bit = i * bits;
-      uint sh = bit & 31u;
-      uint v = codes[base + (bit >> 5)] >> sh;
-      if (sh + bits > 32u) v |= codes[base + (bit >> 5) + 1u] << (32u - sh);
-      iq += int(v & mask) * bitfieldExtract(int(q[(xrow + j) * 8u + (i >> 2)]), int(8u * (i & 3u)), 8);
-    }
-    s_iq[j] = iq;
+  precise float pg = 0.0, xg = 0.0;
+  for (uint j = g * per_group; j < (g + 1u) * per_group; ++j) {
+    int iq = block_dot(row + j * bits, bits, (xrow + j) * 8u);
+    float d = dq[xrow + j];
+    pg = pg + float(iq) * d;
+    xg = xg + float(sq[xrow + j]) * d;
   }
-  barrier();
-  uint sidx = (uint(ex) * args.n + n) * args.groups;
-  for (uint g = tid; g < args.groups; g += kThreads) {
-    precise float pg = 0.0, xg = 0.0;
-    for (uint j = g * per_group; j < (g + 1u) * per_group; ++j) {
-      float d = dq[xrow + j];
-      pg = pg + float(s_iq[j]) * d;
-      xg = xg + float(sq[xrow + j]) * d;
-    }
-    float sc = SB_LOAD(scales, args.scale_dtype, sidx + g);
-    float bc = SB_LOAD(biases, args.scale_dtype, sidx + g);
-    precise float term = sc * pg + bc * xg;
-    s_term[g] = term;
-  }
-  barrier();
-  if (tid == 0u) {
-    precise float acc = 0.0;
-    for (uint g = 0u; g < args.groups; ++g) acc = acc + s_term[g];
-    s_out[slot] = acc;
-  }
-  barrier();
+  uint sidx = (uint(ex) * args.n + n) * args.groups + g;
+  float sc = SB_LOAD(scales, args.scale_dtype, sidx);
+  float bc = SB_LOAD(biases, args.scale_dtype, sidx);
+  precise float term = sc * pg + bc * xg;
+  return term;
 }
 
 void main() {
-  uint w = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
-  uint per = sb_per_word(args.out_dtype);
-  uint i = w * per;
+  uint wg = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
+  uint tid = gl_LocalInvocationID.x;
   uint count = args.pairs * args.n;
-  if (i >= count) return;
-  qdot(i, 0u);
-  bool two = per == 2u && i + 1u < count;
-  if (two) qdot(i + 1u, 1u);
-  if (gl_LocalInvocationID.x == 0u) o[w] = sb_encode_word(s_out[0], two ? s_out[1] : 0.0, args.out_dtype);
+  uint e0 = wg * args.per_wg;
+  if (e0 >= count) return;  // uniform over the workgroup
+  uint tasks = args.per_wg * args.groups;
+  for (uint t = tid; t < tasks; t += kThreads) {
+    uint e = e0 + t / args.groups;
+    s_term[t] = e < count ? group_term(e, t % args.groups) : 0.0;
+  }
+  barrier();
+  if (tid < args.per_wg) {
+    precise float acc = 0.0;
+    for (uint g = 0u; g < args.groups; ++g) acc = acc + s_term[tid * args.groups + g];
+    s_out[tid] = acc;
+  }
+  barrier();
+  uint per = sb_per_word(args.out_dtype);
+  uint words = args.per_wg / per;
+  if (tid < words) {
+    uint i = e0 + tid * per;
+    if (i < count) {
+      bool two = per == 2u && i + 1u < count;
+      o[i / per] = sb_encode_word(s_out[tid * per], two ? s_out[tid * per + 1u] : 0.0, args.out_dtype);
+    }
+  }
 }
 #endif

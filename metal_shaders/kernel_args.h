@@ -43,10 +43,12 @@
 // gather_qmm.comp QUANTIZE: x [rows, k] -> q (int8 in words), d, sum per 32-block.
 #define SB_Q8_ARGS uint rows; uint k; uint dtype; uint pad0;
 // gather_qmm.comp QMM: out [pairs, n] (x's dtype), experts of per-expert bits.
+// `per_wg` consecutive outputs per workgroup (even: whole f16/bf16 words).
 #define SB_QMM_ARGS \
   uint pairs; uint n; uint k; uint groups; \
   uint group_size; uint rows; uint experts; uint scale_dtype; \
-  uint out_dtype; uint has_lhs; uint has_rhs; uint sorted;
+  uint out_dtype; uint has_lhs; uint has_rhs; uint sorted; \
+  uint per_wg; uint pad0; uint pad1; uint pad2;
 // permute.comp GATHER_ROWS: out [rows] of x [src_rows], rows of `row_units` units of
 // `unit_bytes` (1, 2 or 4). INVERT: inv[idx[p]] = p for p < rows (inv prefilled with ~0).
 #define SB_PERMUTE_ARGS uint rows; uint src_rows; uint row_units; uint unit_bytes; uint out_words; uint pad0; uint pad1; uint pad2;

@@ -1,9 +1,10 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 // Fused MoE routers (softmax -> top-k, top-k -> softmax, sigmoid + bias + grouped
-// top-k); twin of cpu_fallback/router.cpp, same sequential order per token.
-// Thread -> output: invocation t routes token t and writes its k weights and ids;
-// per-token temporaries live in `scratch` ([T, 3E] floats) and `flags` ([T, E]).
+// top-k); twin of cpu_fallback/router.cpp. Thread -> output: workgroup t routes
+// token t. Elementwise steps run in parallel; sums run on thread 0 in index (or slot)
+// order as docs/numerics.md fixes; each selection is a tree over the threads'
+// candidates, exact because "better" is a strict total order (value, then id).
 #include "common.glsl"
 
 layout(local_size_x = 64) in;
@@ -11,141 +12,184 @@ layout(std430, binding = 0) readonly buffer L { uint logits[]; };
 layout(std430, binding = 1) readonly buffer Bi { float bias[]; };
 layout(std430, binding = 2) readonly buffer Sc { float expert_scale[]; };
 layout(std430, binding = 3) readonly buffer Lv { uint live[]; };
-layout(std430, binding = 4) buffer W { float weights[]; };
-layout(std430, binding = 5) buffer I { int indices[]; };
-layout(std430, binding = 6) buffer S { float scratch[]; };
-layout(std430, binding = 7) buffer F { uint flags[]; };
-layout(std430, binding = 8) buffer E { uint err[]; };
+layout(std430, binding = 4) writeonly buffer W { float weights[]; };
+layout(std430, binding = 5) writeonly buffer I { int indices[]; };
+layout(std430, binding = 6) buffer E { uint err[]; };
 layout(push_constant) uniform Args { SB_ROUTER_ARGS } args;
 
-// Selection order: higher first, NaN above everything, ties to the lower id.
+const uint kThreads = 64u, kMaxExperts = 1024u, kMaxK = 64u, NONE = 0xffffffffu;
+const uint ALLOWED = 1u, TAKEN = 2u, KEPT_GROUP = 4u;
+shared float s_v[kMaxExperts];  // p (softmax), logits (top-k softmax) or s (sigmoid)
+shared float s_c[kMaxExperts];  // corrected scores (sigmoid router)
+shared uint s_f[kMaxExperts];   // ALLOWED / TAKEN; KEPT_GROUP on group slots
+shared float s_g[kMaxExperts];  // group scores
+shared float r_v[kThreads];
+shared uint r_i[kThreads];
+shared float s_w[kMaxK];
+shared uint s_id[kMaxK];
+shared float s_m;
+
+// Higher first, NaN above everything, ties to the lower id; NONE loses to all.
 bool better(float va, uint ia, float vb, uint ib) {
+  if (ib == NONE) return ia != NONE;
+  if (ia == NONE) return false;
   bool na = sb_isnan(va), nb = sb_isnan(vb);
   if (na != nb) return na;
   if (!na && va != vb) return va > vb;
   return ia < ib;
 }
 
-const uint ALLOWED = 1u, TAKEN = 2u;
-
-// Best allowed, untaken index in [lo, hi) of the values at scratch[base + i]; ~0u if none.
-uint pick(uint base, uint fbase, uint lo, uint hi) {
-  uint best = 0xffffffffu;
-  for (uint i = lo; i < hi; ++i) {
-    uint f = flags[fbase + i];
-    if ((f & ALLOWED) == 0u || (f & TAKEN) != 0u) continue;
-    if (best == 0xffffffffu || better(scratch[base + i], i, scratch[base + best], best)) best = i;
+// Best allowed, untaken id in [lo, hi) of s_c (use_c) or s_v; NONE if none. Called
+// by every thread.
+uint pick(bool use_c, uint lo, uint hi) {
+  uint tid = gl_LocalInvocationID.x;
+  uint best = NONE;
+  float bv = 0.0;
+  for (uint i = lo + tid; i < hi; i += kThreads) {
+    if ((s_f[i] & (ALLOWED | TAKEN)) != ALLOWED) continue;
+    float v = use_c ? s_c[i] : s_v[i];
+    if (better(v, i, bv, best)) {
+      best = i;
+      bv = v;
+    }
   }
-  return best;
+  r_v[tid] = bv;
+  r_i[tid] = best;
+  barrier();
+  for (uint s = kThreads / 2u; s > 0u; s >>= 1) {
+    if (tid < s && better(r_v[tid + s], r_i[tid + s], r_v[tid], r_i[tid])) {
+      r_v[tid] = r_v[tid + s];
+      r_i[tid] = r_i[tid + s];
+    }
+    barrier();
+  }
+  uint r = r_i[0];
+  barrier();
+  return r;
 }
 
-// w[0..k) of this token, renormalized: times rcp of their sum in slot order.
-void renormalize(uint wb) {
+// Softmax over s_w[0..k) in slot order (thread 0).
+void softmax_slots() {
+  float m = s_w[0];
+  for (uint j = 0u; j < args.k; ++j) m = sb_max(m, s_w[j]);
   precise float sum = 0.0;
-  for (uint j = 0u; j < args.k; ++j) sum = sum + weights[wb + j];
+  for (uint j = 0u; j < args.k; ++j) {
+    precise float d = s_w[j] - m;
+    float ex = sb_exp(d);
+    s_w[j] = ex;
+    sum = sum + ex;
+  }
   float r = sb_rcp(sum);
   for (uint j = 0u; j < args.k; ++j) {
-    precise float v = weights[wb + j] * r;
-    weights[wb + j] = v;
+    precise float p = s_w[j] * r;
+    s_w[j] = p;
   }
 }
 
 void main() {
-  uint t = sb_linear_id();
-  if (t >= args.tokens) return;
-  uint e = args.experts;
-  uint a = t * 3u * e;  // values (p, v or s)
-  uint c = a + e;       // corrected scores (sigmoid router)
-  uint g = c + e;       // group scores
-  uint fb = t * e;
-  uint wb = t * args.k;
-  for (uint i = 0u; i < e; ++i) {
-    scratch[a + i] = SB_LOAD(logits, args.dtype, t * e + i);
-    flags[fb + i] = live[i] != 0u ? ALLOWED : 0u;
-  }
-  if (args.kind == 0u) {  // SoftmaxTopK
-    float m = scratch[a];
-    for (uint i = 0u; i < e; ++i) m = sb_max(m, scratch[a + i]);
-    precise float sum = 0.0;
-    for (uint i = 0u; i < e; ++i) {
-      precise float d = scratch[a + i] - m;
-      float ex = sb_exp(d);
-      scratch[a + i] = ex;
-      sum = sum + ex;
-    }
-    float r = sb_rcp(sum);
-    for (uint i = 0u; i < e; ++i) {
-      precise float p = scratch[a + i] * r;
-      scratch[a + i] = p;
-    }
-  } else if (args.kind == 2u) {  // SigmoidGroupedTopK
-    for (uint i = 0u; i < e; ++i) {
-      float s = sb_sigmoid(scratch[a + i]);
-      scratch[a + i] = s;
+  uint t = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
+  if (t >= args.tokens) return;  // uniform over the workgroup
+  uint tid = gl_LocalInvocationID.x, e = args.experts;
+  for (uint i = tid; i < e; i += kThreads) {
+    float v = SB_LOAD(logits, args.dtype, t * e + i);
+    s_f[i] = live[i] != 0u ? ALLOWED : 0u;
+    if (args.kind == 2u) {
+      float s = sb_sigmoid(v);
+      s_v[i] = s;
       precise float cv = s + (args.has_bias != 0u ? bias[i] : 0.0);
-      scratch[c + i] = args.has_bias != 0u ? cv : s;
+      s_c[i] = args.has_bias != 0u ? cv : s;
+    } else {
+      s_v[i] = v;
     }
-    if (args.n_group > 1u) {
-      uint per = e / args.n_group;
-      for (uint q = 0u; q < args.n_group; ++q) {
-        uint b0 = pick(c, fb, q * per, (q + 1u) * per);
-        if (b0 != 0xffffffffu) flags[fb + b0] |= TAKEN;
-        uint b1 = pick(c, fb, q * per, (q + 1u) * per);
-        if (b0 != 0xffffffffu) flags[fb + b0] &= ~TAKEN;
-        precise float sc2 = (b0 == 0xffffffffu) ? uintBitsToFloat(0xff800000u)
-                            : (b1 == 0xffffffffu) ? scratch[c + b0] : scratch[c + b0] + scratch[c + b1];
-        scratch[g + q] = sc2;
+  }
+  barrier();
+  if (args.kind == 0u) {  // softmax over all experts: max and sum in index order
+    if (tid == 0u) {
+      float m = s_v[0];
+      for (uint i = 0u; i < e; ++i) m = sb_max(m, s_v[i]);
+      s_m = m;
+    }
+    barrier();
+    for (uint i = tid; i < e; i += kThreads) {
+      precise float d = s_v[i] - s_m;
+      s_v[i] = sb_exp(d);
+    }
+    barrier();
+    if (tid == 0u) {
+      precise float sum = 0.0;
+      for (uint i = 0u; i < e; ++i) sum = sum + s_v[i];
+      s_m = sb_rcp(sum);
+    }
+    barrier();
+    for (uint i = tid; i < e; i += kThreads) {
+      precise float p = s_v[i] * s_m;
+      s_v[i] = p;
+    }
+    barrier();
+  }
+  if (args.kind == 2u && args.n_group > 1u) {
+    uint per = e / args.n_group;
+    for (uint q = 0u; q < args.n_group; ++q) {  // group score: its best two live scores
+      uint b0 = pick(true, q * per, (q + 1u) * per);
+      if (tid == 0u && b0 != NONE) s_f[b0] |= TAKEN;
+      barrier();
+      uint b1 = pick(true, q * per, (q + 1u) * per);
+      if (tid == 0u) {
+        if (b0 == NONE) {
+          s_g[q] = uintBitsToFloat(0xff800000u);
+        } else if (b1 == NONE) {
+          s_g[q] = s_c[b0];
+        } else {
+          precise float two = s_c[b0] + s_c[b1];
+          s_g[q] = two;
+        }
+        if (b0 != NONE) s_f[b0] &= ~TAKEN;
       }
-      // Keep the topk_group best groups (ties: lower group): mark kept groups in TAKEN-free bit 4.
-      for (uint q = 0u; q < args.n_group; ++q) flags[fb + q] |= 4u;
+      barrier();
+    }
+    if (tid == 0u) {  // keep the topk_group best groups (ties: lower group)
       for (uint s = 0u; s < args.topk_group; ++s) {
-        uint best = 0xffffffffu;
+        uint best = NONE;
         for (uint q = 0u; q < args.n_group; ++q)
-          if ((flags[fb + q] & 4u) != 0u && (best == 0xffffffffu || better(scratch[g + q], q, scratch[g + best], best)))
-            best = q;
-        if (best != 0xffffffffu) flags[fb + best] = (flags[fb + best] & ~4u) | 8u;
+          if ((s_f[q] & KEPT_GROUP) == 0u && better(s_g[q], q, best == NONE ? 0.0 : s_g[best], best)) best = q;
+        if (best != NONE) s_f[best] |= KEPT_GROUP;
       }
-      // Bit 8 now marks kept groups (in the first n_group flags); clear experts of the rest.
-      for (uint i = 0u; i < e; ++i) {
-        bool kept = (flags[fb + i / per] & 8u) != 0u;
-        if (!kept) flags[fb + i] &= ~ALLOWED;
-      }
-      for (uint i = 0u; i < e; ++i) flags[fb + i] &= (ALLOWED | TAKEN);
     }
+    barrier();
+    for (uint i = tid; i < e; i += kThreads)
+      if ((s_f[i / per] & KEPT_GROUP) == 0u) s_f[i] &= ~ALLOWED;
+    barrier();
+    for (uint i = tid; i < e; i += kThreads) s_f[i] &= (ALLOWED | TAKEN);
+    barrier();
   }
-  uint sel = args.kind == 2u ? c : a;
   for (uint j = 0u; j < args.k; ++j) {
-    uint best = pick(sel, fb, 0u, e);
-    if (best == 0xffffffffu) {
-      atomicOr(err[0], SB_ERR_ROUTER);
-      return;
+    uint best = pick(args.kind == 2u, 0u, e);
+    if (tid == 0u) {
+      if (best == NONE) atomicOr(err[0], SB_ERR_ROUTER);
+      uint id = best == NONE ? 0u : best;
+      s_f[id] |= TAKEN;
+      s_id[j] = id;
+      s_w[j] = s_v[id];
     }
-    flags[fb + best] |= TAKEN;
-    indices[wb + j] = int(best);
-    weights[wb + j] = scratch[a + best];
+    barrier();
   }
-  if (args.kind == 1u) {  // TopKSoftmax: softmax over the k picked logits, slot order
-    float m = weights[wb];
-    for (uint j = 0u; j < args.k; ++j) m = sb_max(m, weights[wb + j]);
+  if (tid != 0u) return;
+  if (args.kind == 1u) {
+    softmax_slots();
+  } else if (args.renormalize != 0u) {
     precise float sum = 0.0;
-    for (uint j = 0u; j < args.k; ++j) {
-      precise float d = weights[wb + j] - m;
-      float ex = sb_exp(d);
-      weights[wb + j] = ex;
-      sum = sum + ex;
-    }
+    for (uint j = 0u; j < args.k; ++j) sum = sum + s_w[j];
     float r = sb_rcp(sum);
     for (uint j = 0u; j < args.k; ++j) {
-      precise float p = weights[wb + j] * r;
-      weights[wb + j] = p;
+      precise float v = s_w[j] * r;
+      s_w[j] = v;
     }
-  } else if (args.renormalize != 0u) {
-    renormalize(wb);
   }
   for (uint j = 0u; j < args.k; ++j) {
-    precise float v = weights[wb + j];
+    precise float v = s_w[j];
     if (args.kind == 2u) v = v * args.routed_scaling_factor;
-    if (args.has_scale != 0u) v = v * expert_scale[uint(indices[wb + j])];
-    weights[wb + j] = v;
+    if (args.has_scale != 0u) v = v * expert_scale[s_id[j]];
+    weights[t * args.k + j] = v;
+    indices[t * args.k + j] = int(s_id[j]);
   }
 }

@@ -3,6 +3,7 @@
 // metal_shaders/; a chain's dispatches run at sync(). Data-dependent checks
 // (indices, permutations) run on the device and surface at sync() as errors. Ops
 // or dtypes without a kernel are refused at plan time.
+#include <algorithm>
 #include <cstring>
 
 #include "cpu_common.h"
@@ -238,9 +239,8 @@ Status router(KernelContext& ctx, const fb::OpNodeUnion& op) {
   SB_ASSIGN_OR_RETURN(Tensor indices, rt.alloc(DType::kI32, {tokens, n->k}));
   SB_ASSIGN_OR_RETURN(BufferRef bw, rt.bind(weights, false));
   SB_ASSIGN_OR_RETURN(BufferRef bi, rt.bind(indices, false));
-  SB_RETURN_IF_ERROR(u32_count(tokens * e * 3, "Router").status());
-  SB_ASSIGN_OR_RETURN(BufferRef scratch, rt.scratch(static_cast<size_t>(tokens * e * 3) * 4, 0));
-  SB_ASSIGN_OR_RETURN(BufferRef flags, rt.scratch(static_cast<size_t>(tokens * e) * 4, 0));
+  SB_CHECK_OR_RETURN(e <= 1024 && n->k <= 64, StatusCode::kUnimplemented,
+                     "Router on the GPU: %lld experts / k = %d exceed 1024 / 64", (long long)e, n->k);
   k::RouterArgs args{};
   args.tokens = static_cast<uint32_t>(tokens);
   args.experts = static_cast<uint32_t>(e);
@@ -253,8 +253,9 @@ Status router(KernelContext& ctx, const fb::OpNodeUnion& op) {
   args.routed_scaling_factor = n->routed_scaling_factor;
   args.has_bias = bias.defined();
   args.has_scale = scale.defined();
-  SB_RETURN_IF_ERROR(rt.dispatch("router", {bl, bb, bs, blive, bw, bi, scratch, flags, rt.error_word()}, &args,
-                                 sizeof(args), static_cast<uint64_t>(tokens)));
+  // One workgroup of 64 threads per token (router.comp).
+  SB_RETURN_IF_ERROR(rt.dispatch("router", {bl, bb, bs, blive, bw, bi, rt.error_word()}, &args, sizeof(args),
+                                 64 * static_cast<uint64_t>(tokens)));
   SB_RETURN_IF_ERROR(ctx.out(n->weights.get(), std::move(weights)));
   return ctx.out(n->indices.get(), std::move(indices));
 }
@@ -379,11 +380,16 @@ Status gather_qmm(KernelContext& ctx, const fb::OpNodeUnion& op) {
   args.has_lhs = lhs.defined();
   args.has_rhs = rhs.defined();
   args.sorted = sorted != 0;
-  SB_CHECK_OR_RETURN(kdim / 32 <= 256, StatusCode::kUnimplemented, "GatherQmm on Vulkan: k = %lld exceeds 8192",
-                     (long long)kdim);
-  // One workgroup of 64 threads per output word (see gather_qmm.comp).
+  // Outputs per workgroup: enough (output, group) tasks for its 64 threads, even so
+  // f16/bf16 words are whole, within the shader's shared arrays (gather_qmm.comp).
+  const int64_t groups = scales.dim(2);
+  int64_t per_wg = std::clamp<int64_t>(64 / std::max<int64_t>(groups, 1), 2, 64) & ~int64_t{1};
+  SB_CHECK_OR_RETURN(per_wg * groups <= 1024, StatusCode::kUnimplemented,
+                     "GatherQmm on Vulkan: %lld groups per row exceed 512", (long long)groups);
+  args.per_wg = static_cast<uint32_t>(per_wg);
+  const uint64_t workgroups = static_cast<uint64_t>((pairs * nout + per_wg - 1) / per_wg);
   SB_RETURN_IF_ERROR(rt.dispatch("qmm", {bq, bd, bsum, bw, bs, bb, bl, br, bi, bo, rt.error_word()}, &args,
-                                 sizeof(args), 64 * words_of(x.dtype(), pairs * nout)));
+                                 sizeof(args), 64 * workgroups));
   if (!n->combine_weights) return ctx.out(n->out.get(), std::move(out));
   // Fused down-projection + combine: by the contract its bits are those of the stored
   // (rounded) product followed by Combine, which is what the device runs.

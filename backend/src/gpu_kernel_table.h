@@ -52,9 +52,7 @@ inline constexpr KernelInfo kKernels[] = {
       A::kReadWrite},
      sizeof(QmmArgs), SB_STR(SB_QMM_ARGS), 64, true},
     {"argsort", "permute", 2, {A::kRead, A::kWrite}, sizeof(ArgsortArgs), SB_STR(SB_ARGSORT_ARGS), 256, true},
-    {"router", "router", 9,
-     {A::kRead, A::kRead, A::kRead, A::kRead, A::kReadWrite, A::kReadWrite, A::kReadWrite, A::kReadWrite,
-      A::kReadWrite},
+    {"router", "router", 7, {A::kRead, A::kRead, A::kRead, A::kRead, A::kWrite, A::kWrite, A::kReadWrite},
      sizeof(RouterArgs), SB_STR(SB_ROUTER_ARGS), 64, true},
     {"numerics_probe", "probe", 2, {A::kRead, A::kWrite}, sizeof(ProbeArgs), SB_STR(SB_PROBE_ARGS), 64, true},
 };
@@ -66,7 +64,7 @@ static_assert(offsetof(BinaryArgs, shape) == 16 && offsetof(BinaryArgs, sb) == 1
 static_assert(sizeof(UnaryArgs) == 16 && sizeof(CastArgs) == 16 && sizeof(FillArgs) == 16);
 static_assert(sizeof(GluArgs) == 32 && offsetof(GluArgs, alpha) == 12 && offsetof(GluArgs, limit) == 16);
 static_assert(sizeof(CombineArgs) == 32 && sizeof(Q8Args) == 16);
-static_assert(sizeof(QmmArgs) == 48 && offsetof(QmmArgs, out_dtype) == 32 && offsetof(QmmArgs, sorted) == 44);
+static_assert(sizeof(QmmArgs) == 64 && offsetof(QmmArgs, out_dtype) == 32 && offsetof(QmmArgs, per_wg) == 48);
 static_assert(sizeof(PermuteArgs) == 32 && offsetof(PermuteArgs, out_words) == 16);
 static_assert(sizeof(ProbeArgs) == 16 && sizeof(ArgsortArgs) == 16);
 static_assert(sizeof(RouterArgs) == 48 && offsetof(RouterArgs, routed_scaling_factor) == 32);
