@@ -34,13 +34,6 @@ namespace switchboard::vulkan {
 
 namespace {
 
-struct Block {
-  VkBuffer buffer = VK_NULL_HANDLE;
-  VkDeviceMemory memory = VK_NULL_HANDLE;
-  uint8_t* mapped = nullptr;
-  uint64_t size = 0;
-};
-
 struct Pipeline {
   VkDescriptorSetLayout set_layout = VK_NULL_HANDLE;
   VkPipelineLayout layout = VK_NULL_HANDLE;
@@ -48,14 +41,6 @@ struct Pipeline {
   const kernels::KernelInfo* info = nullptr;
   uint32_t local_size = 1;
 };
-
-// Size classes: powers of two from 256 bytes, then whole MiB above 64 MiB.
-uint64_t size_class(uint64_t bytes) {
-  if (bytes > (64ull << 20)) return (bytes + (1ull << 20) - 1) & ~((1ull << 20) - 1);
-  uint64_t c = 256;
-  while (c < bytes) c <<= 1;
-  return c;
-}
 
 }  // namespace
 
@@ -83,10 +68,6 @@ struct Context {
   double ns_per_tick = 1.0;
   std::map<std::string, Pipeline> pipelines;
 
-  std::mutex mu;  // guards the pools below (tensors may be freed on any thread)
-  std::map<uint64_t, std::vector<Block>> free_blocks;
-  std::map<uintptr_t, Block> live;  // mapped base -> block
-
   ~Context() {
     if (device) {
       vkDeviceWaitIdle(device);
@@ -95,19 +76,12 @@ struct Context {
         vkDestroyPipelineLayout(device, p.layout, nullptr);
         vkDestroyDescriptorSetLayout(device, p.set_layout, nullptr);
       }
-      for (auto& [size, blocks] : free_blocks)
-        for (Block& b : blocks) release(b);
-      for (auto& [base, b] : live) release(b);
       if (fence) vkDestroyFence(device, fence, nullptr);
       if (timestamps) vkDestroyQueryPool(device, timestamps, nullptr);
       if (pool) vkDestroyCommandPool(device, pool, nullptr);
       vkDestroyDevice(device, nullptr);
     }
     // The instance and the loader stay for the process (see shared_instance()).
-  }
-  void release(Block& b) {
-    vkDestroyBuffer(device, b.buffer, nullptr);
-    vkFreeMemory(device, b.memory, nullptr);
   }
 };
 
@@ -301,64 +275,52 @@ Status create_device(Context& c, const std::string& description) {
   return Status::ok();
 }
 
-Result<Block> new_block(Context& c, uint64_t size) {
-  Block b;
-  b.size = size;
-  VkBufferCreateInfo bi{VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO};
-  bi.size = size;
-  bi.usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT;
-  bi.sharingMode = VK_SHARING_MODE_EXCLUSIVE;
-  SB_VK_CHECK(c.vkCreateBuffer(c.device, &bi, nullptr, &b.buffer), "vkCreateBuffer");
-  VkMemoryRequirements req;
-  c.vkGetBufferMemoryRequirements(c.device, b.buffer, &req);
-  if (!(req.memoryTypeBits & (1u << c.memory_type))) {
-    c.vkDestroyBuffer(c.device, b.buffer, nullptr);
-    return make_error(StatusCode::kInternal, "storage buffers cannot use the chosen memory type");
-  }
-  VkMemoryAllocateInfo mi{VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO};
-  mi.allocationSize = req.size;
-  mi.memoryTypeIndex = c.memory_type;
-  VkResult r = c.vkAllocateMemory(c.device, &mi, nullptr, &b.memory);
-  if (r != VK_SUCCESS) {
-    c.vkDestroyBuffer(c.device, b.buffer, nullptr);
-    return make_error(StatusCode::kResourceExhausted, "vkAllocateMemory of %llu bytes failed (VkResult %d)",
-                      (unsigned long long)size, static_cast<int>(r));
-  }
-  c.vkBindBufferMemory(c.device, b.buffer, b.memory, 0);
-  void* p = nullptr;
-  SB_VK_CHECK(c.vkMapMemory(c.device, b.memory, 0, VK_WHOLE_SIZE, 0, &p), "vkMapMemory");
-  b.mapped = static_cast<uint8_t*>(p);
-  return b;
-}
-
-// A block of at least `bytes`, from the free list when one fits its size class.
-Result<std::shared_ptr<uint8_t>> take_block(const std::shared_ptr<Context>& ctx, uint64_t bytes) {
-  const uint64_t cls = size_class(bytes == 0 ? 4 : bytes);
-  Block b;
-  {
-    std::lock_guard<std::mutex> lock(ctx->mu);
-    auto& fl = ctx->free_blocks[cls];
-    if (!fl.empty()) {
-      b = fl.back();
-      fl.pop_back();
+// Host-visible, coherent storage buffers, each with its own memory, mapped for life.
+class VulkanBlocks final : public gpu::BlockAllocator {
+ public:
+  explicit VulkanBlocks(std::shared_ptr<Context> ctx) : ctx_(std::move(ctx)) {}
+  Result<gpu::Block> create(uint64_t size) override {
+    Context& c = *ctx_;
+    VkBuffer buf = VK_NULL_HANDLE;
+    VkBufferCreateInfo bi{VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO};
+    bi.size = size;
+    bi.usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT;
+    bi.sharingMode = VK_SHARING_MODE_EXCLUSIVE;
+    SB_VK_CHECK(c.vkCreateBuffer(c.device, &bi, nullptr, &buf), "vkCreateBuffer");
+    VkMemoryRequirements req;
+    c.vkGetBufferMemoryRequirements(c.device, buf, &req);
+    if (!(req.memoryTypeBits & (1u << c.memory_type))) {
+      c.vkDestroyBuffer(c.device, buf, nullptr);
+      return make_error(StatusCode::kInternal, "storage buffers cannot use the chosen memory type");
     }
+    VkMemoryAllocateInfo mi{VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO};
+    mi.allocationSize = req.size;
+    mi.memoryTypeIndex = c.memory_type;
+    VkDeviceMemory mem = VK_NULL_HANDLE;
+    VkResult r = c.vkAllocateMemory(c.device, &mi, nullptr, &mem);
+    if (r != VK_SUCCESS) {
+      c.vkDestroyBuffer(c.device, buf, nullptr);
+      return make_error(StatusCode::kResourceExhausted, "vkAllocateMemory of %llu bytes failed (VkResult %d)",
+                        (unsigned long long)size, static_cast<int>(r));
+    }
+    c.vkBindBufferMemory(c.device, buf, mem, 0);
+    void* p = nullptr;
+    r = c.vkMapMemory(c.device, mem, 0, VK_WHOLE_SIZE, 0, &p);
+    gpu::Block b{reinterpret_cast<uint64_t>(buf), reinterpret_cast<uint64_t>(mem), static_cast<uint8_t*>(p), size};
+    if (r != VK_SUCCESS) {
+      destroy(b);
+      return make_error(StatusCode::kInternal, "%s", vk_error("vkMapMemory", r).c_str());
+    }
+    return b;
   }
-  if (!b.buffer) {
-    SB_ASSIGN_OR_RETURN(b, new_block(*ctx, cls));
+  void destroy(const gpu::Block& b) override {
+    ctx_->vkDestroyBuffer(ctx_->device, reinterpret_cast<VkBuffer>(b.handle), nullptr);
+    ctx_->vkFreeMemory(ctx_->device, reinterpret_cast<VkDeviceMemory>(b.memory), nullptr);
   }
-  {
-    std::lock_guard<std::mutex> lock(ctx->mu);
-    ctx->live[reinterpret_cast<uintptr_t>(b.mapped)] = b;
-  }
-  // The deleter returns the block to the pool; the context lives while any block does.
-  return std::shared_ptr<uint8_t>(b.mapped, [ctx, cls](uint8_t* p) {
-    std::lock_guard<std::mutex> lock(ctx->mu);
-    auto it = ctx->live.find(reinterpret_cast<uintptr_t>(p));
-    if (it == ctx->live.end()) return;
-    ctx->free_blocks[cls].push_back(it->second);
-    ctx->live.erase(it);
-  });
-}
+
+ private:
+  std::shared_ptr<Context> ctx_;  // the device outlives its blocks
+};
 
 Result<Pipeline*> pipeline_for(Context& c, const char* name) {
   auto it = c.pipelines.find(name);
@@ -415,70 +377,14 @@ Result<std::unique_ptr<VulkanRuntime>> VulkanRuntime::open(int index) {
   SB_RETURN_IF_ERROR(attach_instance(c));
   SB_RETURN_IF_ERROR(pick_device(c, index, rt->description_));
   SB_RETURN_IF_ERROR(create_device(c, rt->description_));
-  SB_ASSIGN_OR_RETURN(rt->error_, rt->alloc(DType::kU32, {4}));
-  std::memset(rt->error_.mutable_data(), 0, 16);
+  SB_RETURN_IF_ERROR(rt->init(std::make_shared<gpu::MemoryPool>(std::make_unique<VulkanBlocks>(rt->ctx_)),
+                              c.limits.maxStorageBufferRange, c.limits.minStorageBufferOffsetAlignment));
   SB_RETURN_IF_ERROR(rt->probe_numerics());
   return rt;
 }
 
 VulkanRuntime::~VulkanRuntime() {
   if (recording_) (void)sync();
-}
-
-uint64_t VulkanRuntime::max_storage_range() const { return ctx_->limits.maxStorageBufferRange; }
-
-Result<Tensor> VulkanRuntime::alloc(DType dtype, Shape shape) {
-  SB_ASSIGN_OR_RETURN(int64_t n, shape_numel(shape));
-  const uint64_t bytes = (static_cast<uint64_t>(n) * dtype_size(dtype) + 3) & ~uint64_t{3};
-  SB_CHECK_OR_RETURN(bytes <= max_storage_range(), StatusCode::kResourceExhausted,
-                     "a %s tensor of %llu bytes exceeds the device's storage-buffer range (%llu bytes)",
-                     shape_str(shape).c_str(), (unsigned long long)bytes, (unsigned long long)max_storage_range());
-  SB_ASSIGN_OR_RETURN(std::shared_ptr<uint8_t> mem, take_block(ctx_, bytes));
-  uint8_t* p = mem.get();
-  return Tensor::wrap(dtype, std::move(shape), std::move(mem), p);
-}
-
-Result<gpu::BufferRef> VulkanRuntime::bind(const Tensor& t, bool constant) {
-  const auto addr = reinterpret_cast<uintptr_t>(t.data());
-  const uint64_t bytes = std::max<uint64_t>(4, (t.nbytes() + 3) & ~uint64_t{3});
-  bool in_device_memory = false;
-  {
-    std::lock_guard<std::mutex> lock(ctx_->mu);
-    auto it = ctx_->live.upper_bound(addr);
-    if (addr && it != ctx_->live.begin()) {
-      --it;
-      const Block& b = it->second;
-      const uint64_t off = addr - it->first;
-      in_device_memory = off < b.size;
-      if (off + t.nbytes() <= b.size && off % ctx_->limits.minStorageBufferOffsetAlignment == 0) {
-        keep_.push_back(t);
-        return gpu::BufferRef{reinterpret_cast<uint64_t>(b.buffer), off, std::min(bytes, b.size - off)};
-      }
-    }
-  }
-  if (constant)
-    for (auto& [key, dev] : constants_)
-      if (key.first == t.data() && key.second == t.nbytes()) return bind(dev, false);
-  // A host tensor is copied in now (its bytes are final). A misaligned view of device
-  // memory is copied too, after the queued work that may write it has finished.
-  if (in_device_memory) SB_RETURN_IF_ERROR(sync());
-  SB_ASSIGN_OR_RETURN(Tensor dev, alloc(t.dtype(), t.shape()));
-  if (t.nbytes()) std::memcpy(dev.mutable_data(), t.data(), t.nbytes());
-  if (constant) constants_.push_back({{t.data(), t.nbytes()}, dev});
-  return bind(dev, false);
-}
-
-Result<gpu::BufferRef> VulkanRuntime::scratch(size_t bytes, uint32_t fill_word) {
-  SB_ASSIGN_OR_RETURN(Tensor t, alloc(DType::kU32, {static_cast<int64_t>((bytes + 3) / 4)}));
-  auto* w = t.mutable_data_as<uint32_t>();
-  for (int64_t i = 0; i < t.numel(); ++i) w[i] = fill_word;
-  return bind(t, false);
-}
-
-gpu::BufferRef VulkanRuntime::error_word() const {
-  std::lock_guard<std::mutex> lock(ctx_->mu);
-  const Block& b = ctx_->live.at(reinterpret_cast<uintptr_t>(error_.data()));
-  return gpu::BufferRef{reinterpret_cast<uint64_t>(b.buffer), 0, 16};
 }
 
 Status VulkanRuntime::begin_if_needed() {
@@ -552,12 +458,8 @@ Status VulkanRuntime::sync() {
   SB_VK_CHECK(c.vkWaitForFences(c.device, 1, &c.fence, VK_TRUE, UINT64_MAX), "vkWaitForFences");
   c.vkResetFences(c.device, 1, &c.fence);
   c.vkResetCommandBuffer(c.cmd, 0);
-  keep_.clear();
   log_timestamps();
-  auto* err = error_.mutable_data_as<uint32_t>();
-  const uint32_t bits = err[0];
-  err[0] = 0;
-  return gpu::status_from_error_bits(bits);
+  return gpu::status_from_error_bits(finish_submission());
 }
 
 // One line per timed dispatch (SWITCHBOARD_OP_LOG): kernel and GPU microseconds,

@@ -10,30 +10,25 @@
 #include <utility>
 #include <vector>
 
-#include "gpu_runtime.h"
+#include "gpu_memory.h"
 
 namespace switchboard::vulkan {
 
 struct Context;  // instance, device, queue, memory pool; shared by every allocation
 
-class VulkanRuntime final : public gpu::GpuRuntime {
+class VulkanRuntime final : public gpu::MappedRuntime {
  public:
   // index < 0: the best device (discrete, integrated, virtual, then CPU).
   static Result<std::unique_ptr<VulkanRuntime>> open(int index);
   ~VulkanRuntime() override;
 
   const std::string& description() const override { return description_; }
-  Result<Tensor> alloc(DType dtype, Shape shape) override;
-  Result<gpu::BufferRef> bind(const Tensor& t, bool constant) override;
-  Result<gpu::BufferRef> scratch(size_t bytes, uint32_t fill_word) override;
-  gpu::BufferRef error_word() const override;
   Status dispatch(const char* kernel, const std::vector<gpu::BufferRef>& bindings, const void* args, size_t args_size,
                   uint64_t invocations) override;
   Status sync() override;
 
  private:
   VulkanRuntime() = default;
-  uint64_t max_storage_range() const;
   Status begin_if_needed();
   Status probe_numerics();
   void log_timestamps();
@@ -41,9 +36,6 @@ class VulkanRuntime final : public gpu::GpuRuntime {
   std::shared_ptr<Context> ctx_;
   std::string description_;
   bool recording_ = false;
-  std::vector<Tensor> keep_;  // operands of recorded dispatches
-  std::vector<std::pair<std::pair<const void*, size_t>, Tensor>> constants_;  // host bytes -> device copy
-  Tensor error_;
   std::vector<const char*> timed_;  // kernels of the timed dispatches, in order
 };
 

@@ -1,0 +1,130 @@
+#include "gpu_memory.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace switchboard::gpu {
+namespace {
+
+// Size classes: powers of two from 256 bytes, then whole MiB above 64 MiB.
+uint64_t size_class(uint64_t bytes) {
+  if (bytes > (64ull << 20)) return (bytes + (1ull << 20) - 1) & ~((1ull << 20) - 1);
+  uint64_t c = 256;
+  while (c < bytes) c <<= 1;
+  return c;
+}
+
+}  // namespace
+
+MemoryPool::~MemoryPool() {
+  for (auto& [size, blocks] : free_)
+    for (const Block& b : blocks) alloc_->destroy(b);
+  for (auto& [base, b] : live_) alloc_->destroy(b);
+}
+
+Result<std::shared_ptr<uint8_t>> MemoryPool::take(const std::shared_ptr<MemoryPool>& pool, uint64_t bytes) {
+  const uint64_t cls = size_class(bytes == 0 ? 4 : bytes);
+  Block b;
+  {
+    std::lock_guard<std::mutex> lock(pool->mu_);
+    auto& fl = pool->free_[cls];
+    if (!fl.empty()) {
+      b = fl.back();
+      fl.pop_back();
+    }
+  }
+  if (!b.mapped) {
+    SB_ASSIGN_OR_RETURN(b, pool->alloc_->create(cls));
+  }
+  {
+    std::lock_guard<std::mutex> lock(pool->mu_);
+    pool->live_[reinterpret_cast<uintptr_t>(b.mapped)] = b;
+  }
+  // The deleter returns the block; the pool (and the device under it) lives while any block does.
+  return std::shared_ptr<uint8_t>(b.mapped, [pool, cls](uint8_t* p) {
+    std::lock_guard<std::mutex> lock(pool->mu_);
+    auto it = pool->live_.find(reinterpret_cast<uintptr_t>(p));
+    if (it == pool->live_.end()) return;
+    pool->free_[cls].push_back(it->second);
+    pool->live_.erase(it);
+  });
+}
+
+bool MemoryPool::find(const void* p, uint64_t bytes, Block& block, uint64_t& offset, bool& inside) const {
+  const auto addr = reinterpret_cast<uintptr_t>(p);
+  std::lock_guard<std::mutex> lock(mu_);
+  inside = false;
+  auto it = live_.upper_bound(addr);
+  if (!addr || it == live_.begin()) return false;
+  --it;
+  block = it->second;
+  offset = addr - it->first;
+  inside = offset < block.size;
+  return offset + bytes <= block.size;
+}
+
+Status MappedRuntime::init(std::shared_ptr<MemoryPool> pool, uint64_t max_range, uint64_t alignment) {
+  pool_ = std::move(pool);
+  max_range_ = max_range;
+  alignment_ = std::max<uint64_t>(alignment, 4);
+  SB_ASSIGN_OR_RETURN(error_, alloc(DType::kU32, {4}));
+  std::memset(error_.mutable_data(), 0, 16);
+  return Status::ok();
+}
+
+Result<Tensor> MappedRuntime::alloc(DType dtype, Shape shape) {
+  SB_ASSIGN_OR_RETURN(int64_t n, shape_numel(shape));
+  const uint64_t bytes = (static_cast<uint64_t>(n) * dtype_size(dtype) + 3) & ~uint64_t{3};
+  SB_CHECK_OR_RETURN(bytes <= max_range_, StatusCode::kResourceExhausted,
+                     "a %s tensor of %llu bytes exceeds the device's storage-buffer range (%llu bytes)",
+                     shape_str(shape).c_str(), (unsigned long long)bytes, (unsigned long long)max_range_);
+  SB_ASSIGN_OR_RETURN(std::shared_ptr<uint8_t> mem, MemoryPool::take(pool_, bytes));
+  uint8_t* p = mem.get();
+  return Tensor::wrap(dtype, std::move(shape), std::move(mem), p);
+}
+
+Result<BufferRef> MappedRuntime::bind(const Tensor& t, bool constant) {
+  const uint64_t bytes = std::max<uint64_t>(4, (t.nbytes() + 3) & ~uint64_t{3});
+  Block b;
+  uint64_t off = 0;
+  bool inside = false;
+  if (pool_->find(t.data(), t.nbytes(), b, off, inside) && off % alignment_ == 0) {
+    keep_.push_back(t);
+    return BufferRef{b.handle, off, std::min(bytes, b.size - off)};
+  }
+  if (constant)
+    for (auto& [key, dev] : constants_)
+      if (key.first == t.data() && key.second == t.nbytes()) return bind(dev, false);
+  // A host tensor is copied in now (its bytes are final). A misaligned view of device
+  // memory is copied too, after the queued work that may write it has finished.
+  if (inside) SB_RETURN_IF_ERROR(sync());
+  SB_ASSIGN_OR_RETURN(Tensor dev, alloc(t.dtype(), t.shape()));
+  if (t.nbytes()) std::memcpy(dev.mutable_data(), t.data(), t.nbytes());
+  if (constant) constants_.push_back({{t.data(), t.nbytes()}, dev});
+  return bind(dev, false);
+}
+
+Result<BufferRef> MappedRuntime::scratch(size_t bytes, uint32_t fill_word) {
+  SB_ASSIGN_OR_RETURN(Tensor t, alloc(DType::kU32, {static_cast<int64_t>((bytes + 3) / 4)}));
+  auto* w = t.mutable_data_as<uint32_t>();
+  for (int64_t i = 0; i < t.numel(); ++i) w[i] = fill_word;
+  return bind(t, false);
+}
+
+BufferRef MappedRuntime::error_word() const {
+  Block b;
+  uint64_t off = 0;
+  bool inside = false;
+  pool_->find(error_.data(), 16, b, off, inside);
+  return BufferRef{b.handle, off, 16};
+}
+
+uint32_t MappedRuntime::finish_submission() {
+  keep_.clear();
+  auto* err = error_.mutable_data_as<uint32_t>();
+  const uint32_t bits = err[0];
+  err[0] = 0;
+  return bits;
+}
+
+}  // namespace switchboard::gpu

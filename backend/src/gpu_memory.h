@@ -1,0 +1,71 @@
+// Device memory the host can map (Vulkan host-visible memory, Metal shared
+// buffers), pooled by size class, and the GpuRuntime operations that only need
+// that: tensors that live in it, binding (with uploads of host tensors and a cache
+// of uploaded constants), scratch and the error word. Backends add blocks,
+// dispatch and sync.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "gpu_runtime.h"
+
+namespace switchboard::gpu {
+
+struct Block {
+  uint64_t handle = 0;     // VkBuffer / id<MTLBuffer>
+  uint64_t memory = 0;     // VkDeviceMemory (Vulkan only)
+  uint8_t* mapped = nullptr;
+  uint64_t size = 0;
+};
+
+// Creates and destroys blocks; owned by the pool, so it outlives every block.
+class BlockAllocator {
+ public:
+  virtual ~BlockAllocator() = default;
+  virtual Result<Block> create(uint64_t size) = 0;
+  virtual void destroy(const Block& b) = 0;
+};
+
+class MemoryPool {
+ public:
+  explicit MemoryPool(std::unique_ptr<BlockAllocator> alloc) : alloc_(std::move(alloc)) {}
+  ~MemoryPool();
+  // A block of at least `bytes` whose shared_ptr returns it to the pool.
+  static Result<std::shared_ptr<uint8_t>> take(const std::shared_ptr<MemoryPool>& pool, uint64_t bytes);
+  // The live block holding [p, p + bytes), with p's offset in it; false if none.
+  bool find(const void* p, uint64_t bytes, Block& block, uint64_t& offset, bool& inside) const;
+
+ private:
+  std::unique_ptr<BlockAllocator> alloc_;
+  mutable std::mutex mu_;  // tensors may be freed on any thread
+  std::map<uint64_t, std::vector<Block>> free_;
+  std::map<uintptr_t, Block> live_;  // mapped base -> block
+};
+
+// GpuRuntime over a MemoryPool. Backends call init() once the pool exists.
+class MappedRuntime : public GpuRuntime {
+ public:
+  Result<Tensor> alloc(DType dtype, Shape shape) override;
+  Result<BufferRef> bind(const Tensor& t, bool constant) override;
+  Result<BufferRef> scratch(size_t bytes, uint32_t fill_word) override;
+  BufferRef error_word() const override;
+
+ protected:
+  Status init(std::shared_ptr<MemoryPool> pool, uint64_t max_range, uint64_t alignment);
+  // Drops the operands of finished work and returns (and clears) the error word's bits.
+  uint32_t finish_submission();
+
+  std::shared_ptr<MemoryPool> pool_;
+
+ private:
+  uint64_t max_range_ = 0, alignment_ = 16;
+  std::vector<Tensor> keep_;  // operands of recorded dispatches
+  std::vector<std::pair<std::pair<const void*, size_t>, Tensor>> constants_;  // host bytes -> device copy
+  Tensor error_;
+};
+
+}  // namespace switchboard::gpu
