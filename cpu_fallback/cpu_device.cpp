@@ -8,6 +8,9 @@
 #if SWITCHBOARD_HAS_VULKAN
 #include "vulkan_device.h"
 #endif
+#if SWITCHBOARD_HAS_METAL
+#include "metal_device.h"
+#endif
 
 namespace switchboard {
 namespace cpu {
@@ -85,7 +88,15 @@ Result<std::unique_ptr<Device>> open_device(const std::string& spec, bool cpu_fa
     cpu_fallback = true;
   }
   if (name == "cpu") return make_cpu_device();
-  Result<std::unique_ptr<Device>> dev = make_error(StatusCode::kNotFound, "unknown device '%s' (known: cpu, vulkan, vulkan:N)", name.c_str());
+  Result<std::unique_ptr<Device>> dev =
+      make_error(StatusCode::kNotFound, "unknown device '%s' (known: cpu, vulkan, vulkan:N, metal)", name.c_str());
+  if (name == "metal") {
+#if SWITCHBOARD_HAS_METAL
+    dev = metal::open_metal_device();
+#else
+    dev = make_error(StatusCode::kNotFound, "this build has no Metal device (Apple platforms only)");
+#endif
+  }
   if (name == "vulkan" || name.rfind("vulkan:", 0) == 0) {
     int index = -1;
     if (name.size() > 7) {

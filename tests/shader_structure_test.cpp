@@ -115,6 +115,8 @@ TEST(ShaderStructure, MslBindsBufferNToBindingNAndArgumentsTo30) {
               std::string::npos)
         << sig;
     EXPECT_EQ(msl.find("fast::"), std::string::npos) << "fast-math builtins in the MSL";
+    // A NoContraction multiply must keep a negative zero product (sb_shaderc's fix).
+    EXPECT_EQ(msl.find("fma(l, r, T(0))"), std::string::npos) << "spvFMul loses the sign of -0";
   }
 }
 

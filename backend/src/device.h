@@ -41,7 +41,7 @@ class Device {
 };
 
 std::unique_ptr<Device> make_cpu_device();
-// "cpu", "vulkan" or "vulkan:N"; empty → $SWITCHBOARD_DEVICE, else "cpu". Unknown
+// "cpu", "vulkan", "vulkan:N" or "metal"; empty → $SWITCHBOARD_DEVICE, else "cpu". Unknown
 // names are errors; a Vulkan device that cannot be opened is kNotFound.
 // With cpu_fallback (always, for the environment variable) a device that cannot be
 // opened is replaced by the CPU, with one message on stderr per process.

@@ -29,6 +29,16 @@ int fail(const std::string& msg) {
   return 1;
 }
 
+// SPIRV-Cross writes a NoContraction multiply as fma(l, r, T(0)), which turns a -0
+// product into +0 (-0 + +0 = +0). Adding -0 instead keeps every product exact, its
+// sign included (x + -0 = x for every x, zeros too), so Metal matches the contract.
+std::string fix_signed_zero(std::string msl) {
+  const std::string from = "return fma(l, r, T(0));", to = "return fma(l, r, T(-0.0));";
+  for (size_t at = msl.find(from); at != std::string::npos; at = msl.find(from, at + to.size()))
+    msl.replace(at, from.size(), to);
+  return msl;
+}
+
 int to_msl(const char* in, const char* entry, const char* out) {
   std::string bytes;
   if (!read_file(in, bytes) || bytes.size() % 4 != 0) return fail(std::string("cannot read SPIR-V ") + in);
@@ -72,7 +82,7 @@ int to_msl(const char* in, const char* entry, const char* out) {
     spvc_compiler_rename_entry_point(comp, "main", entry, SpvExecutionModelGLCompute);
     if (spvc_compiler_compile(comp, &src) != SPVC_SUCCESS) break;
     std::ofstream f(out, std::ios::binary);
-    f << src;
+    f << fix_signed_zero(src);
     rc = f ? 0 : 1;
   } while (false);
   if (rc != 0) std::fprintf(stderr, "sb_shaderc: %s: %s\n", in, spvc_context_get_last_error_string(ctx));
