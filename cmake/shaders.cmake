@@ -15,6 +15,9 @@ set(SB_KERNEL_VARIANTS
   gather_qmm:QMM:qmm
   permute:ARGSORT:argsort
   router:ROUTER:router
+  gather_mm:GATHER_MM:gather_mm
+  reduce:REDUCE:reduce
+  reduce:ARGMAX:argmax
   probe:PROBE:numerics_probe)
 
 find_program(SB_GLSLANG glslangValidator REQUIRED)

@@ -61,6 +61,13 @@
 #define SB_ARGSORT_ARGS uint n; uint pad0; uint pad1; uint pad2;
 #define SB_ERR_ROUTER 16u  // fewer selectable experts than k
 
+// gather_mm.comp: out [pairs, n] = dot32(x[lhs[p]], w[rhs[p], n]) over k.
+#define SB_GATHER_MM_ARGS \
+  uint pairs; uint n; uint k; uint rows; \
+  uint experts; uint dtype; uint has_lhs; uint has_rhs;
+// reduce.comp: x viewed as [outer, d, inner] -> out [outer, inner] (REDUCE: op; ARGMAX: i32).
+#define SB_REDUCE_ARGS uint outer; uint d; uint inner; uint op; uint dtype; uint pad0; uint pad1; uint pad2;
+
 // probe.comp: the start-up check of a device's arithmetic against the contract.
 #define SB_PROBE_ARGS uint n; uint pad0; uint pad1; uint pad2;
 
@@ -79,6 +86,8 @@ struct Q8Args { SB_Q8_ARGS };
 struct QmmArgs { SB_QMM_ARGS };
 struct PermuteArgs { SB_PERMUTE_ARGS };
 struct ProbeArgs { SB_PROBE_ARGS };
+struct GatherMmArgs { SB_GATHER_MM_ARGS };
+struct ReduceArgs { SB_REDUCE_ARGS };
 struct RouterArgs { SB_ROUTER_ARGS };
 struct ArgsortArgs { SB_ARGSORT_ARGS };
 }  // namespace switchboard::kernels

@@ -3,7 +3,8 @@
 // the bit; gather_qmm_test.cpp checks that oracle against fp64 math. Covers every
 // bit width, group size and scale dtype, odd output widths (f16/bf16 words that
 // straddle rows), mixed bits with pruned experts, sorted pairs, absent indices and
-// the data errors a device must find by itself.
+// the data errors a device must find by itself. GatherMm (float experts) too, against
+// the dot32 order written out from docs/numerics.md.
 #include <random>
 
 #include "gather_qmm.h"
@@ -176,6 +177,56 @@ TEST(GatherQmmDevices, DataErrorsAreFoundOnEveryDevice) {
     build(b, c, in);
     check_op_error(b, in.inputs, "sorted_indices is set but rhs_indices");
   }
+}
+
+// dot32: 32 strided partial sums (product rounded, then the add), then the halving tree.
+float dot32(const std::vector<float>& x, const std::vector<float>& w) {
+  float part[32] = {};
+  for (size_t i = 0; i < x.size(); ++i) {
+    const float prod = x[i] * w[i];
+    part[i % 32] = part[i % 32] + prod;
+  }
+  for (int s = 16; s >= 1; s /= 2)
+    for (int i = 0; i < s; ++i) part[i] = part[i] + part[i + s];
+  return part[0];
+}
+
+TEST(GatherMmDevices, Dot32OrderEveryFloatDtype) {
+  for (DType dt : {DType::kF32, DType::kF16, DType::kBF16})
+    for (int64_t k : {1, 31, 32, 100, 257}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " k=" + std::to_string(k));
+      const int64_t e = 3, n = 5, t = 2;
+      std::mt19937 rng(static_cast<uint32_t>(k) * 7 + static_cast<uint32_t>(dt));
+      std::normal_distribution<float> normal(0.f, 1.f);
+      std::vector<double> xv(static_cast<size_t>(t * k)), wv(static_cast<size_t>(e * n * k));
+      for (auto& v : xv) v = normal(rng);
+      for (auto& v : wv) v = normal(rng);
+      const std::vector<int64_t> lhs = {1, 0, 1, 0}, rhs = {2, 0, 1, 2};
+      Inputs in{{"x", make(dt, {t, k}, xv)},
+                {"w", make(dt, {e, n, k}, wv)},
+                {"lhs", make(DType::kI32, {4}, {1, 0, 1, 0})},
+                {"rhs", make(DType::kI32, {4}, {2, 0, 1, 2})}};
+      ProgramBuilder b;
+      GatherOptions o;
+      o.lhs_indices = b.input("lhs", DType::kI32, {4});
+      o.rhs_indices = b.input("rhs", DType::kI32, {4});
+      b.output("y", b.gather_mm(b.input("x", dt, {t, k}), b.input("w", dt, {e, n, k}), o));
+      auto ref = [&](const Inputs& i) {
+        const std::vector<double> xs = i.at("x").to_doubles(), ws = i.at("w").to_doubles();
+        RefTensor r{{4, n}, {}, {}};
+        for (size_t p = 0; p < lhs.size(); ++p)
+          for (int64_t j = 0; j < n; ++j) {
+            std::vector<float> xr(static_cast<size_t>(k)), wr(static_cast<size_t>(k));
+            for (int64_t q = 0; q < k; ++q) {
+              xr[q] = static_cast<float>(xs[lhs[p] * k + q]);
+              wr[q] = static_cast<float>(ws[(rhs[p] * n + j) * k + q]);
+            }
+            r.values.push_back(round_to(dt, dot32(xr, wr)));
+          }
+        return Expected{{"y", r}};
+      };
+      check_op(b, in, ref, Tolerance::exact());
+    }
 }
 
 }  // namespace

@@ -396,6 +396,73 @@ Status gather_qmm(KernelContext& ctx, const fb::OpNodeUnion& op) {
   return combine_impl(ctx, out, bo, n->combine_weights.get(), n->shared.get(), n->shared_gate.get(), n->out.get());
 }
 
+Status gather_mm(KernelContext& ctx, const fb::OpNodeUnion& op) {
+  const auto* n = op.AsGatherMmNode();
+  Runtime& rt = rt_of(ctx);
+  Tensor x, w, lhs, rhs;
+  SB_ASSIGN_OR_RETURN(BufferRef bx, bind_in(ctx, n->x.get(), &x));
+  SB_ASSIGN_OR_RETURN(BufferRef bw, bind_in(ctx, n->w.get(), &w));
+  BufferRef bl = bx, br = bx;  // stand-ins when absent
+  if (n->lhs_indices) {
+    SB_ASSIGN_OR_RETURN(bl, bind_in(ctx, n->lhs_indices.get(), &lhs));
+  }
+  if (n->rhs_indices) {
+    SB_ASSIGN_OR_RETURN(br, bind_in(ctx, n->rhs_indices.get(), &rhs));
+  }
+  const int64_t rows = x.dim(0), kdim = x.dim(1), experts = w.dim(0), nout = w.dim(1);
+  SB_CHECK_OR_RETURN(w.dim(2) == kdim, StatusCode::kInvalidArgument, "w %s does not match K = %lld",
+                     shape_str(w.shape()).c_str(), (long long)kdim);
+  const int64_t pairs = rhs.defined() ? rhs.numel() : lhs.defined() ? lhs.numel() : rows;
+  SB_CHECK_OR_RETURN((!lhs.defined() || lhs.numel() == pairs) && (lhs.defined() || rows == 0 || pairs % rows == 0),
+                     StatusCode::kInvalidArgument, "index lengths do not match (%lld pairs, %lld rows)",
+                     (long long)pairs, (long long)rows);
+  SB_RETURN_IF_ERROR(u32_count(w.numel(), "GatherMm weights").status());
+  SB_RETURN_IF_ERROR(u32_count(pairs * std::max<int64_t>(rows, nout), "GatherMm").status());
+  SB_ASSIGN_OR_RETURN(Tensor out, rt.alloc(x.dtype(), {pairs, nout}));
+  SB_ASSIGN_OR_RETURN(BufferRef bo, rt.bind(out, false));
+  k::GatherMmArgs args{static_cast<uint32_t>(pairs), static_cast<uint32_t>(nout), static_cast<uint32_t>(kdim),
+                       static_cast<uint32_t>(rows),  static_cast<uint32_t>(experts), static_cast<uint32_t>(x.dtype()),
+                       lhs.defined(), rhs.defined()};
+  // One workgroup of 32 lanes per output word (gather_mm.comp).
+  SB_RETURN_IF_ERROR(rt.dispatch("gather_mm", {bx, bw, bl, br, bo, rt.error_word()}, &args, sizeof(args),
+                                 32 * words_of(x.dtype(), pairs * nout)));
+  return ctx.out(n->out.get(), std::move(out));
+}
+
+// x viewed as [outer, d, inner] around `axis`; out drops the axis (1 with keepdims).
+Status reduce_like(KernelContext& ctx, const fb::Tid* x_tid, const fb::Tid* out_tid, int32_t axis_in, bool keepdims,
+                   uint32_t op, bool is_argmax) {
+  Runtime& rt = rt_of(ctx);
+  Tensor x;
+  SB_ASSIGN_OR_RETURN(BufferRef bx, bind_in(ctx, x_tid, &x));
+  SB_ASSIGN_OR_RETURN(int64_t axis, cpu::normalize_axis(axis_in, x.rank()));
+  const cpu::AxisSplit s = cpu::split_at(x.shape(), axis);
+  SB_CHECK_OR_RETURN(s.dim > 0 || (!is_argmax && op == 0), StatusCode::kInvalidArgument,
+                     "%s over an empty axis of %s", is_argmax ? "argmax" : "reduction", shape_str(x.shape()).c_str());
+  SB_RETURN_IF_ERROR(u32_count(x.numel(), "Reduce").status());
+  Shape shape = x.shape();
+  if (keepdims) shape[static_cast<size_t>(axis)] = 1;
+  else shape.erase(shape.begin() + axis);
+  const DType out_dtype = is_argmax ? DType::kI32 : x.dtype();
+  SB_ASSIGN_OR_RETURN(Tensor out, rt.alloc(out_dtype, shape));
+  SB_ASSIGN_OR_RETURN(BufferRef bo, rt.bind(out, false));
+  k::ReduceArgs args{static_cast<uint32_t>(s.outer), static_cast<uint32_t>(s.dim), static_cast<uint32_t>(s.inner),
+                     op, static_cast<uint32_t>(x.dtype()), 0, 0, 0};
+  SB_RETURN_IF_ERROR(rt.dispatch(is_argmax ? "argmax" : "reduce", {bx, bo}, &args, sizeof(args),
+                                 words_of(out_dtype, out.numel())));
+  return ctx.out(out_tid, std::move(out));
+}
+
+Status reduce(KernelContext& ctx, const fb::OpNodeUnion& op) {
+  const auto* n = op.AsReduceNode();
+  return reduce_like(ctx, n->x.get(), n->out.get(), n->axis, n->keepdims, static_cast<uint32_t>(n->op), false);
+}
+
+Status argmax(KernelContext& ctx, const fb::OpNodeUnion& op) {
+  const auto* n = op.AsArgmaxNode();
+  return reduce_like(ctx, n->x.get(), n->out.get(), n->axis, n->keepdims, 0, true);
+}
+
 bool all_float(const KernelContext& ctx, std::initializer_list<const fb::Tid*> tids) {
   for (const fb::Tid* t : tids)
     if (t && !dtype_is_float(ctx.declared_dtype(t))) return false;
@@ -414,6 +481,9 @@ GpuDevice::GpuDevice(std::unique_ptr<Runtime> rt, std::string name) : rt_(std::m
   registry_.add(fb::OpNode::GatherQmmNode, gather_qmm);
   registry_.add(fb::OpNode::ArgsortNode, argsort);
   registry_.add(fb::OpNode::RouterNode, router);
+  registry_.add(fb::OpNode::GatherMmNode, gather_mm);
+  registry_.add(fb::OpNode::ReduceNode, reduce);
+  registry_.add(fb::OpNode::ArgmaxNode, argmax);
   // Reshape makes a view and never touches the bytes: the CPU kernel serves as is.
   registry_.add(fb::OpNode::ReshapeNode, make_cpu_device()->kernels().find(fb::OpNode::ReshapeNode));
 }
@@ -430,6 +500,13 @@ Status GpuDevice::can_run(const fb::OpNodeUnion& op, const KernelContext& ctx) c
       if (n->op == fb::BinaryOp::Div) return refuse("Div (division is not in the GPU contract yet)");
       return Status::ok();
     }
+    case fb::OpNode::ReduceNode: {
+      const auto* n = op.AsReduceNode();
+      if (!all_float(ctx, {n->x.get()})) return refuse("integer Reduce");
+      return n->op == fb::ReduceOp::Mean ? refuse("Mean (division is not in the GPU contract yet)") : Status::ok();
+    }
+    case fb::OpNode::ArgmaxNode:
+      return all_float(ctx, {op.AsArgmaxNode()->x.get()}) ? Status::ok() : refuse("integer Argmax");
     case fb::OpNode::UnaryNode:
       return all_float(ctx, {op.AsUnaryNode()->x.get()}) ? Status::ok() : refuse("integer Unary");
     case fb::OpNode::CastNode: {

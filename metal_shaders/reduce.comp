@@ -1,0 +1,57 @@
+#version 450
+#extension GL_GOOGLE_include_directive : require
+// Reduce Sum/Max/Min and Argmax along one axis, in index order 0..d-1; twin of
+// cpu_fallback/reduce.cpp. x is viewed as [outer, d, inner].
+// Thread -> output: REDUCE: invocation w writes word w of out [outer, inner] (1 or 2
+// elements); ARGMAX: invocation i writes i32 element i.
+#include "common.glsl"
+
+layout(local_size_x = 256) in;
+layout(std430, binding = 0) readonly buffer X { uint x[]; };
+layout(std430, binding = 1) writeonly buffer O { uint o[]; };
+layout(push_constant) uniform Args { SB_REDUCE_ARGS } args;
+
+float at(uint i, uint j) {  // element (output i, position j along the axis)
+  uint a = i / args.inner, b = i % args.inner;
+  return SB_LOAD(x, args.dtype, (a * args.d + j) * args.inner + b);
+}
+
+#ifdef REDUCE
+float reduce_one(uint i) {
+  if (args.op == 0u) {  // Sum: f32 accumulator from +0, in index order
+    precise float acc = 0.0;
+    for (uint j = 0u; j < args.d; ++j) acc = acc + at(i, j);
+    return acc;
+  }
+  float m = at(i, 0u);  // Max (2) / Min (3): NaN propagates
+  for (uint j = 1u; j < args.d; ++j) m = args.op == 2u ? sb_max(m, at(i, j)) : sb_min(m, at(i, j));
+  return m;
+}
+
+void main() {
+  uint w = sb_linear_id();
+  uint per = sb_per_word(args.dtype);
+  uint i = w * per, count = args.outer * args.inner;
+  if (i >= count) return;
+  float lo = reduce_one(i);
+  float hi = (per == 2u && i + 1u < count) ? reduce_one(i + 1u) : 0.0;
+  o[w] = sb_encode_word(lo, hi, args.dtype);
+}
+#endif
+
+#ifdef ARGMAX
+void main() {
+  uint i = sb_linear_id();
+  if (i >= args.outer * args.inner) return;
+  uint best = 0u;
+  float bv = at(i, 0u);
+  for (uint j = 1u; j < args.d; ++j) {  // the lowest index among equal maxima; NaN is the largest
+    float v = at(i, j);
+    if (!sb_isnan(bv) && (sb_isnan(v) || v > bv)) {
+      best = j;
+      bv = v;
+    }
+  }
+  o[i] = best;
+}
+#endif
