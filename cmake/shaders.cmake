@@ -7,6 +7,7 @@ set(SB_KERNEL_VARIANTS
   elementwise:UNARY:unary
   cast:CAST:cast
   shape_ops:FILL:fill
+  shape_ops:REGION:region
   glu:GLU:glu
   combine:COMBINE:combine
   permute:GATHER_ROWS:gather_rows

@@ -68,6 +68,14 @@
 // reduce.comp: x viewed as [outer, d, inner] -> out [outer, inner] (REDUCE: op; ARGMAX: i32).
 #define SB_REDUCE_ARGS uint outer; uint d; uint inner; uint op; uint dtype; uint pad0; uint pad1; uint pad2;
 
+// shape_ops.comp REGION: dst[dst_off + r*dst_stride + c] = src[src_off + r*src_stride + c]
+// for r < outer, c < len, in units of unit_bytes (1, 2 or 4); visits dst words
+// [first_word, first_word + words).
+#define SB_REGION_ARGS \
+  uint outer; uint len; uint src_off; uint src_stride; \
+  uint dst_off; uint dst_stride; uint unit_bytes; uint first_word; \
+  uint words; uint pad0; uint pad1; uint pad2;
+
 // probe.comp: the start-up check of a device's arithmetic against the contract.
 #define SB_PROBE_ARGS uint n; uint pad0; uint pad1; uint pad2;
 
@@ -88,6 +96,7 @@ struct PermuteArgs { SB_PERMUTE_ARGS };
 struct ProbeArgs { SB_PROBE_ARGS };
 struct GatherMmArgs { SB_GATHER_MM_ARGS };
 struct ReduceArgs { SB_REDUCE_ARGS };
+struct RegionArgs { SB_REGION_ARGS };
 struct RouterArgs { SB_ROUTER_ARGS };
 struct ArgsortArgs { SB_ARGSORT_ARGS };
 }  // namespace switchboard::kernels

@@ -1,10 +1,16 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
-// Full: fills 32-bit words with a pattern the host encoded (any dtype); twin of
-// cpu_fallback/shape_ops.cpp. Thread -> output: invocation w writes word w.
+// Data movement; twin of cpu_fallback/shape_ops.cpp.
+//  FILL: every 32-bit word of out from a two-word pattern the host encoded (Full, any
+//    dtype). Thread -> output: invocation w writes word w.
+//  REGION: a strided block copy (Slice, Concat, SliceUpdate). Thread -> output:
+//    invocation i owns dst word first_word + i and rewrites the units of it that lie in
+//    the region, keeping the others, so rows that share a word never race.
 #include "common.glsl"
 
 layout(local_size_x = 256) in;
+
+#ifdef FILL
 layout(std430, binding = 0) writeonly buffer O { uint o[]; };
 layout(push_constant) uniform Args { SB_FILL_ARGS } args;
 
@@ -13,3 +19,30 @@ void main() {
   if (w >= args.words) return;
   o[w] = (w & 1u) == 0u ? args.pattern0 : args.pattern1;
 }
+#endif
+
+#ifdef REGION
+layout(std430, binding = 0) readonly buffer S { uint src[]; };
+layout(std430, binding = 1) buffer D { uint dst[]; };
+layout(push_constant) uniform Args { SB_REGION_ARGS } args;
+
+void main() {
+  uint i = sb_linear_id();
+  if (i >= args.words) return;
+  uint w = args.first_word + i;
+  uint per = 4u / args.unit_bytes, bits = args.unit_bytes * 8u;
+  uint mask = bits == 32u ? 0xffffffffu : ((1u << bits) - 1u);
+  uint word = dst[w];
+  for (uint s = 0u; s < per; ++s) {
+    uint g = w * per + s;
+    if (g < args.dst_off) continue;
+    uint rel = g - args.dst_off;
+    uint r = rel / args.dst_stride, c = rel % args.dst_stride;
+    if (r >= args.outer || c >= args.len) continue;
+    uint su = args.src_off + r * args.src_stride + c;
+    uint v = (src[su / per] >> ((su % per) * bits)) & mask;
+    word = (word & ~(mask << (s * bits))) | (v << (s * bits));
+  }
+  dst[w] = word;
+}
+#endif

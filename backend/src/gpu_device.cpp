@@ -463,6 +463,107 @@ Status argmax(KernelContext& ctx, const fb::OpNodeUnion& op) {
   return reduce_like(ctx, n->x.get(), n->out.get(), n->axis, n->keepdims, 0, true);
 }
 
+// Copies rows [outer, len] (element units) from src to dst with the given offsets and
+// strides (shape_ops.comp REGION); 8-byte dtypes move as two 4-byte units.
+Status copy_region(Runtime& rt, DType dtype, BufferRef src, BufferRef dst, int64_t outer, int64_t len, int64_t src_off,
+                   int64_t src_stride, int64_t dst_off, int64_t dst_stride) {
+  if (outer == 0 || len == 0) return Status::ok();
+  const int64_t es = static_cast<int64_t>(dtype_size(dtype)), m = es == 8 ? 2 : 1;
+  const int64_t unit = es == 8 ? 4 : es, per = 4 / unit;
+  const int64_t first = dst_off * m, last = (dst_off + (outer - 1) * dst_stride + len) * m;  // units [first, last)
+  SB_RETURN_IF_ERROR(u32_count(std::max(last, (src_off + (outer - 1) * src_stride + len) * m), "copy").status());
+  k::RegionArgs a{};
+  a.outer = static_cast<uint32_t>(outer);
+  a.len = static_cast<uint32_t>(len * m);
+  a.src_off = static_cast<uint32_t>(src_off * m);
+  a.src_stride = static_cast<uint32_t>(src_stride * m);
+  a.dst_off = static_cast<uint32_t>(first);
+  a.dst_stride = static_cast<uint32_t>(dst_stride * m);
+  a.unit_bytes = static_cast<uint32_t>(unit);
+  a.first_word = static_cast<uint32_t>(first / per);
+  a.words = static_cast<uint32_t>((last + per - 1) / per - first / per);
+  return rt.dispatch("region", {src, dst}, &a, sizeof(a), a.words);
+}
+
+Status slice(KernelContext& ctx, const fb::OpNodeUnion& op) {
+  const auto* n = op.AsSliceNode();
+  Runtime& rt = rt_of(ctx);
+  Tensor x;
+  SB_ASSIGN_OR_RETURN(BufferRef bx, bind_in(ctx, n->x.get(), &x));
+  SB_ASSIGN_OR_RETURN(int64_t axis, cpu::normalize_axis(n->axis, x.rank()));
+  SB_ASSIGN_OR_RETURN(int64_t start, ctx.resolve(n->start.get()));
+  SB_ASSIGN_OR_RETURN(int64_t stop, ctx.resolve(n->stop.get()));
+  const int64_t d = x.dim(axis);
+  auto clamp = [d](int64_t v) { return std::clamp(v < 0 ? v + d : v, int64_t{0}, d); };
+  start = clamp(start);
+  stop = std::max(start, clamp(stop));
+  Shape shape = x.shape();
+  shape[static_cast<size_t>(axis)] = stop - start;
+  SB_ASSIGN_OR_RETURN(Tensor out, rt.alloc(x.dtype(), shape));
+  SB_ASSIGN_OR_RETURN(BufferRef bo, rt.bind(out, false));
+  const cpu::AxisSplit s = cpu::split_at(x.shape(), axis);
+  const int64_t len = (stop - start) * s.inner;
+  SB_RETURN_IF_ERROR(copy_region(rt, x.dtype(), bx, bo, s.outer, len, start * s.inner, d * s.inner, 0, len));
+  return ctx.out(n->out.get(), std::move(out));
+}
+
+Status concat(KernelContext& ctx, const fb::OpNodeUnion& op) {
+  const auto* n = op.AsConcatNode();
+  Runtime& rt = rt_of(ctx);
+  std::vector<Tensor> xs(n->inputs.size());
+  std::vector<BufferRef> bs(n->inputs.size());
+  for (size_t i = 0; i < xs.size(); ++i) {
+    SB_ASSIGN_OR_RETURN(bs[i], bind_in(ctx, &n->inputs[i], &xs[i]));
+  }
+  SB_ASSIGN_OR_RETURN(int64_t axis, cpu::normalize_axis(n->axis, xs[0].rank()));
+  Shape shape = xs[0].shape();
+  shape[static_cast<size_t>(axis)] = 0;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    for (int64_t k = 0; k < xs[0].rank(); ++k)
+      SB_CHECK_OR_RETURN(k == axis || xs[i].dim(k) == xs[0].dim(k), StatusCode::kInvalidArgument,
+                         "inputs[%zu] shape %s does not match inputs[0] %s", i, shape_str(xs[i].shape()).c_str(),
+                         shape_str(xs[0].shape()).c_str());
+    shape[static_cast<size_t>(axis)] += xs[i].dim(axis);
+  }
+  SB_ASSIGN_OR_RETURN(Tensor out, rt.alloc(xs[0].dtype(), shape));
+  SB_ASSIGN_OR_RETURN(BufferRef bo, rt.bind(out, false));
+  const cpu::AxisSplit s = cpu::split_at(shape, axis);
+  int64_t at = 0;  // along the axis
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const int64_t len = xs[i].dim(axis) * s.inner;
+    SB_RETURN_IF_ERROR(copy_region(rt, out.dtype(), bs[i], bo, s.outer, len, 0, len, at * s.inner, s.dim * s.inner));
+    at += xs[i].dim(axis);
+  }
+  return ctx.out(n->out.get(), std::move(out));
+}
+
+// dst[..., start:start+len, ...] = update, in place in dst's device memory.
+Status slice_update(KernelContext& ctx, const fb::OpNodeUnion& op) {
+  const auto* n = op.AsSliceUpdateNode();
+  Runtime& rt = rt_of(ctx);
+  Tensor u;
+  SB_ASSIGN_OR_RETURN(BufferRef bu, bind_in(ctx, n->update.get(), &u));
+  SB_ASSIGN_OR_RETURN(int64_t start, ctx.resolve(n->start.get()));
+  SB_ASSIGN_OR_RETURN(Tensor host_dst, ctx.inplace(n->dst.get()));
+  SB_ASSIGN_OR_RETURN(Tensor dst, rt.device_tensor(host_dst));
+  SB_ASSIGN_OR_RETURN(int64_t axis, cpu::normalize_axis(n->axis, dst.rank()));
+  SB_CHECK_OR_RETURN(u.rank() == dst.rank(), StatusCode::kInvalidArgument, "update rank differs from dst");
+  for (int64_t k = 0; k < dst.rank(); ++k)
+    SB_CHECK_OR_RETURN(k == axis || u.dim(k) == dst.dim(k), StatusCode::kInvalidArgument,
+                       "update %s does not match dst %s outside axis %lld", shape_str(u.shape()).c_str(),
+                       shape_str(dst.shape()).c_str(), (long long)axis);
+  const int64_t d = dst.dim(axis), len = u.dim(axis);
+  SB_CHECK_OR_RETURN(start >= 0 && start <= d - len, StatusCode::kOutOfRange,
+                     "start %lld + length %lld exceeds dst dim %lld", (long long)start, (long long)len, (long long)d);
+  SB_ASSIGN_OR_RETURN(BufferRef bd, rt.bind(dst, false));
+  const cpu::AxisSplit s = cpu::split_at(dst.shape(), axis);
+  SB_RETURN_IF_ERROR(copy_region(rt, dst.dtype(), bu, bd, s.outer, len * s.inner, 0, len * s.inner, start * s.inner,
+                                 d * s.inner));
+  // A host buffer was copied to the device: the device copy is the buffer from now on.
+  if (dst.data() != host_dst.data()) SB_RETURN_IF_ERROR(ctx.out(n->dst.get(), std::move(dst)));
+  return Status::ok();
+}
+
 bool all_float(const KernelContext& ctx, std::initializer_list<const fb::Tid*> tids) {
   for (const fb::Tid* t : tids)
     if (t && !dtype_is_float(ctx.declared_dtype(t))) return false;
@@ -484,8 +585,14 @@ GpuDevice::GpuDevice(std::unique_ptr<Runtime> rt, std::string name) : rt_(std::m
   registry_.add(fb::OpNode::GatherMmNode, gather_mm);
   registry_.add(fb::OpNode::ReduceNode, reduce);
   registry_.add(fb::OpNode::ArgmaxNode, argmax);
-  // Reshape makes a view and never touches the bytes: the CPU kernel serves as is.
-  registry_.add(fb::OpNode::ReshapeNode, make_cpu_device()->kernels().find(fb::OpNode::ReshapeNode));
+  registry_.add(fb::OpNode::SliceNode, slice);
+  registry_.add(fb::OpNode::ConcatNode, concat);
+  registry_.add(fb::OpNode::SliceUpdateNode, slice_update);
+  // Reshape (a view) and Copy (shares storage: tensors are immutable once written) never
+  // touch the bytes, so the CPU kernels serve as they are.
+  const auto cpu = make_cpu_device();
+  registry_.add(fb::OpNode::ReshapeNode, cpu->kernels().find(fb::OpNode::ReshapeNode));
+  registry_.add(fb::OpNode::CopyNode, cpu->kernels().find(fb::OpNode::CopyNode));
 }
 
 Status GpuDevice::can_run(const fb::OpNodeUnion& op, const KernelContext& ctx) const {

@@ -104,6 +104,17 @@ Result<BufferRef> MappedRuntime::bind(const Tensor& t, bool constant) {
   return bind(dev, false);
 }
 
+Result<Tensor> MappedRuntime::device_tensor(const Tensor& t) {
+  Block b;
+  uint64_t off = 0;
+  bool inside = false;
+  if (pool_->find(t.data(), t.nbytes(), b, off, inside) && off % alignment_ == 0) return t;
+  if (inside) SB_RETURN_IF_ERROR(sync());
+  SB_ASSIGN_OR_RETURN(Tensor dev, alloc(t.dtype(), t.shape()));
+  if (t.nbytes()) std::memcpy(dev.mutable_data(), t.data(), t.nbytes());
+  return dev;
+}
+
 Result<BufferRef> MappedRuntime::scratch(size_t bytes, uint32_t fill_word) {
   SB_ASSIGN_OR_RETURN(Tensor t, alloc(DType::kU32, {static_cast<int64_t>((bytes + 3) / 4)}));
   auto* w = t.mutable_data_as<uint32_t>();

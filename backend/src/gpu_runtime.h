@@ -33,6 +33,9 @@ class GpuRuntime {
   // Where t lives for a kernel: its own allocation, a cached upload of a constant,
   // or a fresh upload of a host tensor. Keeps t alive until sync().
   virtual Result<BufferRef> bind(const Tensor& t, bool constant) = 0;
+  // t itself when it lives in device memory where kernels can bind it, else a device
+  // copy of it (for tensors a kernel updates in place).
+  virtual Result<Tensor> device_tensor(const Tensor& t) = 0;
   // A scratch buffer of `bytes`, every word set to fill_word.
   virtual Result<BufferRef> scratch(size_t bytes, uint32_t fill_word) = 0;
   // The status word kernels raise SB_ERR_* bits in (reset at each sync).
