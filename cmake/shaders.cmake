@@ -4,6 +4,7 @@
 # generated source compiled into the library. Variants: "file:DEFINE:kernel_name".
 set(SB_KERNEL_VARIANTS
   elementwise:BINARY:binary
+  elementwise:BINARY_DIV:binary_div
   elementwise:UNARY:unary
   cast:CAST:cast
   shape_ops:FILL:fill
@@ -18,6 +19,7 @@ set(SB_KERNEL_VARIANTS
   router:ROUTER:router
   gather_mm:GATHER_MM:gather_mm
   reduce:REDUCE:reduce
+  reduce:REDUCE_MEAN:reduce_mean
   reduce:ARGMAX:argmax
   probe:PROBE:numerics_probe)
 

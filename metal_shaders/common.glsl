@@ -12,10 +12,10 @@ spirv_execution_mode(extensions = ["SPV_KHR_float_controls"], capabilities = [44
 #include "kernel_args.h"
 
 // Linear invocation id over a 2D grid of 1D workgroups (the host splits large
-// counts into rows of at most 65535 workgroups).
-uint sb_linear_id() {
-  return gl_GlobalInvocationID.x + gl_GlobalInvocationID.y * (gl_NumWorkGroups.x * gl_WorkGroupSize.x);
-}
+// counts into rows of at most 65535 workgroups). A macro, not a function: this file
+// is included before the kernel's local_size layout, and a function here would see
+// gl_WorkGroupSize as 1.
+#define sb_linear_id() (gl_GlobalInvocationID.x + gl_GlobalInvocationID.y * (gl_NumWorkGroups.x * gl_WorkGroupSize.x))
 
 bool sb_is16(uint dt) { return dt == SB_DT_F16 || dt == SB_DT_BF16; }
 uint sb_word(uint dt, uint i) { return sb_is16(dt) ? (i >> 1) : i; }

@@ -5,6 +5,9 @@
 // Thread -> output: invocation w writes output word w (one f32/i32 element, or
 // elements 2w and 2w+1 of an f16/bf16 tensor).
 #include "common.glsl"
+#ifdef BINARY_DIV
+#define BINARY  // binary_div: Binary with Div (IEEE division; see gpu_kernel_table.h)
+#endif
 
 layout(local_size_x = 256) in;
 layout(std430, binding = 0) readonly buffer A { uint a[]; };
@@ -37,6 +40,9 @@ float apply(float x, float y) {
   if (args.op == 0u) r = x + y;
   else if (args.op == 1u) r = x - y;
   else if (args.op == 2u) r = x * y;
+#ifdef BINARY_DIV
+  else if (args.op == 3u) r = x / y;
+#endif
   else if (args.op == 4u) r = sb_max(x, y);
   else r = sb_min(x, y);
   return r;

@@ -5,6 +5,9 @@
 // Thread -> output: REDUCE: invocation w writes word w of out [outer, inner] (1 or 2
 // elements); ARGMAX: invocation i writes i32 element i.
 #include "common.glsl"
+#ifdef REDUCE_MEAN
+#define REDUCE  // reduce_mean: Sum, then one IEEE division by d (see gpu_kernel_table.h)
+#endif
 
 layout(local_size_x = 256) in;
 layout(std430, binding = 0) readonly buffer X { uint x[]; };
@@ -18,9 +21,15 @@ float at(uint i, uint j) {  // element (output i, position j along the axis)
 
 #ifdef REDUCE
 float reduce_one(uint i) {
-  if (args.op == 0u) {  // Sum: f32 accumulator from +0, in index order
+  if (args.op <= 1u) {  // Sum (and Mean): f32 accumulator from +0, in index order
     precise float acc = 0.0;
     for (uint j = 0u; j < args.d; ++j) acc = acc + at(i, j);
+#ifdef REDUCE_MEAN
+    if (args.op == 1u) {
+      precise float mean = acc / float(args.d);
+      return mean;
+    }
+#endif
     return acc;
   }
   float m = at(i, 0u);  // Max (2) / Min (3): NaN propagates

@@ -115,6 +115,8 @@ TEST(ShaderStructure, MslBindsBufferNToBindingNAndArgumentsTo30) {
               std::string::npos)
         << sig;
     EXPECT_EQ(msl.find("fast::"), std::string::npos) << "fast-math builtins in the MSL";
+    // The linear id must scale by the real workgroup size (common.glsl's sb_linear_id).
+    EXPECT_EQ(msl.find("gl_NumWorkGroups.x * 1u"), std::string::npos) << "grid rows one workgroup wide";
     // A NoContraction multiply must keep a negative zero product (sb_shaderc's fix).
     EXPECT_EQ(msl.find("fma(l, r, T(0))"), std::string::npos) << "spvFMul loses the sign of -0";
   }
@@ -124,7 +126,7 @@ TEST(ShaderStructure, MslBindsBufferNToBindingNAndArgumentsTo30) {
 // differ), no division or remainder, no subgroup ops (their order depends on the
 // device), every float add/sub/mul decorated NoContraction, and the RTE and
 // SignedZeroInfNanPreserve execution modes declared for fp32.
-std::vector<std::string> lint_spirv(const std::vector<uint32_t>& spv) {
+std::vector<std::string> lint_spirv(const std::vector<uint32_t>& spv, bool divides = false) {
   static const std::set<uint32_t> forbidden_ext = {
       GLSLstd450Exp, GLSLstd450Exp2, GLSLstd450Log, GLSLstd450Log2, GLSLstd450Pow, GLSLstd450Tanh,
       GLSLstd450Sinh, GLSLstd450Cosh, GLSLstd450Sqrt, GLSLstd450InverseSqrt, GLSLstd450Fma, GLSLstd450Sin,
@@ -149,7 +151,9 @@ std::vector<std::string> lint_spirv(const std::vector<uint32_t>& spv) {
       rte |= w[2] == spv::ExecutionModeRoundingModeRTE;
       sz |= w[2] == spv::ExecutionModeSignedZeroInfNanPreserve;
     }
-    if (op == spv::OpFDiv || op == spv::OpFRem || op == spv::OpFMod) bad.push_back("division opcode " + std::to_string(op));
+    if ((op == spv::OpFDiv && !divides) || op == spv::OpFRem || op == spv::OpFMod)
+      bad.push_back("division opcode " + std::to_string(op));
+    if (op == spv::OpFDiv) arith_ids.insert(w[2]);
     if (op >= spv::OpGroupNonUniformElect && op <= spv::OpGroupNonUniformQuadSwap)
       bad.push_back("subgroup opcode " + std::to_string(op));
     if (contractible.count(op)) arith_ids.insert(w[2]);
@@ -168,7 +172,18 @@ TEST(ShaderStructure, ExactKernelsPassTheSpirvLint) {
   for (const KernelInfo& k : kernels::kKernels) {
     if (!k.exact) continue;
     SCOPED_TRACE(k.name);
-    for (const std::string& problem : lint_spirv(words_of(embedded(k)))) ADD_FAILURE() << problem;
+    for (const std::string& problem : lint_spirv(words_of(embedded(k)), k.divides)) ADD_FAILURE() << problem;
+  }
+}
+
+// Only the kernels the table marks as dividing may contain OpFDiv.
+TEST(ShaderStructure, OnlyDividingKernelsDivide) {
+  for (const KernelInfo& k : kernels::kKernels) {
+    SCOPED_TRACE(k.name);
+    const std::vector<uint32_t> spv = words_of(embedded(k));
+    bool has_div = false;
+    for (size_t i = 5; i < spv.size(); i += spv[i] >> 16) has_div |= (spv[i] & 0xffff) == spv::OpFDiv;
+    EXPECT_EQ(has_div, k.divides);
   }
 }
 

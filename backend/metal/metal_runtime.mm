@@ -54,7 +54,9 @@ class MetalRuntime final : public gpu::MappedRuntime {
  public:
   static Result<std::unique_ptr<MetalRuntime>> open();
   ~MetalRuntime() override {
-    if (cmd_ != nil) (void)sync();
+    @autoreleasepool {
+      if (cmd_ != nil) (void)sync();
+    }
   }
   const std::string& description() const override { return description_; }
   Status dispatch(const char* kernel, const std::vector<gpu::BufferRef>& bindings, const void* args, size_t args_size,
@@ -63,6 +65,10 @@ class MetalRuntime final : public gpu::MappedRuntime {
 
  private:
   Result<Pipeline*> pipeline_for(const char* name);
+  Result<Pipeline*> compile_pipeline(const char* name);
+  Status record(const char* kernel, const std::vector<gpu::BufferRef>& bindings, const void* args, size_t args_size,
+                uint64_t invocations);
+  Status finish();
   Status probe_numerics();
 
   id<MTLDevice> device_ = nil;
@@ -91,7 +97,15 @@ Result<std::unique_ptr<MetalRuntime>> MetalRuntime::open() {
 
 // One library per kernel, from its MSL, with safe math: no reassociation, no
 // fast-math transcendentals (the kernels call none anyway), IEEE NaN/Inf/-0.
+// Every entry point from C++ drains its own autorelease pool: command buffers,
+// encoders and NSStrings are autoreleased, and the caller's thread may have no pool.
 Result<Pipeline*> MetalRuntime::pipeline_for(const char* name) {
+  @autoreleasepool {
+    return compile_pipeline(name);
+  }
+}
+
+Result<Pipeline*> MetalRuntime::compile_pipeline(const char* name) {
   auto it = pipelines_.find(name);
   if (it != pipelines_.end()) return &it->second;
   const kernels::KernelInfo* info = kernels::find_kernel(name);
@@ -126,6 +140,19 @@ Result<Pipeline*> MetalRuntime::pipeline_for(const char* name) {
 
 Status MetalRuntime::dispatch(const char* kernel, const std::vector<gpu::BufferRef>& bindings, const void* args,
                               size_t args_size, uint64_t invocations) {
+  @autoreleasepool {
+    return record(kernel, bindings, args, args_size, invocations);
+  }
+}
+
+Status MetalRuntime::sync() {
+  @autoreleasepool {
+    return finish();
+  }
+}
+
+Status MetalRuntime::record(const char* kernel, const std::vector<gpu::BufferRef>& bindings, const void* args,
+                            size_t args_size, uint64_t invocations) {
   if (invocations == 0) return Status::ok();
   SB_ASSIGN_OR_RETURN(Pipeline * p, pipeline_for(kernel));
   SB_CHECK_OR_RETURN(static_cast<int>(bindings.size()) == p->info->num_bindings && args_size == p->info->args_size,
@@ -133,7 +160,7 @@ Status MetalRuntime::dispatch(const char* kernel, const std::vector<gpu::BufferR
                      bindings.size(), args_size, p->info->num_bindings, p->info->args_size);
   const uint64_t local = p->info->local_size_x;
   const uint64_t groups = (invocations + local - 1) / local;
-  const uint64_t gx = std::min<uint64_t>(groups, 65535), gy = (groups + gx - 1) / gx;  // the Vulkan grid shape
+  const uint64_t gx = std::min<uint64_t>(groups, gpu::max_groups_x()), gy = (groups + gx - 1) / gx;  // the Vulkan grid shape
   SB_CHECK_OR_RETURN(gy <= 65535, StatusCode::kResourceExhausted, "kernel %s: %llu invocations are too many", kernel,
                      (unsigned long long)invocations);
   if (cmd_ == nil) {
@@ -152,7 +179,7 @@ Status MetalRuntime::dispatch(const char* kernel, const std::vector<gpu::BufferR
   return Status::ok();
 }
 
-Status MetalRuntime::sync() {
+Status MetalRuntime::finish() {
   if (cmd_ == nil) return Status::ok();
   [enc_ endEncoding];
   [cmd_ commit];
@@ -175,13 +202,13 @@ Status MetalRuntime::probe_numerics() {
   const uint32_t n = static_cast<uint32_t>(in.size() / 3);
   SB_ASSIGN_OR_RETURN(Tensor x, alloc(DType::kF32, {static_cast<int64_t>(in.size())}));
   std::memcpy(x.mutable_data(), in.data(), in.size() * 4);
-  SB_ASSIGN_OR_RETURN(Tensor y, alloc(DType::kF32, {static_cast<int64_t>(6 * n)}));
+  SB_ASSIGN_OR_RETURN(Tensor y, alloc(DType::kF32, {static_cast<int64_t>(7 * n)}));
   SB_ASSIGN_OR_RETURN(gpu::BufferRef bx, bind(x, false));
   SB_ASSIGN_OR_RETURN(gpu::BufferRef by, bind(y, false));
   kernels::ProbeArgs args{n, 0, 0, 0};
   SB_RETURN_IF_ERROR(dispatch("numerics_probe", {bx, by}, &args, sizeof(args), n));
   SB_RETURN_IF_ERROR(sync());
-  return gpu::check_probe(description_, in, y.data_as<float>());
+  return gpu::check_probe(description_, in, y.data_as<float>(), exact_division_);
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 // (indices, permutations) run on the device and surface at sync() as errors. Ops
 // or dtypes without a kernel are refused at plan time.
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 #include "cpu_common.h"
@@ -71,7 +72,7 @@ Status binary(KernelContext& ctx, const fb::OpNodeUnion& op) {
     args.sa[d] = static_cast<uint32_t>(sa[d]);
     args.sb[d] = static_cast<uint32_t>(sb[d]);
   }
-  SB_RETURN_IF_ERROR(rt.dispatch("binary", {ba, bb, bo, rt.error_word()}, &args, sizeof(args), words_of(out.dtype(), out.numel())));
+  SB_RETURN_IF_ERROR(rt.dispatch(n->op == fb::BinaryOp::Div ? "binary_div" : "binary", {ba, bb, bo, rt.error_word()}, &args, sizeof(args), words_of(out.dtype(), out.numel())));
   return ctx.out(n->out.get(), std::move(out));
 }
 
@@ -448,7 +449,8 @@ Status reduce_like(KernelContext& ctx, const fb::Tid* x_tid, const fb::Tid* out_
   SB_ASSIGN_OR_RETURN(BufferRef bo, rt.bind(out, false));
   k::ReduceArgs args{static_cast<uint32_t>(s.outer), static_cast<uint32_t>(s.dim), static_cast<uint32_t>(s.inner),
                      op, static_cast<uint32_t>(x.dtype()), 0, 0, 0};
-  SB_RETURN_IF_ERROR(rt.dispatch(is_argmax ? "argmax" : "reduce", {bx, bo}, &args, sizeof(args),
+  const char* kernel = is_argmax ? "argmax" : op == static_cast<uint32_t>(fb::ReduceOp::Mean) ? "reduce_mean" : "reduce";
+  SB_RETURN_IF_ERROR(rt.dispatch(kernel, {bx, bo}, &args, sizeof(args),
                                  words_of(out_dtype, out.numel())));
   return ctx.out(out_tid, std::move(out));
 }
@@ -604,13 +606,16 @@ Status GpuDevice::can_run(const fb::OpNodeUnion& op, const KernelContext& ctx) c
       const auto* n = op.AsBinaryNode();
       if (!all_float(ctx, {n->a.get()}) && ctx.declared_dtype(n->a.get()) != DType::kI32)
         return refuse("Binary on integers other than i32");
-      if (n->op == fb::BinaryOp::Div) return refuse("Div (division is not in the GPU contract yet)");
+      if (n->op == fb::BinaryOp::Div && !rt_->exact_division())
+        return refuse("Div (the start-up probe found its division not correctly rounded)");
       return Status::ok();
     }
     case fb::OpNode::ReduceNode: {
       const auto* n = op.AsReduceNode();
       if (!all_float(ctx, {n->x.get()})) return refuse("integer Reduce");
-      return n->op == fb::ReduceOp::Mean ? refuse("Mean (division is not in the GPU contract yet)") : Status::ok();
+      return n->op == fb::ReduceOp::Mean && !rt_->exact_division()
+                 ? refuse("Mean (the start-up probe found its division not correctly rounded)")
+                 : Status::ok();
     }
     case fb::OpNode::ArgmaxNode:
       return all_float(ctx, {op.AsArgmaxNode()->x.get()}) ? Status::ok() : refuse("integer Argmax");
@@ -628,6 +633,15 @@ Status GpuDevice::can_run(const fb::OpNodeUnion& op, const KernelContext& ctx) c
 
 std::unique_ptr<Device> make_gpu_device(std::unique_ptr<GpuRuntime> rt, std::string name) {
   return std::make_unique<GpuDevice>(std::move(rt), std::move(name));
+}
+
+uint64_t max_groups_x() {
+  static const uint64_t v = [] {
+    const char* e = std::getenv("SWITCHBOARD_GPU_MAX_GROUPS_X");
+    const long long n = e ? std::atoll(e) : 0;
+    return n >= 1 && n <= 65535 ? static_cast<uint64_t>(n) : uint64_t{65535};
+  }();
+  return v;
 }
 
 Status status_from_error_bits(uint32_t bits) {
@@ -658,16 +672,18 @@ std::vector<float> probe_inputs() {
   };
 }
 
-Status check_probe(const std::string& device, const std::vector<float>& in, const float* got) {
+Status check_probe(const std::string& device, const std::vector<float>& in, const float* got, bool& exact_division) {
   static const char* kWhat[] = {"a*b+c (no fusion)", "a*b", "a-c", "exp", "rcp", "round_even"};
+  exact_division = true;
   for (size_t i = 0; i < in.size() / 3; ++i) {
     const float a = in[3 * i], b = in[3 * i + 1], c = in[3 * i + 2];
     const float want[6] = {a * b + c, a * b, a - c, exact::exp(a), exact::rcp(b), exact::round_even(c)};
     for (int k = 0; k < 6; ++k)
-      SB_CHECK_OR_RETURN(f32_bits(got[6 * i + k]) == f32_bits(want[k]), StatusCode::kFailedPrecondition,
+      SB_CHECK_OR_RETURN(f32_bits(got[7 * i + k]) == f32_bits(want[k]), StatusCode::kFailedPrecondition,
                          "%s: exact mode refused: the start-up probe computed %s(%a, %a, %a) = %a, the contract "
                          "says %a (rounding, contraction or denormal behaviour differs)",
-                         device.c_str(), kWhat[k], a, b, c, got[6 * i + k], want[k]);
+                         device.c_str(), kWhat[k], a, b, c, got[7 * i + k], want[k]);
+    exact_division &= f32_bits(got[7 * i + 6]) == f32_bits(a / b);
   }
   return Status::ok();
 }

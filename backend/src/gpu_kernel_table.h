@@ -26,6 +26,9 @@ struct KernelInfo {
   const char* args_fields; // the SB_*_ARGS field list, as text
   uint32_t local_size_x;
   bool exact;              // on an exact path: the lint applies
+  // Uses IEEE division (OpFDiv), exact only where the start-up probe finds the device's
+  // division correctly rounded; elsewhere the ops that need it are refused.
+  bool divides = false;
 };
 
 #define SB_STR_(...) #__VA_ARGS__
@@ -35,6 +38,8 @@ using A = Access;
 inline constexpr KernelInfo kKernels[] = {
     {"binary", "elementwise", 4, {A::kRead, A::kRead, A::kWrite, A::kReadWrite}, sizeof(BinaryArgs),
      SB_STR(SB_BINARY_ARGS), 256, true},
+    {"binary_div", "elementwise", 4, {A::kRead, A::kRead, A::kWrite, A::kReadWrite}, sizeof(BinaryArgs),
+     SB_STR(SB_BINARY_ARGS), 256, true, true},
     {"unary", "elementwise", 2, {A::kRead, A::kWrite}, sizeof(UnaryArgs), SB_STR(SB_UNARY_ARGS), 256, true},
     {"cast", "cast", 2, {A::kRead, A::kWrite}, sizeof(CastArgs), SB_STR(SB_CAST_ARGS), 256, true},
     {"fill", "shape_ops", 1, {A::kWrite}, sizeof(FillArgs), SB_STR(SB_FILL_ARGS), 256, true},
@@ -57,9 +62,10 @@ inline constexpr KernelInfo kKernels[] = {
     {"gather_mm", "gather_mm", 6, {A::kRead, A::kRead, A::kRead, A::kRead, A::kWrite, A::kReadWrite},
      sizeof(GatherMmArgs), SB_STR(SB_GATHER_MM_ARGS), 32, true},
     {"reduce", "reduce", 2, {A::kRead, A::kWrite}, sizeof(ReduceArgs), SB_STR(SB_REDUCE_ARGS), 256, true},
+    {"reduce_mean", "reduce", 2, {A::kRead, A::kWrite}, sizeof(ReduceArgs), SB_STR(SB_REDUCE_ARGS), 256, true, true},
     {"argmax", "reduce", 2, {A::kRead, A::kWrite}, sizeof(ReduceArgs), SB_STR(SB_REDUCE_ARGS), 256, true},
     {"region", "shape_ops", 2, {A::kRead, A::kReadWrite}, sizeof(RegionArgs), SB_STR(SB_REGION_ARGS), 256, true},
-    {"numerics_probe", "probe", 2, {A::kRead, A::kWrite}, sizeof(ProbeArgs), SB_STR(SB_PROBE_ARGS), 64, true},
+    {"numerics_probe", "probe", 2, {A::kRead, A::kWrite}, sizeof(ProbeArgs), SB_STR(SB_PROBE_ARGS), 64, true, true},
 };
 inline constexpr size_t kNumKernels = sizeof(kKernels) / sizeof(kKernels[0]);
 

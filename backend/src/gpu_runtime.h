@@ -46,15 +46,26 @@ class GpuRuntime {
                           size_t args_size, uint64_t invocations) = 0;
   // Runs what was recorded and waits; errors name the SB_ERR_* bits raised.
   virtual Status sync() = 0;
+  // Whether kernels that divide (gpu_kernel_table.h `divides`) may run: set by the probe.
+  bool exact_division() const { return exact_division_; }
+
+ protected:
+  bool exact_division_ = false;
 };
+
+// The widest grid row dispatch() uses: 65535 workgroups, or SWITCHBOARD_GPU_MAX_GROUPS_X
+// (tests set it small so small tensors take the two-dimensional grid path).
+uint64_t max_groups_x();
 
 // The error a device status word stands for (OK when no bit is set).
 Status status_from_error_bits(uint32_t bits);
 
 // The numbers the start-up probe (probe.comp) feeds a device, and the check of its
-// results against the CPU's contract arithmetic.
+// results (7 per triple) against the CPU's contract arithmetic. `exact_division` says
+// whether the device's a / b was correctly rounded on every probe row.
 std::vector<float> probe_inputs();
-Status check_probe(const std::string& device, const std::vector<float>& inputs, const float* results);
+Status check_probe(const std::string& device, const std::vector<float>& inputs, const float* results,
+                   bool& exact_division);
 
 // A Device that runs every GPU kernel on `rt`; `name` is "vulkan", "metal", ...
 std::unique_ptr<Device> make_gpu_device(std::unique_ptr<GpuRuntime> rt, std::string name);

@@ -408,7 +408,7 @@ Status VulkanRuntime::dispatch(const char* kernel, const std::vector<gpu::Buffer
                      StatusCode::kInternal, "kernel %s: %zu bindings / %zu argument bytes, expected %d / %u", kernel,
                      bindings.size(), args_size, p->info->num_bindings, p->info->args_size);
   const uint64_t groups = (invocations + p->local_size - 1) / p->local_size;
-  const uint64_t gx = std::min<uint64_t>(groups, 65535), gy = (groups + gx - 1) / gx;
+  const uint64_t gx = std::min<uint64_t>(groups, gpu::max_groups_x()), gy = (groups + gx - 1) / gx;
   SB_CHECK_OR_RETURN(gy <= 65535, StatusCode::kResourceExhausted, "kernel %s: %llu invocations are too many", kernel,
                      (unsigned long long)invocations);
   SB_RETURN_IF_ERROR(begin_if_needed());
@@ -487,13 +487,13 @@ Status VulkanRuntime::probe_numerics() {
   const uint32_t n = static_cast<uint32_t>(in.size() / 3);
   SB_ASSIGN_OR_RETURN(Tensor x, alloc(DType::kF32, {static_cast<int64_t>(in.size())}));
   std::memcpy(x.mutable_data(), in.data(), in.size() * 4);
-  SB_ASSIGN_OR_RETURN(Tensor y, alloc(DType::kF32, {static_cast<int64_t>(6 * n)}));
+  SB_ASSIGN_OR_RETURN(Tensor y, alloc(DType::kF32, {static_cast<int64_t>(7 * n)}));
   SB_ASSIGN_OR_RETURN(gpu::BufferRef bx, bind(x, false));
   SB_ASSIGN_OR_RETURN(gpu::BufferRef by, bind(y, false));
   kernels::ProbeArgs args{n, 0, 0, 0};
   SB_RETURN_IF_ERROR(dispatch("numerics_probe", {bx, by}, &args, sizeof(args), n));
   SB_RETURN_IF_ERROR(sync());
-  return gpu::check_probe(description_, in, y.data_as<float>());
+  return gpu::check_probe(description_, in, y.data_as<float>(), exact_division_);
 }
 
 Result<std::unique_ptr<Device>> open_vulkan_device(int index) {
