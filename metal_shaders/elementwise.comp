@@ -74,6 +74,16 @@ uint element_i32(uint i) {
 layout(std430, binding = 1) writeonly buffer O { uint o[]; };
 layout(push_constant) uniform Args { SB_UNARY_ARGS } args;
 
+// i32 / u32: wrapping like the CPU's int64 math stored to 32 bits.
+uint element_int(uint i) {
+  uint v = a[i];
+  bool neg = args.dtype == SB_DT_I32 && int(v) < 0;
+  if (args.op == 0u) return 0u - v;
+  if (args.op == 1u) return neg ? 0u - v : v;
+  if (args.op == 2u) return v * v;
+  return neg ? 0u : v;  // Relu
+}
+
 float element(uint i) {
   float v = SB_LOAD(a, args.dtype, i);
   if (args.op == 0u) return uintBitsToFloat(floatBitsToUint(v) ^ 0x80000000u);
@@ -91,6 +101,11 @@ void main() {
 #ifdef BINARY
   if (args.dtype == SB_DT_I32) {
     if (w < args.n) o[w] = element_i32(w);
+    return;
+  }
+#else
+  if (args.dtype == SB_DT_I32 || args.dtype == SB_DT_U32) {
+    if (w < args.n) o[w] = element_int(w);
     return;
   }
 #endif

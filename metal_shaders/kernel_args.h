@@ -30,7 +30,7 @@
   uint shape[SB_MAX_RANK]; uint sa[SB_MAX_RANK]; uint sb[SB_MAX_RANK];
 // elementwise.comp UNARY.
 #define SB_UNARY_ARGS uint n; uint op; uint dtype; uint pad0;
-// cast.comp: float -> float.
+// cast.comp: between f32/f16/bf16/i32/u32/u8/bool.
 #define SB_CAST_ARGS uint n; uint from_dtype; uint to_dtype; uint pad0;
 // shape_ops.comp FILL: out[i] = pattern[i & 1] over `words` 32-bit words.
 #define SB_FILL_ARGS uint words; uint pattern0; uint pattern1; uint pad0;

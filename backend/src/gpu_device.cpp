@@ -619,11 +619,15 @@ Status GpuDevice::can_run(const fb::OpNodeUnion& op, const KernelContext& ctx) c
     }
     case fb::OpNode::ArgmaxNode:
       return all_float(ctx, {op.AsArgmaxNode()->x.get()}) ? Status::ok() : refuse("integer Argmax");
-    case fb::OpNode::UnaryNode:
-      return all_float(ctx, {op.AsUnaryNode()->x.get()}) ? Status::ok() : refuse("integer Unary");
+    case fb::OpNode::UnaryNode: {
+      const DType t = ctx.declared_dtype(op.AsUnaryNode()->x.get());
+      return dtype_is_float(t) || t == DType::kI32 || t == DType::kU32 ? Status::ok() : refuse("Unary on i64/u8/bool");
+    }
     case fb::OpNode::CastNode: {
       const auto* n = op.AsCastNode();
-      return all_float(ctx, {n->x.get(), n->out.get()}) ? Status::ok() : refuse("Cast to or from an integer dtype");
+      return ctx.declared_dtype(n->x.get()) == DType::kI64 || ctx.declared_dtype(n->out.get()) == DType::kI64
+                 ? refuse("Cast to or from i64")
+                 : Status::ok();
     }
     default: return Status::ok();
   }
