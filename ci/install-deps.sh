@@ -8,7 +8,6 @@ PACKAGES=(
   clang libclang-rt-14-dev
   flatbuffers-compiler libflatbuffers-dev
   libspdlog-dev libfmt-dev
-  libopenblas-dev
   glslang-tools spirv-tools spirv-cross libspirv-cross-c-shared-dev
   libvulkan-dev mesa-vulkan-drivers
   libgtest-dev libgmock-dev googletest

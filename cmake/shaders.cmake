@@ -18,6 +18,7 @@ set(SB_KERNEL_VARIANTS
   permute:ARGSORT:argsort
   router:ROUTER:router
   gather_mm:GATHER_MM:gather_mm
+  matmul:MATMUL:matmul
   reduce:REDUCE:reduce
   reduce:REDUCE_MEAN:reduce_mean
   reduce:ARGMAX:argmax

@@ -79,6 +79,10 @@ inline void store_i64(void* base, DType t, int64_t i, int64_t v) {
   }
 }
 
+// dot32 of docs/numerics.md: 32 strided partial sums (product, then add), then the
+// halving tree 16, 8, 4, 2, 1 (gather_mm.cpp).
+float dot32(const float* x, const float* w, int64_t k);
+
 // Every element widened to f32 (f32, f16 or bf16 sources).
 std::vector<float> widen_f32(const Tensor& t);
 

@@ -1,11 +1,10 @@
-// Dense matmul / linear through OpenBLAS (f32). f16/bf16 operands are widened
-// to f32 and the result rounded once. Not on the bit-exact path: OpenBLAS picks
-// its own summation order (docs/numerics.md).
-#include <cblas.h>
+// Dense matmul / linear, exact: each output is dot32 (docs/numerics.md) over
+// f32-widened operands, plus the bias (one add), rounded once to the output dtype.
 
 #include <vector>
 
 #include "cpu_common.h"
+#include "parallel.h"
 
 namespace switchboard::cpu {
 namespace {
@@ -31,27 +30,23 @@ Status matmul(KernelContext& ctx, const fb::OpNodeUnion& op) {
   Shape shape = a.shape();
   shape.back() = cols;
   SB_ASSIGN_OR_RETURN(Tensor out, Tensor::zeros(a.dtype(), shape));
-  std::vector<float> c(static_cast<size_t>(rows * cols), 0.f);
-  if (rows > 0 && cols > 0 && k > 0) {
-    std::vector<float> av, bv;
-    const float* ap = a.data_as<float>();
-    const float* bp = b.data_as<float>();
-    if (a.dtype() != DType::kF32) {
-      av = widen_f32(a);
-      bv = widen_f32(b);
-      ap = av.data();
-      bp = bv.data();
-    }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, n->transpose_b ? CblasTrans : CblasNoTrans, static_cast<int>(rows),
-                static_cast<int>(cols), static_cast<int>(k), 1.f, ap, static_cast<int>(k), bp,
-                static_cast<int>(n->transpose_b ? k : cols), 0.f, c.data(), static_cast<int>(cols));
+  // Operands widened to f32, B as rows of k (transposed when stored [K, N]).
+  const std::vector<float> av = widen_f32(a), braw = widen_f32(b);
+  std::vector<float> bt;
+  if (!n->transpose_b) {
+    bt.resize(braw.size());
+    for (int64_t i = 0; i < k; ++i)
+      for (int64_t j = 0; j < cols; ++j) bt[j * k + i] = braw[i * cols + j];
   }
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t j = 0; j < cols; ++j) {
-      float v = c[r * cols + j];
-      if (n->bias) v += load_f32(bias.data(), bias.dtype(), j);
-      store_f32(out.mutable_data(), out.dtype(), r * cols + j, v);
-    }
+  const float* bp = n->transpose_b ? braw.data() : bt.data();
+  parallel_for(rows, 1, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t j = 0; j < cols; ++j) {
+        float v = dot32(av.data() + r * k, bp + j * k, k);
+        if (n->bias) v = v + load_f32(bias.data(), bias.dtype(), j);
+        store_f32(out.mutable_data(), out.dtype(), r * cols + j, v);
+      }
+  });
   return ctx.out(n->out.get(), std::move(out));
 }
 

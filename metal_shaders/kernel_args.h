@@ -76,6 +76,11 @@
   uint dst_off; uint dst_stride; uint unit_bytes; uint first_word; \
   uint words; uint pad0; uint pad1; uint pad2;
 
+// matmul.comp: out [rows, cols] = dot32(a[r, :], B[:, c]) (+ bias[c]).
+#define SB_MATMUL_ARGS \
+  uint rows; uint cols; uint k; uint dtype; \
+  uint b_dtype; uint transpose_b; uint has_bias; uint bias_dtype;
+
 // probe.comp: the start-up check of a device's arithmetic against the contract.
 #define SB_PROBE_ARGS uint n; uint pad0; uint pad1; uint pad2;
 
@@ -97,6 +102,7 @@ struct ProbeArgs { SB_PROBE_ARGS };
 struct GatherMmArgs { SB_GATHER_MM_ARGS };
 struct ReduceArgs { SB_REDUCE_ARGS };
 struct RegionArgs { SB_REGION_ARGS };
+struct MatmulArgs { SB_MATMUL_ARGS };
 struct RouterArgs { SB_ROUTER_ARGS };
 struct ArgsortArgs { SB_ARGSORT_ARGS };
 }  // namespace switchboard::kernels

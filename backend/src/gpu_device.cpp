@@ -430,6 +430,39 @@ Status gather_mm(KernelContext& ctx, const fb::OpNodeUnion& op) {
   return ctx.out(n->out.get(), std::move(out));
 }
 
+Status matmul(KernelContext& ctx, const fb::OpNodeUnion& op) {
+  const auto* n = op.AsMatmulNode();
+  Runtime& rt = rt_of(ctx);
+  Tensor a, b, bias;
+  SB_ASSIGN_OR_RETURN(BufferRef ba, bind_in(ctx, n->a.get(), &a));
+  SB_ASSIGN_OR_RETURN(BufferRef bb, bind_in(ctx, n->b.get(), &b));
+  SB_CHECK_OR_RETURN(a.rank() >= 1 && b.rank() == 2, StatusCode::kInvalidArgument, "a %s, b %s: need a [..., K], b 2-D",
+                     shape_str(a.shape()).c_str(), shape_str(b.shape()).c_str());
+  const int64_t kdim = a.dim(a.rank() - 1);
+  int64_t rows = 1;
+  for (int64_t d = 0; d + 1 < a.rank(); ++d) rows *= a.dim(d);
+  const int64_t bk = n->transpose_b ? b.dim(1) : b.dim(0), cols = n->transpose_b ? b.dim(0) : b.dim(1);
+  SB_CHECK_OR_RETURN(bk == kdim, StatusCode::kInvalidArgument, "inner dims differ: a %s, b %s (transpose_b=%d)",
+                     shape_str(a.shape()).c_str(), shape_str(b.shape()).c_str(), n->transpose_b ? 1 : 0);
+  BufferRef bbias = ba;  // stand-in when absent
+  if (n->bias) {
+    SB_ASSIGN_OR_RETURN(bbias, bind_in(ctx, n->bias.get(), &bias));
+    SB_CHECK_OR_RETURN(bias.rank() == 1 && bias.dim(0) == cols, StatusCode::kInvalidArgument,
+                       "bias %s, expected [%lld]", shape_str(bias.shape()).c_str(), (long long)cols);
+  }
+  SB_RETURN_IF_ERROR(u32_count(std::max({a.numel(), b.numel(), rows * cols}), "Matmul").status());
+  Shape shape = a.shape();
+  shape.back() = cols;
+  SB_ASSIGN_OR_RETURN(Tensor out, rt.alloc(a.dtype(), shape));
+  SB_ASSIGN_OR_RETURN(BufferRef bo, rt.bind(out, false));
+  k::MatmulArgs args{static_cast<uint32_t>(rows), static_cast<uint32_t>(cols), static_cast<uint32_t>(kdim),
+                     static_cast<uint32_t>(a.dtype()), static_cast<uint32_t>(b.dtype()), n->transpose_b,
+                     bias.defined(), bias.defined() ? static_cast<uint32_t>(bias.dtype()) : 0};
+  // One workgroup of 32 lanes per output word (matmul.comp).
+  SB_RETURN_IF_ERROR(rt.dispatch("matmul", {ba, bb, bbias, bo}, &args, sizeof(args), 32 * words_of(a.dtype(), rows * cols)));
+  return ctx.out(n->out.get(), std::move(out));
+}
+
 // x viewed as [outer, d, inner] around `axis`; out drops the axis (1 with keepdims).
 Status reduce_like(KernelContext& ctx, const fb::Tid* x_tid, const fb::Tid* out_tid, int32_t axis_in, bool keepdims,
                    uint32_t op, bool is_argmax) {
@@ -585,6 +618,7 @@ GpuDevice::GpuDevice(std::unique_ptr<Runtime> rt, std::string name) : rt_(std::m
   registry_.add(fb::OpNode::ArgsortNode, argsort);
   registry_.add(fb::OpNode::RouterNode, router);
   registry_.add(fb::OpNode::GatherMmNode, gather_mm);
+  registry_.add(fb::OpNode::MatmulNode, matmul);
   registry_.add(fb::OpNode::ReduceNode, reduce);
   registry_.add(fb::OpNode::ArgmaxNode, argmax);
   registry_.add(fb::OpNode::SliceNode, slice);
