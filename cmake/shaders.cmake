@@ -6,7 +6,10 @@ set(SB_KERNEL_VARIANTS
   elementwise:BINARY:binary
   elementwise:BINARY_DIV:binary_div
   elementwise:UNARY:unary
+  elementwise:BINARY_INT:binary_int
+  elementwise:UNARY_INT:unary_int
   cast:CAST:cast
+  cast:CAST_I64:cast_i64
   shape_ops:FILL:fill
   shape_ops:REGION:region
   glu:GLU:glu
@@ -22,6 +25,7 @@ set(SB_KERNEL_VARIANTS
   reduce:REDUCE:reduce
   reduce:REDUCE_MEAN:reduce_mean
   reduce:ARGMAX:argmax
+  reduce:ARGMAX_INT:argmax_int
   probe:PROBE:numerics_probe)
 
 find_program(SB_GLSLANG glslangValidator REQUIRED)

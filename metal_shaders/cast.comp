@@ -1,8 +1,12 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
-// Cast between f32, f16, bf16, i32, u32, u8 and bool (i64 has no GPU kernel yet);
-// twin of cpu_fallback/cast.cpp, rules at CastNode in schema/program.fbs.
-// Thread -> output: invocation w writes output word w (4 / size(to) elements).
+// Cast between f32, f16, bf16, i32, u32, u8 and bool (cast), and from or to i64
+// (cast_i64, int64 arithmetic); twin of cpu_fallback/cast.cpp, rules at CastNode in
+// schema/program.fbs. Thread -> output: invocation w writes output word w (4 / size(to)
+// elements); for an i64 output, invocation w writes element w (two words).
+#ifdef CAST_I64
+#extension GL_EXT_shader_explicit_arithmetic_types_int64 : require
+#endif
 #include "common.glsl"
 
 layout(local_size_x = 256) in;
@@ -62,6 +66,7 @@ uint convert(uint i) {
   return to == SB_DT_U8 ? (bits & 0xffu) : bits;
 }
 
+#ifndef CAST_I64
 void main() {
   uint w = sb_linear_id();
   uint size = dsize(args.to_dtype), per = 4u / size;
@@ -74,3 +79,68 @@ void main() {
   }
   o[w] = word;
 }
+#endif  // !CAST_I64
+
+#ifdef CAST_I64
+#include "int64.glsl"
+
+float i64_to_float(int64_t v, uint to) {
+  bool neg = v < 0;
+  uint64_t mag = neg ? uint64_t(0) - uint64_t(v) : uint64_t(v);
+  if (to != SB_DT_BF16 || mag < uint64_t(16777216u)) return float(v);
+  uint hi = uint(mag >> 32), lo = uint(mag);
+  int shift = (hi != 0u ? 32 + findMSB(hi) : findMSB(lo)) + 1 - 8;  // keep bf16's 8 significant bits
+  uint64_t q = mag >> uint(shift), rem = mag & ((uint64_t(1) << uint(shift)) - uint64_t(1));
+  uint64_t half_ulp = uint64_t(1) << uint(shift - 1);
+  if (rem > half_ulp || (rem == half_ulp && (q & uint64_t(1)) != uint64_t(0))) ++q;
+  precise float f = float(uint(q)) * sb_pow2i(shift);  // exact: q has at most 9 bits
+  return neg ? -f : f;
+}
+
+int64_t float_to_i64(float v) {
+  if (sb_isnan(v)) return 0;
+  if (v <= -9223372036854775808.0) return int64_t(0x8000000000000000ul);
+  if (v >= 9223372036854775808.0) return int64_t(0x7ffffffffffffffful);
+  return int64_t(v);
+}
+
+// Element i as `to`, as int64 bits (floats: their bit pattern in the low bits).
+int64_t convert64(uint i) {
+  uint from = args.from_dtype, to = args.to_dtype;
+  if (is_float(from)) {
+    float v = SB_LOAD(x, from, i);
+    if (to == SB_DT_I64) return float_to_i64(v);
+    if (to == SB_DT_F32) return int64_t(floatBitsToUint(v));
+    if (is_float(to)) return int64_t(sb_encode16(v, to));
+    return int64_t(float_to_int(v, to));
+  }
+  int64_t v = SB_LOAD_INT(x, from, i);
+  if (is_float(to)) {
+    float f = i64_to_float(v, to);
+    return int64_t(to == SB_DT_F32 ? floatBitsToUint(f) : sb_encode16(f, to));
+  }
+  if (to == SB_DT_BOOL) return int64_t(v != 0);
+  return v;  // stored as its low bits
+}
+
+void main() {
+  uint w = sb_linear_id();
+  uint to = args.to_dtype;
+  if (to == SB_DT_I64) {
+    if (w >= args.n) return;
+    int64_t v = convert64(w);
+    o[2u * w] = uint(uint64_t(v));
+    o[2u * w + 1u] = uint(uint64_t(v) >> 32);
+    return;
+  }
+  uint size = dsize(to), per = 4u / size;
+  uint first = w * per;
+  if (first >= args.n) return;
+  uint word = 0u;
+  for (uint s = 0u; s < per && first + s < args.n; ++s) {
+    uint v = uint(uint64_t(convert64(first + s)));
+    word |= size == 4u ? v : (v & ((1u << (8u * size)) - 1u)) << (8u * size * s);
+  }
+  o[w] = word;
+}
+#endif

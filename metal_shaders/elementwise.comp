@@ -1,10 +1,18 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
-// Binary (broadcasting) and unary elementwise ops on float dtypes, and Binary on
-// i32 (wrapping, FloorDiv toward -inf); twin of cpu_fallback/elementwise.cpp.
-// Thread -> output: invocation w writes output word w (one f32/i32 element, or
-// elements 2w and 2w+1 of an f16/bf16 tensor).
+#if defined(BINARY_INT) || defined(UNARY_INT)
+#define INT_OPS
+#endif
+#ifdef INT_OPS
+#extension GL_EXT_shader_explicit_arithmetic_types_int64 : require
+#endif
+// Binary (broadcasting) and unary elementwise ops; twin of cpu_fallback/elementwise.cpp.
+// binary / binary_div / unary: float dtypes (binary also i32, unary also i32/u32);
+// thread -> output: invocation w writes output word w (one 32-bit element, or
+// elements 2w and 2w+1 of an f16/bf16 tensor). binary_int / unary_int (INT_OPS):
+// every integer dtype in int64 (mapping stated below).
 #include "common.glsl"
+#ifndef INT_OPS
 #ifdef BINARY_DIV
 #define BINARY  // binary_div: Binary with Div (IEEE division; see gpu_kernel_table.h)
 #endif
@@ -116,3 +124,68 @@ void main() {
   float hi = (per == 2u && i + 1u < args.n) ? element(i + 1u) : 0.0;
   o[w] = sb_encode_word(lo, hi, args.dtype);
 }
+#endif  // !INT_OPS
+
+#ifdef INT_OPS
+// BINARY_INT / UNARY_INT: every integer dtype, in int64 like the CPU (wrapping;
+// FloorDiv toward -inf on magnitudes, so INT64_MIN / -1 wraps). Thread -> output:
+// invocation j writes the elements [j*per, j*per+per) (per = 4 for byte dtypes, else
+// 1) and their words.
+#include "int64.glsl"
+layout(local_size_x = 256) in;
+layout(std430, binding = 0) readonly buffer A { uint a[]; };
+#ifdef BINARY_INT
+layout(std430, binding = 1) readonly buffer B { uint b[]; };
+layout(std430, binding = 2) writeonly buffer O { uint o[]; };
+layout(std430, binding = 3) buffer E { uint err[]; };
+layout(push_constant) uniform Args { SB_BINARY_ARGS } args;
+
+int64_t apply_int(int64_t x, int64_t y) {
+  if (args.op == 0u) return int64_t(uint64_t(x) + uint64_t(y));
+  if (args.op == 1u) return int64_t(uint64_t(x) - uint64_t(y));
+  if (args.op == 2u) return int64_t(uint64_t(x) * uint64_t(y));
+  if (args.op == 4u) return x > y ? x : y;
+  if (args.op == 5u) return x < y ? x : y;
+  if (y == 0) {
+    atomicOr(err[0], SB_ERR_DIV_ZERO);
+    return 0;
+  }
+  uint64_t ux = x < 0 ? uint64_t(0) - uint64_t(x) : uint64_t(x), uy = y < 0 ? uint64_t(0) - uint64_t(y) : uint64_t(y);
+  uint64_t q = ux / uy, r = ux - q * uy;
+  if ((x < 0) == (y < 0)) return int64_t(q);
+  return int64_t(uint64_t(0) - q - (r != uint64_t(0) ? uint64_t(1) : uint64_t(0)));
+}
+
+int64_t element(uint i) {
+  uint ia = 0u, ib = 0u, rest = i;
+  for (int d = int(args.rank) - 1; d >= 0; --d) {
+    uint c = rest % args.shape[d];
+    rest /= args.shape[d];
+    ia += c * args.sa[d];
+    ib += c * args.sb[d];
+  }
+  return apply_int(SB_LOAD_INT(a, args.dtype, ia), SB_LOAD_INT(b, args.dtype, ib));
+}
+#else
+layout(std430, binding = 1) writeonly buffer O { uint o[]; };
+layout(push_constant) uniform Args { SB_UNARY_ARGS } args;
+
+int64_t element(uint i) {
+  int64_t v = SB_LOAD_INT(a, args.dtype, i);
+  if (args.op == 0u) return int64_t(uint64_t(0) - uint64_t(v));
+  if (args.op == 1u) return v < 0 ? int64_t(uint64_t(0) - uint64_t(v)) : v;
+  if (args.op == 2u) return int64_t(uint64_t(v) * uint64_t(v));
+  return v < 0 ? int64_t(0) : v;  // Relu
+}
+#endif
+
+void main() {
+  uint j = sb_linear_id();
+  uint per = sb_int_per(args.dtype), e0 = j * per;
+  if (e0 >= args.n) return;
+  int64_t vals[4];
+  uint count = min(per, args.n - e0);
+  for (uint s = 0u; s < count; ++s) vals[s] = element(e0 + s);
+  SB_STORE_INTS(o, args.dtype, e0, vals, count)
+}
+#endif  // INT_OPS

@@ -1,5 +1,8 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
+#ifdef ARGMAX_INT
+#extension GL_EXT_shader_explicit_arithmetic_types_int64 : require
+#endif
 // Reduce Sum/Max/Min and Argmax along one axis, in index order 0..d-1; twin of
 // cpu_fallback/reduce.cpp. x is viewed as [outer, d, inner].
 // Thread -> output: REDUCE: invocation w writes word w of out [outer, inner] (1 or 2
@@ -45,6 +48,25 @@ void main() {
   float lo = reduce_one(i);
   float hi = (per == 2u && i + 1u < count) ? reduce_one(i + 1u) : 0.0;
   o[w] = sb_encode_word(lo, hi, args.dtype);
+}
+#endif
+
+#ifdef ARGMAX_INT
+#include "int64.glsl"
+void main() {  // integer dtypes: strictly greater wins, so the lowest index among equals
+  uint i = sb_linear_id();
+  if (i >= args.outer * args.inner) return;
+  uint a0 = i / args.inner, b0 = i % args.inner;
+  uint best = 0u;
+  int64_t bv = SB_LOAD_INT(x, args.dtype, a0 * args.d * args.inner + b0);
+  for (uint j = 1u; j < args.d; ++j) {
+    int64_t v = SB_LOAD_INT(x, args.dtype, (a0 * args.d + j) * args.inner + b0);
+    if (v > bv) {
+      best = j;
+      bv = v;
+    }
+  }
+  o[i] = best;
 }
 #endif
 

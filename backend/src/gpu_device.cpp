@@ -50,6 +50,15 @@ Result<uint32_t> u32_count(int64_t n, const char* what) {
 
 uint64_t words_of(DType t, int64_t n) { return (static_cast<uint64_t>(n) * dtype_size(t) + 3) / 4; }
 
+// Invocations of the integer kernels (int64.glsl): byte dtypes four elements each, else one.
+uint64_t int_invocations(DType t, int64_t n) {
+  return dtype_size(t) == 1 ? (static_cast<uint64_t>(n) + 3) / 4 : static_cast<uint64_t>(n);
+}
+
+// Kernels for dtypes the 32-bit word kernels do not cover (int64.glsl).
+bool needs_int_kernel_binary(DType t) { return !dtype_is_float(t) && t != DType::kI32; }
+bool needs_int_kernel_unary(DType t) { return !dtype_is_float(t) && t != DType::kI32 && t != DType::kU32; }
+
 Status binary(KernelContext& ctx, const fb::OpNodeUnion& op) {
   const auto* n = op.AsBinaryNode();
   Runtime& rt = rt_of(ctx);
@@ -72,7 +81,13 @@ Status binary(KernelContext& ctx, const fb::OpNodeUnion& op) {
     args.sa[d] = static_cast<uint32_t>(sa[d]);
     args.sb[d] = static_cast<uint32_t>(sb[d]);
   }
-  SB_RETURN_IF_ERROR(rt.dispatch(n->op == fb::BinaryOp::Div ? "binary_div" : "binary", {ba, bb, bo, rt.error_word()}, &args, sizeof(args), words_of(out.dtype(), out.numel())));
+  if (needs_int_kernel_binary(a.dtype())) {
+    SB_RETURN_IF_ERROR(rt.dispatch("binary_int", {ba, bb, bo, rt.error_word()}, &args, sizeof(args),
+                                   int_invocations(a.dtype(), out.numel())));
+  } else {
+    SB_RETURN_IF_ERROR(rt.dispatch(n->op == fb::BinaryOp::Div ? "binary_div" : "binary", {ba, bb, bo, rt.error_word()},
+                                   &args, sizeof(args), words_of(out.dtype(), out.numel())));
+  }
   return ctx.out(n->out.get(), std::move(out));
 }
 
@@ -87,7 +102,10 @@ Status unary(KernelContext& ctx, const fb::OpNodeUnion& op) {
   SB_ASSIGN_OR_RETURN(args.n, u32_count(x.numel(), "Unary"));
   args.op = static_cast<uint32_t>(n->op);
   args.dtype = static_cast<uint32_t>(x.dtype());
-  SB_RETURN_IF_ERROR(rt.dispatch("unary", {bx, bo}, &args, sizeof(args), words_of(x.dtype(), x.numel())));
+  if (needs_int_kernel_unary(x.dtype()))
+    SB_RETURN_IF_ERROR(rt.dispatch("unary_int", {bx, bo}, &args, sizeof(args), int_invocations(x.dtype(), x.numel())));
+  else
+    SB_RETURN_IF_ERROR(rt.dispatch("unary", {bx, bo}, &args, sizeof(args), words_of(x.dtype(), x.numel())));
   return ctx.out(n->out.get(), std::move(out));
 }
 
@@ -103,7 +121,11 @@ Status cast(KernelContext& ctx, const fb::OpNodeUnion& op) {
   SB_ASSIGN_OR_RETURN(args.n, u32_count(x.numel(), "Cast"));
   args.from_dtype = static_cast<uint32_t>(x.dtype());
   args.to_dtype = static_cast<uint32_t>(to);
-  SB_RETURN_IF_ERROR(rt.dispatch("cast", {bx, bo}, &args, sizeof(args), words_of(to, x.numel())));
+  if (x.dtype() == DType::kI64 || to == DType::kI64)  // cast_i64: an i64 output is one element per invocation
+    SB_RETURN_IF_ERROR(rt.dispatch("cast_i64", {bx, bo}, &args, sizeof(args),
+                                   to == DType::kI64 ? static_cast<uint64_t>(x.numel()) : words_of(to, x.numel())));
+  else
+    SB_RETURN_IF_ERROR(rt.dispatch("cast", {bx, bo}, &args, sizeof(args), words_of(to, x.numel())));
   return ctx.out(n->out.get(), std::move(out));
 }
 
@@ -482,7 +504,8 @@ Status reduce_like(KernelContext& ctx, const fb::Tid* x_tid, const fb::Tid* out_
   SB_ASSIGN_OR_RETURN(BufferRef bo, rt.bind(out, false));
   k::ReduceArgs args{static_cast<uint32_t>(s.outer), static_cast<uint32_t>(s.dim), static_cast<uint32_t>(s.inner),
                      op, static_cast<uint32_t>(x.dtype()), 0, 0, 0};
-  const char* kernel = is_argmax ? "argmax" : op == static_cast<uint32_t>(fb::ReduceOp::Mean) ? "reduce_mean" : "reduce";
+  const char* kernel = is_argmax ? (dtype_is_float(x.dtype()) ? "argmax" : "argmax_int")
+                                 : op == static_cast<uint32_t>(fb::ReduceOp::Mean) ? "reduce_mean" : "reduce";
   SB_RETURN_IF_ERROR(rt.dispatch(kernel, {bx, bo}, &args, sizeof(args),
                                  words_of(out_dtype, out.numel())));
   return ctx.out(out_tid, std::move(out));
@@ -635,14 +658,24 @@ Status GpuDevice::can_run(const fb::OpNodeUnion& op, const KernelContext& ctx) c
   auto refuse = [&](const char* why) {
     return make_error(StatusCode::kUnimplemented, "device '%s' has no kernel for this %s", name_.c_str(), why);
   };
+  const bool int64 = rt_->int64();
   switch (op.type) {
     case fb::OpNode::BinaryNode: {
       const auto* n = op.AsBinaryNode();
-      if (!all_float(ctx, {n->a.get()}) && ctx.declared_dtype(n->a.get()) != DType::kI32)
-        return refuse("Binary on integers other than i32");
+      if (needs_int_kernel_binary(ctx.declared_dtype(n->a.get())) && !int64)
+        return refuse("integer Binary (the device has no 64-bit integers)");
       if (n->op == fb::BinaryOp::Div && !rt_->exact_division())
         return refuse("Div (the start-up probe found its division not correctly rounded)");
       return Status::ok();
+    }
+    case fb::OpNode::UnaryNode:
+      return needs_int_kernel_unary(ctx.declared_dtype(op.AsUnaryNode()->x.get())) && !int64
+                 ? refuse("integer Unary (the device has no 64-bit integers)")
+                 : Status::ok();
+    case fb::OpNode::CastNode: {
+      const auto* n = op.AsCastNode();
+      const bool i64 = ctx.declared_dtype(n->x.get()) == DType::kI64 || ctx.declared_dtype(n->out.get()) == DType::kI64;
+      return i64 && !int64 ? refuse("Cast to or from i64 (the device has no 64-bit integers)") : Status::ok();
     }
     case fb::OpNode::ReduceNode: {
       const auto* n = op.AsReduceNode();
@@ -652,17 +685,9 @@ Status GpuDevice::can_run(const fb::OpNodeUnion& op, const KernelContext& ctx) c
                  : Status::ok();
     }
     case fb::OpNode::ArgmaxNode:
-      return all_float(ctx, {op.AsArgmaxNode()->x.get()}) ? Status::ok() : refuse("integer Argmax");
-    case fb::OpNode::UnaryNode: {
-      const DType t = ctx.declared_dtype(op.AsUnaryNode()->x.get());
-      return dtype_is_float(t) || t == DType::kI32 || t == DType::kU32 ? Status::ok() : refuse("Unary on i64/u8/bool");
-    }
-    case fb::OpNode::CastNode: {
-      const auto* n = op.AsCastNode();
-      return ctx.declared_dtype(n->x.get()) == DType::kI64 || ctx.declared_dtype(n->out.get()) == DType::kI64
-                 ? refuse("Cast to or from i64")
+      return !all_float(ctx, {op.AsArgmaxNode()->x.get()}) && !int64
+                 ? refuse("integer Argmax (the device has no 64-bit integers)")
                  : Status::ok();
-    }
     default: return Status::ok();
   }
 }

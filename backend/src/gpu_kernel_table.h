@@ -29,6 +29,8 @@ struct KernelInfo {
   // Uses IEEE division (OpFDiv), exact only where the start-up probe finds the device's
   // division correctly rounded; elsewhere the ops that need it are refused.
   bool divides = false;
+  // Uses 64-bit integers (shaderInt64); refused on devices without them.
+  bool int64 = false;
 };
 
 #define SB_STR_(...) #__VA_ARGS__
@@ -40,6 +42,13 @@ inline constexpr KernelInfo kKernels[] = {
      SB_STR(SB_BINARY_ARGS), 256, true},
     {"binary_div", "elementwise", 4, {A::kRead, A::kRead, A::kWrite, A::kReadWrite}, sizeof(BinaryArgs),
      SB_STR(SB_BINARY_ARGS), 256, true, true},
+    {"binary_int", "elementwise", 4, {A::kRead, A::kRead, A::kWrite, A::kReadWrite}, sizeof(BinaryArgs),
+     SB_STR(SB_BINARY_ARGS), 256, true, false, true},
+    {"unary_int", "elementwise", 2, {A::kRead, A::kWrite}, sizeof(UnaryArgs), SB_STR(SB_UNARY_ARGS), 256, true, false,
+     true},
+    {"cast_i64", "cast", 2, {A::kRead, A::kWrite}, sizeof(CastArgs), SB_STR(SB_CAST_ARGS), 256, true, false, true},
+    {"argmax_int", "reduce", 2, {A::kRead, A::kWrite}, sizeof(ReduceArgs), SB_STR(SB_REDUCE_ARGS), 256, true, false,
+     true},
     {"unary", "elementwise", 2, {A::kRead, A::kWrite}, sizeof(UnaryArgs), SB_STR(SB_UNARY_ARGS), 256, true},
     {"cast", "cast", 2, {A::kRead, A::kWrite}, sizeof(CastArgs), SB_STR(SB_CAST_ARGS), 256, true},
     {"fill", "shape_ops", 1, {A::kWrite}, sizeof(FillArgs), SB_STR(SB_FILL_ARGS), 256, true},

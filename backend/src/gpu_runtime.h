@@ -48,9 +48,12 @@ class GpuRuntime {
   virtual Status sync() = 0;
   // Whether kernels that divide (gpu_kernel_table.h `divides`) may run: set by the probe.
   bool exact_division() const { return exact_division_; }
+  // Whether kernels on 64-bit integers (gpu_kernel_table.h `int64`) may run.
+  bool int64() const { return int64_; }
 
  protected:
   bool exact_division_ = false;
+  bool int64_ = false;
 };
 
 // The widest grid row dispatch() uses: 65535 workgroups, or SWITCHBOARD_GPU_MAX_GROUPS_X

@@ -19,7 +19,7 @@ namespace switchboard::vulkan {
   X(vkDestroyInstance) X(vkEnumeratePhysicalDevices) X(vkGetPhysicalDeviceProperties)                      \
   X(vkGetPhysicalDeviceProperties2) X(vkGetPhysicalDeviceQueueFamilyProperties)                            \
   X(vkGetPhysicalDeviceMemoryProperties) X(vkCreateDevice) X(vkGetDeviceProcAddr)                          \
-  X(vkEnumerateDeviceExtensionProperties)
+  X(vkEnumerateDeviceExtensionProperties) X(vkGetPhysicalDeviceFeatures)
 #define SB_VK_DEVICE_FNS(X)                                                                                \
   X(vkDestroyDevice) X(vkGetDeviceQueue) X(vkCreateBuffer) X(vkDestroyBuffer)                              \
   X(vkGetBufferMemoryRequirements) X(vkAllocateMemory) X(vkFreeMemory) X(vkBindBufferMemory) X(vkMapMemory) \
@@ -59,6 +59,7 @@ struct Context {
   uint32_t queue_family = 0;
   uint32_t memory_type = 0;
   VkPhysicalDeviceLimits limits{};
+  bool int64 = false;
   VkCommandPool pool = VK_NULL_HANDLE;
   VkCommandBuffer cmd = VK_NULL_HANDLE;
   VkFence fence = VK_NULL_HANDLE;
@@ -246,6 +247,12 @@ Status create_device(Context& c, const std::string& description) {
   di.pQueueCreateInfos = &qi;
   di.enabledExtensionCount = 1;
   di.ppEnabledExtensionNames = ext_names;
+  // 64-bit integers for the integer kernels (int64.glsl), where the device has them.
+  VkPhysicalDeviceFeatures have{}, want{};
+  c.vkGetPhysicalDeviceFeatures(c.physical, &have);
+  want.shaderInt64 = have.shaderInt64;
+  c.int64 = have.shaderInt64 == VK_TRUE;
+  di.pEnabledFeatures = &want;
   SB_VK_CHECK(c.vkCreateDevice(c.physical, &di, nullptr, &c.device), "vkCreateDevice");
 #define SB_LOAD_D(f) \
   c.f = reinterpret_cast<PFN_##f>(c.vkGetDeviceProcAddr(c.device, #f)); \
@@ -377,6 +384,7 @@ Result<std::unique_ptr<VulkanRuntime>> VulkanRuntime::open(int index) {
   SB_RETURN_IF_ERROR(attach_instance(c));
   SB_RETURN_IF_ERROR(pick_device(c, index, rt->description_));
   SB_RETURN_IF_ERROR(create_device(c, rt->description_));
+  rt->int64_ = c.int64;
   SB_RETURN_IF_ERROR(rt->init(std::make_shared<gpu::MemoryPool>(std::make_unique<VulkanBlocks>(rt->ctx_)),
                               c.limits.maxStorageBufferRange, c.limits.minStorageBufferOffsetAlignment));
   SB_RETURN_IF_ERROR(rt->probe_numerics());
