@@ -22,6 +22,8 @@ set(SB_KERNEL_VARIANTS
   router:ROUTER:router
   gather_mm:GATHER_MM:gather_mm
   matmul:MATMUL:matmul
+  norm:SOFTMAX:softmax
+  norm:RMS_NORM:rms_norm
   reduce:REDUCE:reduce
   reduce:REDUCE_MEAN:reduce_mean
   reduce:ARGMAX:argmax

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "cpu_common.h"
+#include "exact_math.h"
 
 namespace switchboard::cpu {
 
@@ -107,6 +108,13 @@ Status unary(KernelContext& ctx, const fb::OpNodeUnion& op) {
         case fb::UnaryOp::Abs: r = std::fabs(v); break;
         case fb::UnaryOp::Square: r = v * v; break;
         case fb::UnaryOp::Relu: r = v < 0.f ? 0.f : v; break;  // NaN and -0 pass through
+        case fb::UnaryOp::Exp: r = exact::exp(v); break;
+        case fb::UnaryOp::Rcp: r = exact::rcp(v); break;
+        case fb::UnaryOp::Rsqrt: r = exact::rsqrt(v); break;
+        case fb::UnaryOp::Sigmoid: r = exact::sigmoid(v); break;
+        case fb::UnaryOp::Silu: r = exact::silu(v); break;
+        case fb::UnaryOp::Tanh: r = exact::tanh(v); break;
+        case fb::UnaryOp::GeluTanh: r = exact::gelu_tanh(v); break;
       }
       store_f32(out.mutable_data(), x.dtype(), i, r);
     }
@@ -119,6 +127,7 @@ Status unary(KernelContext& ctx, const fb::OpNodeUnion& op) {
         case fb::UnaryOp::Abs: r = v < 0 ? static_cast<int64_t>(0 - uv) : v; break;
         case fb::UnaryOp::Square: r = static_cast<int64_t>(uv * uv); break;
         case fb::UnaryOp::Relu: r = v < 0 ? 0 : v; break;
+        default: break;  // float-only ops (the validator rejects them on integers)
       }
       store_i64(out.mutable_data(), x.dtype(), i, r);
     }

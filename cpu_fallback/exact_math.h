@@ -42,13 +42,46 @@ inline float exp(float x) {
   return p * pow2i(static_cast<int>(n));
 }
 
-// 1/x for x in [2^-125, 2^125]: a bit-trick seed, then three Newton steps
-// r <- r (2 - x r). Larger x (and +inf) -> +0. Max error about 2 ulp.
+// 1/x: on |x| in [2^-125, 2^125] a bit-trick seed, then three Newton steps
+// r <- r (2 - |x| r); smaller |x| is scaled by 2^64 first (and the result by 2^64, which
+// overflows to inf below about 2^-128); |x| > 2^125 (and inf) -> 0; +-0 -> +-inf; the
+// sign is applied last. Max error about 2 ulp.
 inline float rcp(float x) {
-  if (!(x <= 4.2535296e37f)) return x != x ? x : 0.0f;  // 2^125
-  float r = f32_from_bits(0x7EF311C3u - f32_bits(x));
-  for (int i = 0; i < 3; ++i) r = r * (2.0f - x * r);
-  return r;
+  if (x != x) return x;
+  const uint32_t sign = f32_bits(x) & 0x80000000u;
+  float a = f32_from_bits(f32_bits(x) & 0x7fffffffu);
+  if (a > 4.2535296e37f) return f32_from_bits(sign);               // 2^125
+  if (a == 0.0f) return f32_from_bits(sign | 0x7f800000u);
+  float post = 1.0f;
+  if (a < 2.3509887e-38f) {  // 2^-125
+    a = a * 1.8446744e19f;   // 2^64, exact
+    post = 1.8446744e19f;
+  }
+  float r = f32_from_bits(0x7EF311C3u - f32_bits(a));
+  for (int i = 0; i < 3; ++i) r = r * (2.0f - a * r);
+  r = r * post;
+  return sign ? -r : r;
+}
+
+// 1/sqrt(x). NaN or x < 0 -> NaN; +-0 -> +-inf; +inf -> +0. Inputs below 2^-100
+// are scaled by 2^100 first (the result by 2^50), so subnormals work. Seed
+// 0x5F375A86 - bits/2, then three Newton steps y = y (1.5 - (0.5 x) y y).
+inline float rsqrt(float x) {
+  if (x != x || x < 0.0f) return f32_from_bits(0x7fc00000u);
+  if (x == 0.0f) return f32_from_bits(f32_bits(x) | 0x7f800000u);
+  if (x > 3.4028235e38f) return 0.0f;
+  float post = 1.0f;
+  if (x < 7.8886091e-31f) {  // 2^-100
+    x = x * 1.2676506e30f;   // 2^100, exact
+    post = 1.1258999e15f;    // 2^50
+  }
+  const float h = 0.5f * x;
+  float y = f32_from_bits(0x5F375A86u - (f32_bits(x) >> 1));
+  for (int i = 0; i < 3; ++i) {
+    const float t = (h * y) * y;
+    y = y * (1.5f - t);
+  }
+  return y * post;
 }
 
 // 1 / (1 + e^-x).

@@ -125,12 +125,42 @@ float sb_exp(float x) {
 }
 
 float sb_rcp(float x) {
-  if (!(x <= 4.2535296e37)) return sb_isnan(x) ? x : 0.0;
-  precise float r = uintBitsToFloat(0x7EF311C3u - floatBitsToUint(x));
+  if (sb_isnan(x)) return x;
+  uint sign = floatBitsToUint(x) & 0x80000000u;
+  precise float a = uintBitsToFloat(floatBitsToUint(x) & 0x7fffffffu);
+  if (a > 4.2535296e37) return uintBitsToFloat(sign);  // 2^125
+  if (a == 0.0) return uintBitsToFloat(sign | 0x7f800000u);
+  float post = 1.0;
+  if (a < 2.3509887e-38) {  // 2^-125: scale by 2^64 (exact), the result too
+    a = a * 1.8446744e19;
+    post = 1.8446744e19;
+  }
+  precise float r = uintBitsToFloat(0x7EF311C3u - floatBitsToUint(a));
   for (int i = 0; i < 3; ++i) {
-    precise float t = 2.0 - x * r;
+    precise float t = 2.0 - a * r;
     r = r * t;
   }
+  precise float scaled = r * post;
+  return sign != 0u ? -scaled : scaled;
+}
+
+float sb_rsqrt(float x) {
+  if (sb_isnan(x) || x < 0.0) return uintBitsToFloat(0x7fc00000u);
+  if (x == 0.0) return uintBitsToFloat(floatBitsToUint(x) | 0x7f800000u);
+  if (x > 3.4028235e38) return 0.0;
+  float post = 1.0;
+  precise float xs = x;
+  if (x < 7.8886091e-31) {  // 2^-100: scale by 2^100 (exact), the result by 2^50
+    xs = x * 1.2676506e30;
+    post = 1.1258999e15;
+  }
+  precise float h = 0.5 * xs;
+  precise float y = uintBitsToFloat(0x5F375A86u - (floatBitsToUint(xs) >> 1));
+  for (int i = 0; i < 3; ++i) {
+    precise float t = (h * y) * y;
+    y = y * (1.5 - t);
+  }
+  precise float r = y * post;
   return r;
 }
 

@@ -100,7 +100,14 @@ float element(uint i) {
     precise float r = v * v;
     return r;
   }
-  return v < 0.0 ? 0.0 : v;  // Relu: NaN and -0 pass through
+  if (args.op == 3u) return v < 0.0 ? 0.0 : v;  // Relu: NaN and -0 pass through
+  if (args.op == 4u) return sb_exp(v);
+  if (args.op == 5u) return sb_rcp(v);
+  if (args.op == 6u) return sb_rsqrt(v);
+  if (args.op == 7u) return sb_sigmoid(v);
+  if (args.op == 8u) return sb_silu(v);
+  if (args.op == 9u) return sb_tanh(v);
+  return sb_gelu_tanh(v);
 }
 #endif
 

@@ -81,6 +81,9 @@
   uint rows; uint cols; uint k; uint dtype; \
   uint b_dtype; uint transpose_b; uint has_bias; uint bias_dtype;
 
+// norm.comp: x viewed as [rows, d] (SOFTMAX; RMS_NORM with weight [d], inv_d = f32(1/d)).
+#define SB_NORM_ARGS uint rows; uint d; uint dtype; float inv_d; float eps; uint out_dtype; uint pad0; uint pad1;
+
 // probe.comp: the start-up check of a device's arithmetic against the contract.
 #define SB_PROBE_ARGS uint n; uint pad0; uint pad1; uint pad2;
 
@@ -103,6 +106,7 @@ struct GatherMmArgs { SB_GATHER_MM_ARGS };
 struct ReduceArgs { SB_REDUCE_ARGS };
 struct RegionArgs { SB_REGION_ARGS };
 struct MatmulArgs { SB_MATMUL_ARGS };
+struct NormArgs { SB_NORM_ARGS };
 struct RouterArgs { SB_ROUTER_ARGS };
 struct ArgsortArgs { SB_ARGSORT_ARGS };
 }  // namespace switchboard::kernels

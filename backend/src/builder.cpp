@@ -147,6 +147,35 @@ TensorRef ProgramBuilder::neg(TensorRef x) { return unary(*s_, x, fb::UnaryOp::N
 TensorRef ProgramBuilder::abs(TensorRef x) { return unary(*s_, x, fb::UnaryOp::Abs, "abs"); }
 TensorRef ProgramBuilder::square(TensorRef x) { return unary(*s_, x, fb::UnaryOp::Square, "square"); }
 TensorRef ProgramBuilder::relu(TensorRef x) { return unary(*s_, x, fb::UnaryOp::Relu, "relu"); }
+TensorRef ProgramBuilder::exp(TensorRef x) { return unary(*s_, x, fb::UnaryOp::Exp, "exp"); }
+TensorRef ProgramBuilder::rcp(TensorRef x) { return unary(*s_, x, fb::UnaryOp::Rcp, "rcp"); }
+TensorRef ProgramBuilder::rsqrt(TensorRef x) { return unary(*s_, x, fb::UnaryOp::Rsqrt, "rsqrt"); }
+TensorRef ProgramBuilder::sigmoid(TensorRef x) { return unary(*s_, x, fb::UnaryOp::Sigmoid, "sigmoid"); }
+TensorRef ProgramBuilder::silu(TensorRef x) { return unary(*s_, x, fb::UnaryOp::Silu, "silu"); }
+TensorRef ProgramBuilder::tanh(TensorRef x) { return unary(*s_, x, fb::UnaryOp::Tanh, "tanh"); }
+TensorRef ProgramBuilder::gelu_tanh(TensorRef x) { return unary(*s_, x, fb::UnaryOp::GeluTanh, "gelu_tanh"); }
+
+TensorRef ProgramBuilder::softmax(TensorRef x) {
+  if (!s_->ok(x, "softmax")) return {};
+  TensorRef o = s_->new_slot(SlotRole::kTemp, s_->slots[x.id].dtype, s_->slots[x.id].shape);
+  auto n = std::make_unique<fb::SoftmaxNodeT>();
+  n->x = tid(x);
+  n->out = tid(o);
+  s_->emit(make_op(std::move(n)));
+  return o;
+}
+
+TensorRef ProgramBuilder::rms_norm(TensorRef x, TensorRef weight, float eps) {
+  if (!s_->ok(x, "rms_norm") || !s_->ok(weight, "rms_norm")) return {};
+  TensorRef o = s_->new_slot(SlotRole::kTemp, s_->slots[x.id].dtype, s_->slots[x.id].shape);
+  auto n = std::make_unique<fb::RmsNormNodeT>();
+  n->x = tid(x);
+  n->weight = tid(weight);
+  n->out = tid(o);
+  n->eps = eps;
+  s_->emit(make_op(std::move(n)));
+  return o;
+}
 
 TensorRef ProgramBuilder::cast(TensorRef x, DType dtype) {
   if (!s_->ok(x, "cast")) return {};

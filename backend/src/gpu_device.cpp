@@ -485,6 +485,51 @@ Status matmul(KernelContext& ctx, const fb::OpNodeUnion& op) {
   return ctx.out(n->out.get(), std::move(out));
 }
 
+// Softmax / RmsNorm along the last axis (norm.comp), one thread per row. 16-bit rows of
+// odd length would share output words between threads, so they go through f32 and a
+// Cast (the same single rounding as a direct store).
+Status norm_rows(KernelContext& ctx, const char* kernel, const fb::Tid* x_tid, const fb::Tid* w_tid, float eps,
+                 const fb::Tid* out_tid) {
+  Runtime& rt = rt_of(ctx);
+  Tensor x, w;
+  SB_ASSIGN_OR_RETURN(BufferRef bx, bind_in(ctx, x_tid, &x));
+  BufferRef bw;
+  const int64_t d = x.dim(x.rank() - 1), rows = d ? x.numel() / d : 0;
+  if (w_tid) {
+    SB_ASSIGN_OR_RETURN(bw, bind_in(ctx, w_tid, &w));
+    SB_CHECK_OR_RETURN(w.numel() == d, StatusCode::kInvalidArgument, "weight %s does not match the last dim %lld",
+                       shape_str(w.shape()).c_str(), (long long)d);
+  }
+  SB_RETURN_IF_ERROR(u32_count(x.numel(), kernel).status());
+  const bool via_f32 = dtype_size(x.dtype()) == 2 && d % 2 != 0;
+  SB_ASSIGN_OR_RETURN(Tensor out, rt.alloc(via_f32 ? DType::kF32 : x.dtype(), x.shape()));
+  SB_ASSIGN_OR_RETURN(BufferRef bo, rt.bind(out, false));
+  k::NormArgs args{static_cast<uint32_t>(rows), static_cast<uint32_t>(d), static_cast<uint32_t>(x.dtype()),
+                   d ? static_cast<float>(1.0 / static_cast<double>(d)) : 0.0f, eps, static_cast<uint32_t>(out.dtype()),
+                   0, 0};
+  const std::vector<BufferRef> binds = w_tid ? std::vector<BufferRef>{bx, bw, bo} : std::vector<BufferRef>{bx, bo};
+  SB_RETURN_IF_ERROR(rt.dispatch(kernel, binds, &args, sizeof(args), static_cast<uint64_t>(rows)));
+  if (via_f32) {
+    SB_ASSIGN_OR_RETURN(Tensor narrow, rt.alloc(x.dtype(), x.shape()));
+    SB_ASSIGN_OR_RETURN(BufferRef bn, rt.bind(narrow, false));
+    k::CastArgs ca{static_cast<uint32_t>(x.numel()), static_cast<uint32_t>(DType::kF32),
+                   static_cast<uint32_t>(x.dtype()), 0};
+    SB_RETURN_IF_ERROR(rt.dispatch("cast", {bo, bn}, &ca, sizeof(ca), words_of(x.dtype(), x.numel())));
+    out = narrow;
+  }
+  return ctx.out(out_tid, std::move(out));
+}
+
+Status softmax(KernelContext& ctx, const fb::OpNodeUnion& op) {
+  const auto* n = op.AsSoftmaxNode();
+  return norm_rows(ctx, "softmax", n->x.get(), nullptr, 0.0f, n->out.get());
+}
+
+Status rms_norm(KernelContext& ctx, const fb::OpNodeUnion& op) {
+  const auto* n = op.AsRmsNormNode();
+  return norm_rows(ctx, "rms_norm", n->x.get(), n->weight.get(), n->eps, n->out.get());
+}
+
 // x viewed as [outer, d, inner] around `axis`; out drops the axis (1 with keepdims).
 Status reduce_like(KernelContext& ctx, const fb::Tid* x_tid, const fb::Tid* out_tid, int32_t axis_in, bool keepdims,
                    uint32_t op, bool is_argmax) {
@@ -642,6 +687,8 @@ GpuDevice::GpuDevice(std::unique_ptr<Runtime> rt, std::string name) : rt_(std::m
   registry_.add(fb::OpNode::RouterNode, router);
   registry_.add(fb::OpNode::GatherMmNode, gather_mm);
   registry_.add(fb::OpNode::MatmulNode, matmul);
+  registry_.add(fb::OpNode::SoftmaxNode, softmax);
+  registry_.add(fb::OpNode::RmsNormNode, rms_norm);
   registry_.add(fb::OpNode::ReduceNode, reduce);
   registry_.add(fb::OpNode::ArgmaxNode, argmax);
   registry_.add(fb::OpNode::SliceNode, slice);

@@ -2,7 +2,7 @@
 
 namespace switchboard {
 
-static_assert(fb::OpNode::MAX == fb::OpNode::FullNode,
+static_assert(fb::OpNode::MAX == fb::OpNode::RmsNormNode,
               "a new op was added to schema/program.fbs: list its name and slots in op_info.cpp");
 
 const char* op_name(fb::OpNode type) {
@@ -30,6 +30,8 @@ const char* op_name(fb::OpNode type) {
     case fb::OpNode::GluNode: return "Glu";
     case fb::OpNode::CombineNode: return "Combine";
     case fb::OpNode::FullNode: return "Full";
+    case fb::OpNode::SoftmaxNode: return "Softmax";
+    case fb::OpNode::RmsNormNode: return "RmsNorm";
     case fb::OpNode::NONE: break;
   }
   return "?";
@@ -232,6 +234,19 @@ void for_each_slot(fb::OpNodeUnion& op, const Fn& fn) {
       tensor(fn, "weights", n->weights, false);
       tensor(fn, "shared", n->shared, false, true);
       tensor(fn, "shared_gate", n->shared_gate, false, true);
+      tensor(fn, "out", n->out, true);
+      break;
+    }
+    case fb::OpNode::SoftmaxNode: {
+      auto* n = op.AsSoftmaxNode();
+      tensor(fn, "x", n->x, false);
+      tensor(fn, "out", n->out, true);
+      break;
+    }
+    case fb::OpNode::RmsNormNode: {
+      auto* n = op.AsRmsNormNode();
+      tensor(fn, "x", n->x, false);
+      tensor(fn, "weight", n->weight, false);
       tensor(fn, "out", n->out, true);
       break;
     }

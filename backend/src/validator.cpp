@@ -266,6 +266,8 @@ Status Validator::check_op(const fb::OpNodeUnion& op, size_t chain, const std::s
     case fb::OpNode::UnaryNode: {
       const auto* n = op.AsUnaryNode();
       if (!enum_ok(n->op, fb::UnaryOp::MAX)) return error(path + ".op", strformat("%d unknown", (int)n->op));
+      if (n->op >= fb::UnaryOp::Exp && !dtype_is_float(dt(n->x.get())))
+        return error(path + ".x", strformat("%s needs a float dtype", fb::EnumNameUnaryOp(n->op)));
       return same_dtype(n->x.get(), n->out.get(), path, "x", "out");
     }
     case fb::OpNode::CastNode: {
@@ -511,6 +513,20 @@ Status Validator::check_moe_op(const fb::OpNodeUnion& op, const std::string& pat
         SB_RETURN_IF_ERROR(expect(n.shared && dtype_is_float(dt(n.shared_gate.get())), path + ".shared_gate",
                                   "must be float and needs shared"));
       return same_dtype(n.y.get(), n.out.get(), path, "y", "out");
+    }
+    case fb::OpNode::SoftmaxNode: {
+      const auto& n = *op.AsSoftmaxNode();
+      SB_RETURN_IF_ERROR(expect(dtype_is_float(dt(n.x.get())) && rank(n.x.get()) >= 1, path + ".x",
+                                "must be a float tensor of rank >= 1"));
+      return same_dtype(n.x.get(), n.out.get(), path, "x", "out");
+    }
+    case fb::OpNode::RmsNormNode: {
+      const auto& n = *op.AsRmsNormNode();
+      SB_RETURN_IF_ERROR(expect(dtype_is_float(dt(n.x.get())) && rank(n.x.get()) >= 1, path + ".x",
+                                "must be a float tensor of rank >= 1"));
+      SB_RETURN_IF_ERROR(expect(rank(n.weight.get()) == 1, path + ".weight", "must be 1-D"));
+      SB_RETURN_IF_ERROR(same_dtype(n.x.get(), n.weight.get(), path, "x", "weight"));
+      return same_dtype(n.x.get(), n.out.get(), path, "x", "out");
     }
     default: break;
   }

@@ -138,6 +138,18 @@ class ProgramBuilder {
   TensorRef abs(TensorRef x);
   TensorRef square(TensorRef x);
   TensorRef relu(TensorRef x);
+  // The exact routines of docs/numerics.md, elementwise (float tensors).
+  TensorRef exp(TensorRef x);
+  TensorRef rcp(TensorRef x);
+  TensorRef rsqrt(TensorRef x);
+  TensorRef sigmoid(TensorRef x);
+  TensorRef silu(TensorRef x);
+  TensorRef tanh(TensorRef x);
+  TensorRef gelu_tanh(TensorRef x);
+  // Along the last axis.
+  TensorRef softmax(TensorRef x);
+  // x * rsqrt(mean(x^2) + eps) * weight along the last axis (weight: [d]).
+  TensorRef rms_norm(TensorRef x, TensorRef weight, float eps = 1e-6f);
   TensorRef cast(TensorRef x, DType dtype);
   TensorRef reshape(TensorRef x, const std::vector<IntOrValue>& shape);
   TensorRef slice(TensorRef x, int axis, IntOrValue start, IntOrValue stop);

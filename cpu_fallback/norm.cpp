@@ -1,0 +1,71 @@
+// Row normalizations along the last axis: softmax and RMSNorm, in the fixed order
+// of docs/numerics.md (sequential sums in index order, the exact routines).
+#include "cpu_common.h"
+#include "exact_math.h"
+#include "parallel.h"
+
+namespace switchboard::cpu {
+namespace {
+
+// out = e * rcp(sum e), e_i = exp(x_i - m), m the running max in index order.
+void softmax_row(const float* x, float* out, int64_t d) {
+  float m = x[0];
+  for (int64_t i = 0; i < d; ++i) m = max_f32(m, x[i]);
+  float sum = 0.0f;
+  for (int64_t i = 0; i < d; ++i) {
+    out[i] = exact::exp(x[i] - m);
+    sum = sum + out[i];
+  }
+  const float r = exact::rcp(sum);
+  for (int64_t i = 0; i < d; ++i) out[i] = out[i] * r;
+}
+
+Status softmax(KernelContext& ctx, const fb::OpNodeUnion& op) {
+  const auto* n = op.AsSoftmaxNode();
+  SB_ASSIGN_OR_RETURN(Tensor x, ctx.in(n->x.get()));
+  const int64_t d = x.dim(x.rank() - 1), rows = d ? x.numel() / d : 0;
+  const std::vector<float> xf = widen_f32(x);
+  SB_ASSIGN_OR_RETURN(Tensor out, Tensor::uninitialized(x.dtype(), x.shape()));
+  parallel_for(rows, 1, [&](int64_t r0, int64_t r1) {
+    std::vector<float> row(static_cast<size_t>(d));
+    for (int64_t r = r0; r < r1; ++r) {
+      softmax_row(xf.data() + r * d, row.data(), d);
+      for (int64_t i = 0; i < d; ++i) store_f32(out.mutable_data(), out.dtype(), r * d + i, row[i]);
+    }
+  });
+  return ctx.out(n->out.get(), std::move(out));
+}
+
+// The f32 nearest 1/d (the host computes it once; every device gets the same bits).
+float inverse_count(int64_t d) { return d ? static_cast<float>(1.0 / static_cast<double>(d)) : 0.0f; }
+
+Status rms_norm(KernelContext& ctx, const fb::OpNodeUnion& op) {
+  const auto* n = op.AsRmsNormNode();
+  SB_ASSIGN_OR_RETURN(Tensor x, ctx.in(n->x.get()));
+  SB_ASSIGN_OR_RETURN(Tensor w, ctx.in(n->weight.get()));
+  const int64_t d = x.dim(x.rank() - 1), rows = d ? x.numel() / d : 0;
+  SB_CHECK_OR_RETURN(w.numel() == d, StatusCode::kInvalidArgument, "weight %s does not match the last dim %lld",
+                     shape_str(w.shape()).c_str(), (long long)d);
+  const std::vector<float> xf = widen_f32(x), wf = widen_f32(w);
+  const float inv_d = inverse_count(d);
+  SB_ASSIGN_OR_RETURN(Tensor out, Tensor::uninitialized(x.dtype(), x.shape()));
+  parallel_for(rows, 1, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* xr = xf.data() + r * d;
+      float ss = 0.0f;
+      for (int64_t i = 0; i < d; ++i) ss = ss + xr[i] * xr[i];
+      const float inv = exact::rsqrt(ss * inv_d + n->eps);
+      for (int64_t i = 0; i < d; ++i) store_f32(out.mutable_data(), out.dtype(), r * d + i, (xr[i] * inv) * wf[i]);
+    }
+  });
+  return ctx.out(n->out.get(), std::move(out));
+}
+
+}  // namespace
+
+void register_norm_kernels(KernelRegistry& r) {
+  r.add(fb::OpNode::SoftmaxNode, softmax);
+  r.add(fb::OpNode::RmsNormNode, rms_norm);
+}
+
+}  // namespace switchboard::cpu

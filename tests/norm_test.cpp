@@ -1,0 +1,150 @@
+// The exact elementwise routines (Unary Exp..GeluTanh), Softmax and RmsNorm through the
+// op harness: against float64 math within stated tolerances, and bitwise across devices.
+#include <cmath>
+#include <random>
+
+#include "op_harness.h"
+
+namespace switchboard::optest {
+namespace {
+
+constexpr DType kF32 = DType::kF32, kF16 = DType::kF16, kBF16 = DType::kBF16;
+
+std::vector<double> uniform(size_t n, double lo, double hi, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<double> v(n);
+  for (auto& x : v) x = lo + (hi - lo) * static_cast<double>(rng() >> 8) * 0x1p-24;
+  return v;
+}
+
+struct UnaryCase {
+  const char* name;
+  TensorRef (ProgramBuilder::*build)(TensorRef);
+  double (*ref)(double);
+  double lo, hi;
+  int ulps;  // measured bound of the routine (docs/numerics.md), f32 outputs
+};
+
+double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+const UnaryCase kUnary[] = {
+    {"exp", &ProgramBuilder::exp, [](double x) { return std::exp(x); }, -80, 80, 4},
+    {"rcp", &ProgramBuilder::rcp, [](double x) { return 1.0 / x; }, 1e-30, 1e30, 2},
+    {"rsqrt", &ProgramBuilder::rsqrt, [](double x) { return 1.0 / std::sqrt(x); }, 1e-38, 1e38, 3},
+    {"sigmoid", &ProgramBuilder::sigmoid, sigmoid, -20, 20, 5},
+    {"silu", &ProgramBuilder::silu, [](double x) { return x * sigmoid(x); }, -20, 20, 6},
+    // tanh and GELU lose relative accuracy near 0 (1 - 2/(e^2u + 1)): tested away from it.
+    {"tanh", &ProgramBuilder::tanh, [](double x) { return std::tanh(x); }, 0.5, 9, 8},
+    {"gelu_tanh", &ProgramBuilder::gelu_tanh,
+     [](double x) { return 0.5 * x * (1 + std::tanh(0.7978845608 * (x + 0.044715 * x * x * x))); }, 0.5, 9, 8},
+};
+
+TEST(ExactUnary, EveryRoutineWithinItsUlpBoundAndBitwise) {
+  for (const UnaryCase& c : kUnary)
+    for (DType dt : {kF32, kF16, kBF16}) {
+      SCOPED_TRACE(std::string(c.name) + " " + dtype_name(dt));
+      std::vector<double> v = uniform(301, c.lo, c.hi, 7);
+      if (c.lo < 0) v.push_back(0.0);
+      ProgramBuilder b;
+      b.output("y", (b.*c.build)(b.input("x", dt, {static_cast<int64_t>(v.size())})));
+      Tensor x = make(dt, {static_cast<int64_t>(v.size())}, v);
+      auto ref = [&](const Inputs& in) {
+        RefTensor r{in.at("x").shape(), {}, {}};
+        for (double xv : in.at("x").to_doubles()) r.values.push_back(round_to(dt, c.ref(xv)));
+        return Expected{{"y", r}};
+      };
+      // 16-bit outputs: the f32 result rounds once more, so one unit of the format (plus the f32 error).
+      const Tolerance tol = dt == kF32 ? Tolerance::f32_ulps(c.ulps) : Tolerance::rel(dt == kF16 ? 0x1p-10 : 0x1p-7);
+      check_op(b, {{"x", x}}, ref, tol);
+    }
+}
+
+TEST(ExactUnary, EdgeValues) {
+  const double inf = INFINITY, nan = NAN;
+  const std::vector<double> v = {0.0, -0.0, inf, -inf, nan, 1e-45, 3e-39, -1.0, 100.0, -100.0};
+  ProgramBuilder b;
+  TensorRef x = b.input("x", kF32, {static_cast<int64_t>(v.size())});
+  b.output("exp", b.exp(x));
+  b.output("rsqrt", b.rsqrt(x));
+  b.output("rcp", b.rcp(x));
+  b.output("sigmoid", b.sigmoid(x));
+  auto ref = [&](const Inputs&) {
+    auto r = [&](std::vector<double> vals) { return RefTensor{{static_cast<int64_t>(v.size())}, vals, {}}; };
+    return Expected{
+        // exp: > 88 -> inf, < -87 -> +0 (docs/numerics.md)
+        {"exp", r({1, 1, inf, 0, nan, 1, 1, std::exp(-1.0), inf, 0})},
+        // rsqrt: +-0 -> +-inf, +inf -> +0, negatives and NaN -> NaN, subnormals scaled first
+        {"rsqrt", r({inf, -inf, 0, nan, nan, 1 / std::sqrt(double(1e-45f)), 1 / std::sqrt(double(3e-39f)), nan, 0.1, nan})},
+        // rcp: +-0 -> +-inf, beyond 2^125 (and inf) -> +-0, tiny inputs scaled (1/1e-45 overflows)
+        {"rcp", r({inf, -inf, 0, -0.0, nan, inf, 1 / double(3e-39f), -1, 0.01, -0.01})},
+        {"sigmoid", r({0.5, 0.5, 1, 0, nan, 0.5, 0.5, sigmoid(-1), 1, 0})},
+    };
+  };
+  // Edge values where the routines are exact or saturate are checked against the documented
+  // results with a small ulp allowance; everything is bitwise across devices.
+  check_op(b, {{"x", make(kF32, {static_cast<int64_t>(v.size())}, v)}}, ref, Tolerance::f32_ulps(4));
+}
+
+double softmax_ref(const std::vector<double>& x, size_t row, size_t d, size_t i) {
+  double m = -INFINITY, s = 0;
+  for (size_t j = 0; j < d; ++j) m = std::max(m, x[row * d + j]);
+  for (size_t j = 0; j < d; ++j) s += std::exp(x[row * d + j] - m);
+  return std::exp(x[row * d + i] - m) / s;
+}
+
+TEST(Softmax, RowsOfEveryLengthAndDtype) {
+  for (DType dt : {kF32, kF16, kBF16})
+    for (int64_t d : {1, 5, 64, 257}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " d=" + std::to_string(d));
+      const int64_t rows = 3;
+      ProgramBuilder b;
+      b.output("y", b.softmax(b.input("x", dt, {rows, d})));
+      Tensor x = make(dt, {rows, d}, uniform(static_cast<size_t>(rows * d), -12, 12, static_cast<uint32_t>(d)));
+      auto ref = [&](const Inputs& in) {
+        const std::vector<double> xv = in.at("x").to_doubles();
+        RefTensor r{{rows, d}, {}, {}};
+        for (int64_t i = 0; i < rows * d; ++i) r.values.push_back(round_to(dt, softmax_ref(xv, i / d, d, i % d)));
+        return Expected{{"y", r}};
+      };
+      // exp (<= 3.02 ulp) of an exactly rounded difference, a d-term sum and rcp (<= 1.99 ulp): well
+      // within 1e-5 relative in f32 for these rows; 16-bit outputs add one unit of the format.
+      const Tolerance tol = dt == kF32 ? Tolerance::rel(1e-5) : Tolerance::rel(dt == kF16 ? 0x1p-10 : 0x1p-7);
+      check_op(b, {{"x", x}}, ref, tol);
+    }
+}
+
+TEST(RmsNorm, RowsOfEveryLengthAndDtype) {
+  for (DType dt : {kF32, kF16, kBF16})
+    for (int64_t d : {1, 3, 128, 255}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " d=" + std::to_string(d));
+      const int64_t rows = 4;
+      const float eps = 1e-6f;
+      ProgramBuilder b;
+      b.output("y", b.rms_norm(b.input("x", dt, {rows, d}), b.input("w", dt, {d}), eps));
+      Tensor x = make(dt, {rows, d}, uniform(static_cast<size_t>(rows * d), -3, 3, static_cast<uint32_t>(d) + 1));
+      Tensor w = make(dt, {d}, uniform(static_cast<size_t>(d), 0.5, 1.5, static_cast<uint32_t>(d) + 2));
+      auto ref = [&](const Inputs& in) {
+        const std::vector<double> xv = in.at("x").to_doubles(), wv = in.at("w").to_doubles();
+        RefTensor r{{rows, d}, {}, {}};
+        for (int64_t row = 0; row < rows; ++row) {
+          double ss = 0;
+          for (int64_t i = 0; i < d; ++i) ss += xv[row * d + i] * xv[row * d + i];
+          const double inv = 1.0 / std::sqrt(ss / static_cast<double>(d) + static_cast<double>(eps));
+          for (int64_t i = 0; i < d; ++i) r.values.push_back(round_to(dt, xv[row * d + i] * inv * wv[i]));
+        }
+        return Expected{{"y", r}};
+      };
+      // d-term f32 sum of squares (relative error <= d * 2^-24), rsqrt (<= 2.2 ulp), two products.
+      const Tolerance tol = dt == kF32 ? Tolerance::rel(4e-5) : Tolerance::rel(dt == kF16 ? 0x1p-10 : 0x1p-7);
+      check_op(b, {{"x", x}, {"w", w}}, ref, tol);
+    }
+}
+
+TEST(RmsNorm, WeightOfTheWrongLengthFails) {
+  ProgramBuilder b;
+  b.output("y", b.rms_norm(b.input("x", kF32, {2, 4}), b.input("w", kF32, {Dim::dynamic(0, 8)})));
+  check_op_error(b, {{"x", make(kF32, {2, 4}, std::vector<double>(8, 1.0))}, {"w", make(kF32, {3}, {1, 1, 1})}},
+                 "does not match the last dim 4");
+}
+
+}  // namespace
+}  // namespace switchboard::optest
