@@ -62,6 +62,7 @@ class MetalRuntime final : public gpu::MappedRuntime {
   Status dispatch(const char* kernel, const std::vector<gpu::BufferRef>& bindings, const void* args, size_t args_size,
                   uint64_t invocations) override;
   Status sync() override;
+  double last_gpu_us() const override { return last_gpu_us_; }
 
  private:
   Result<Pipeline*> pipeline_for(const char* name);
@@ -78,6 +79,7 @@ class MetalRuntime final : public gpu::MappedRuntime {
   std::map<std::string, Pipeline> pipelines_;
   std::string description_;
   int dispatches_ = 0;
+  double last_gpu_us_ = -1;
 };
 
 Result<std::unique_ptr<MetalRuntime>> MetalRuntime::open() {
@@ -187,9 +189,9 @@ Status MetalRuntime::finish() {
   [cmd_ waitUntilCompleted];
   const MTLCommandBufferStatus st = [cmd_ status];
   NSError* err = [cmd_ error];
+  last_gpu_us_ = ([cmd_ GPUEndTime] - [cmd_ GPUStartTime]) * 1e6;
   if (log::op_log_enabled())
-    log::logger().info("gpu submission: {} dispatches, {:.2f} us on {}", dispatches_,
-                       ([cmd_ GPUEndTime] - [cmd_ GPUStartTime]) * 1e6, description_);
+    log::logger().info("gpu submission: {} dispatches, {:.2f} us on {}", dispatches_, last_gpu_us_, description_);
   cmd_ = nil;
   enc_ = nil;
   const uint32_t bits = finish_submission();

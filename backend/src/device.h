@@ -38,6 +38,8 @@ class Device {
   // Waits for queued work; returns the errors the device found in it (an index out of
   // range, say). Devices that run kernels synchronously have nothing to wait for.
   virtual Status sync() { return Status::ok(); }
+  // Device time of the work the last sync() waited for, in microseconds; -1 if unknown.
+  virtual double last_device_us() const { return -1; }
 };
 
 std::unique_ptr<Device> make_cpu_device();

@@ -26,6 +26,7 @@ class GpuDevice final : public Device {
   const KernelRegistry& kernels() const override { return registry_; }
   Status can_run(const fb::OpNodeUnion& op, const KernelContext& ctx) const override;
   Status sync() override { return rt_->sync(); }
+  double last_device_us() const override { return rt_->last_gpu_us(); }
   Runtime& rt() { return *rt_; }
 
  private:

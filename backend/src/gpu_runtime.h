@@ -46,6 +46,9 @@ class GpuRuntime {
                           size_t args_size, uint64_t invocations) = 0;
   // Runs what was recorded and waits; errors name the SB_ERR_* bits raised.
   virtual Status sync() = 0;
+  // GPU time of the last submission, first dispatch start to last dispatch end (us);
+  // -1 when the device has no timer.
+  virtual double last_gpu_us() const { return -1; }
   // Whether kernels that divide (gpu_kernel_table.h `divides`) may run: set by the probe.
   bool exact_division() const { return exact_division_; }
   // Whether kernels on 64-bit integers (gpu_kernel_table.h `int64`) may run.

@@ -211,5 +211,6 @@ Result<Tensor> Session::mutable_buffer(std::string_view name) const {
 Status Session::reset() { return interp_->reset(); }
 
 const std::string& Session::device_name() const { return interp_->device_name(); }
+double Session::last_device_time_us() const { return interp_->last_device_us(); }
 
 }  // namespace switchboard

@@ -271,7 +271,7 @@ Status create_device(Context& c, const std::string& description) {
   SB_VK_CHECK(c.vkAllocateCommandBuffers(c.device, &ai, &c.cmd), "vkAllocateCommandBuffers");
   VkFenceCreateInfo fi{VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
   SB_VK_CHECK(c.vkCreateFence(c.device, &fi, nullptr, &c.fence), "vkCreateFence");
-  if (log::op_log_enabled() && fams[c.queue_family].timestampValidBits > 0 && c.limits.timestampComputeAndGraphics) {
+  if (fams[c.queue_family].timestampValidBits > 0 && c.limits.timestampComputeAndGraphics) {
     VkQueryPoolCreateInfo qp{VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO};
     qp.queryType = VK_QUERY_TYPE_TIMESTAMP;
     qp.queryCount = 8192;
@@ -474,11 +474,14 @@ Status VulkanRuntime::sync() {
 // then the submission's GPU total.
 void VulkanRuntime::log_timestamps() {
   Context& c = *ctx_;
+  last_gpu_us_ = -1;
   if (!c.timestamps || timed_.empty()) return;
   std::vector<uint64_t> ticks(2 * timed_.size());
   VkResult r = c.vkGetQueryPoolResults(c.device, c.timestamps, 0, static_cast<uint32_t>(ticks.size()),
                                        ticks.size() * 8, ticks.data(), 8, VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT);
   if (r != VK_SUCCESS) return;
+  last_gpu_us_ = static_cast<double>(ticks.back() - ticks.front()) * c.ns_per_tick * 1e-3;
+  if (!log::op_log_enabled()) return;
   double total = 0;
   for (size_t i = 0; i < timed_.size(); ++i) {
     const double us = static_cast<double>(ticks[2 * i + 1] - ticks[2 * i]) * c.ns_per_tick * 1e-3;
@@ -486,7 +489,7 @@ void VulkanRuntime::log_timestamps() {
     log::logger().info("gpu {} {:.2f} us on {}", timed_[i], us, description_);
   }
   log::logger().info("gpu submission: {} dispatches, {:.2f} us of kernels, {:.2f} us first to last", timed_.size(),
-                     total, static_cast<double>(ticks.back() - ticks.front()) * c.ns_per_tick * 1e-3);
+                     total, last_gpu_us_);
 }
 
 // Runs numerics_probe and compares with the CPU's contract arithmetic, bit for bit.

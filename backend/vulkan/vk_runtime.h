@@ -26,6 +26,7 @@ class VulkanRuntime final : public gpu::MappedRuntime {
   Status dispatch(const char* kernel, const std::vector<gpu::BufferRef>& bindings, const void* args, size_t args_size,
                   uint64_t invocations) override;
   Status sync() override;
+  double last_gpu_us() const override { return last_gpu_us_; }
 
  private:
   VulkanRuntime() = default;
@@ -37,6 +38,7 @@ class VulkanRuntime final : public gpu::MappedRuntime {
   std::string description_;
   bool recording_ = false;
   std::vector<const char*> timed_;  // kernels of the timed dispatches, in order
+  double last_gpu_us_ = -1;
 };
 
 }  // namespace switchboard::vulkan
