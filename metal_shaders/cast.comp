@@ -41,11 +41,11 @@ float int_to_float(uint bits, uint to) {
 
 // float -> int: truncate toward zero, saturate, NaN -> 0 (bool: v != 0, NaN -> true).
 uint float_to_int(float v, uint to) {
-  if (to == SB_DT_BOOL) return uint(v != 0.0 || sb_isnan(v));
+  if (to == SB_DT_BOOL) return uint(!sb_eq(v, 0.0));  // NaN -> true
   if (sb_isnan(v)) return 0u;
-  if (to == SB_DT_I32) return v <= -2147483648.0 ? 0x80000000u : v >= 2147483648.0 ? 0x7fffffffu : uint(int(v));
-  if (to == SB_DT_U32) return v <= 0.0 ? 0u : v >= 4294967296.0 ? 0xffffffffu : uint(v);
-  return v <= 0.0 ? 0u : v >= 255.0 ? 255u : uint(v);  // u8
+  if (to == SB_DT_I32) return sb_le(v, -2147483648.0) ? 0x80000000u : sb_ge(v, 2147483648.0) ? 0x7fffffffu : uint(int(v));
+  if (to == SB_DT_U32) return sb_le(v, 0.0) ? 0u : sb_ge(v, 4294967296.0) ? 0xffffffffu : uint(v);
+  return sb_le(v, 0.0) ? 0u : sb_ge(v, 255.0) ? 255u : uint(v);  // u8
 }
 
 // Element i converted to `to`, as its bits in the low size(to) bytes.
@@ -99,8 +99,8 @@ float i64_to_float(int64_t v, uint to) {
 
 int64_t float_to_i64(float v) {
   if (sb_isnan(v)) return 0;
-  if (v <= -9223372036854775808.0) return int64_t(0x8000000000000000ul);
-  if (v >= 9223372036854775808.0) return int64_t(0x7ffffffffffffffful);
+  if (sb_le(v, -9223372036854775808.0)) return int64_t(0x8000000000000000ul);
+  if (sb_ge(v, 9223372036854775808.0)) return int64_t(0x7ffffffffffffffful);
   return int64_t(v);
 }
 

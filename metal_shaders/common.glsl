@@ -87,15 +87,30 @@ uint sb_per_word(uint dt) { return sb_is16(dt) ? 2u : 1u; }
 
 bool sb_isnan(float x) { return (floatBitsToUint(x) & 0x7fffffffu) > 0x7f800000u; }
 
+// Float comparisons through the bits: NVIDIA's driver compares subnormal operands as
+// zero (even where its arithmetic keeps them), so exact kernels never use float
+// compares (the structural test forbids them). Ordered: false when either is NaN;
+// -0 equals +0.
+int sb_key(float x) {
+  int b = floatBitsToInt(x);
+  return b < 0 ? -(b & 0x7fffffff) : b;
+}
+bool sb_lt(float a, float b) { return !sb_isnan(a) && !sb_isnan(b) && sb_key(a) < sb_key(b); }
+bool sb_gt(float a, float b) { return sb_lt(b, a); }
+bool sb_le(float a, float b) { return !sb_isnan(a) && !sb_isnan(b) && sb_key(a) <= sb_key(b); }
+bool sb_ge(float a, float b) { return sb_le(b, a); }
+bool sb_eq(float a, float b) { return !sb_isnan(a) && !sb_isnan(b) && sb_key(a) == sb_key(b); }
+bool sb_is_zero(float x) { return (floatBitsToUint(x) & 0x7fffffffu) == 0u; }
+
 float sb_max(float a, float b) {
   if (sb_isnan(a) || sb_isnan(b)) return sb_isnan(a) ? a : b;
-  if (a == b) return uintBitsToFloat(floatBitsToUint(a) & floatBitsToUint(b));
-  return a > b ? a : b;
+  if (sb_eq(a, b)) return uintBitsToFloat(floatBitsToUint(a) & floatBitsToUint(b));
+  return sb_gt(a, b) ? a : b;
 }
 float sb_min(float a, float b) {
   if (sb_isnan(a) || sb_isnan(b)) return sb_isnan(a) ? a : b;
-  if (a == b) return uintBitsToFloat(floatBitsToUint(a) | floatBitsToUint(b));
-  return a < b ? a : b;
+  if (sb_eq(a, b)) return uintBitsToFloat(floatBitsToUint(a) | floatBitsToUint(b));
+  return sb_lt(a, b) ? a : b;
 }
 
 float sb_round_even(float v) {
@@ -107,8 +122,8 @@ float sb_pow2i(int n) { return uintBitsToFloat(uint(n + 127) << 23); }
 
 float sb_exp(float x) {
   if (sb_isnan(x)) return x;
-  if (x > 88.0) return uintBitsToFloat(0x7f800000u);
-  if (x < -87.0) return 0.0;
+  if (sb_gt(x, 88.0)) return uintBitsToFloat(0x7f800000u);
+  if (sb_lt(x, -87.0)) return 0.0;
   precise float xl = x * 1.44269504;
   precise float n = sb_round_even(xl);
   precise float r = x - n * 0.693145751953125;
@@ -128,10 +143,10 @@ float sb_rcp(float x) {
   if (sb_isnan(x)) return x;
   uint sign = floatBitsToUint(x) & 0x80000000u;
   precise float a = uintBitsToFloat(floatBitsToUint(x) & 0x7fffffffu);
-  if (a > 4.2535296e37) return uintBitsToFloat(sign);  // 2^125
-  if (a == 0.0) return uintBitsToFloat(sign | 0x7f800000u);
+  if (sb_gt(a, 4.2535296e37)) return uintBitsToFloat(sign);  // 2^125
+  if (sb_is_zero(a)) return uintBitsToFloat(sign | 0x7f800000u);
   float post = 1.0;
-  if (a < 2.3509887e-38) {  // 2^-125: scale by 2^64 (exact), the result too
+  if (sb_lt(a, 2.3509887e-38)) {  // 2^-125: scale by 2^64 (exact), the result too
     a = a * 1.8446744e19;
     post = 1.8446744e19;
   }
@@ -145,12 +160,12 @@ float sb_rcp(float x) {
 }
 
 float sb_rsqrt(float x) {
-  if (sb_isnan(x) || x < 0.0) return uintBitsToFloat(0x7fc00000u);
-  if (x == 0.0) return uintBitsToFloat(floatBitsToUint(x) | 0x7f800000u);
-  if (x > 3.4028235e38) return 0.0;
+  if (sb_isnan(x) || sb_lt(x, 0.0)) return uintBitsToFloat(0x7fc00000u);
+  if (sb_is_zero(x)) return uintBitsToFloat(floatBitsToUint(x) | 0x7f800000u);
+  if (sb_gt(x, 3.4028235e38)) return 0.0;
   float post = 1.0;
   precise float xs = x;
-  if (x < 7.8886091e-31) {  // 2^-100: scale by 2^100 (exact), the result by 2^50
+  if (sb_lt(x, 7.8886091e-31)) {  // 2^-100: scale by 2^100 (exact), the result by 2^50
     xs = x * 1.2676506e30;
     post = 1.1258999e15;
   }

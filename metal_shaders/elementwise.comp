@@ -100,7 +100,7 @@ float element(uint i) {
     precise float r = v * v;
     return r;
   }
-  if (args.op == 3u) return v < 0.0 ? 0.0 : v;  // Relu: NaN and -0 pass through
+  if (args.op == 3u) return sb_lt(v, 0.0) ? 0.0 : v;  // Relu: NaN and -0 pass through
   if (args.op == 4u) return sb_exp(v);
   if (args.op == 5u) return sb_rcp(v);
   if (args.op == 6u) return sb_rsqrt(v);

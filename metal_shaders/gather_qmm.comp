@@ -26,17 +26,17 @@ void main() {
   bool finite = true;
   for (uint i = 0u; i < 32u; ++i) {
     float a = uintBitsToFloat(floatBitsToUint(SB_LOAD(x, args.dtype, base + i)) & 0x7fffffffu);
-    finite = finite && a <= 3.4028235e38;
-    amax = a > amax ? a : amax;
+    finite = finite && sb_le(a, 3.4028235e38);
+    amax = sb_gt(a, amax) ? a : amax;
   }
   int s = 0;
-  if (!finite || amax < 7.8886090522101181e-31) {  // 2^-100
+  if (!finite || sb_lt(amax, 7.8886090522101181e-31)) {  // 2^-100
     for (uint w = 0u; w < 8u; ++w) q[blk * 8u + w] = 0u;
     dq[blk] = finite ? 0.0 : uintBitsToFloat(0x7fc00000u);
   } else {
     int sh = 6 - (int((floatBitsToUint(amax) >> 23) & 0xffu) - 127);
     precise float top = amax * sb_pow2i(sh);
-    if (sb_round_even(top) > 127.0) --sh;
+    if (sb_gt(sb_round_even(top), 127.0)) --sh;
     float scale = sb_pow2i(sh);
     for (uint w = 0u; w < 8u; ++w) {
       uint word = 0u;

@@ -78,7 +78,7 @@ void main() {
   float bv = at(i, 0u);
   for (uint j = 1u; j < args.d; ++j) {  // the lowest index among equal maxima; NaN is the largest
     float v = at(i, j);
-    if (!sb_isnan(bv) && (sb_isnan(v) || v > bv)) {
+    if (!sb_isnan(bv) && (sb_isnan(v) || sb_gt(v, bv))) {
       best = j;
       bv = v;
     }

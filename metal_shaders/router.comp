@@ -35,7 +35,7 @@ bool better(float va, uint ia, float vb, uint ib) {
   if (ia == NONE) return false;
   bool na = sb_isnan(va), nb = sb_isnan(vb);
   if (na != nb) return na;
-  if (!na && va != vb) return va > vb;
+  if (!na && !sb_eq(va, vb)) return sb_gt(va, vb);
   return ia < ib;
 }
 

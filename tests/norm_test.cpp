@@ -67,6 +67,9 @@ TEST(ExactUnary, EdgeValues) {
   b.output("rsqrt", b.rsqrt(x));
   b.output("rcp", b.rcp(x));
   b.output("sigmoid", b.sigmoid(x));
+  // Subnormal operands of comparisons (NVIDIA compares them as zero unless kernels compare bits).
+  b.output("relu", b.relu(b.neg(x)));
+  b.output("max0", b.maximum(x, b.full({static_cast<int64_t>(v.size())}, kF32, 0.0)));
   auto ref = [&](const Inputs&) {
     auto r = [&](std::vector<double> vals) { return RefTensor{{static_cast<int64_t>(v.size())}, vals, {}}; };
     return Expected{
@@ -77,6 +80,8 @@ TEST(ExactUnary, EdgeValues) {
         // rcp: +-0 -> +-inf, beyond 2^125 (and inf) -> +-0, tiny inputs scaled (1/1e-45 overflows)
         {"rcp", r({inf, -inf, 0, -0.0, nan, inf, 1 / double(3e-39f), -1, 0.01, -0.01})},
         {"sigmoid", r({0.5, 0.5, 1, 0, nan, 0.5, 0.5, sigmoid(-1), 1, 0})},
+        {"relu", r({-0.0, 0, 0, inf, nan, 0, 0, 1, 0, 100})},
+        {"max0", r({0, 0, inf, 0, nan, double(1e-45f), double(3e-39f), 0, 100, 0})},
     };
   };
   // Edge values where the routines are exact or saturate are checked against the documented

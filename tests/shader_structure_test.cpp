@@ -122,7 +122,8 @@ TEST(ShaderStructure, MslBindsBufferNToBindingNAndArgumentsTo30) {
   }
 }
 
-// The exactness lint over one kernel's SPIR-V: no builtin transcendentals, sqrt, fma, min/max/clamp (NaN rules
+// The exactness lint over one kernel's SPIR-V: no float comparisons (NVIDIA compares
+// subnormals as zero; kernels compare bits), no builtin transcendentals, sqrt, fma, min/max/clamp (NaN rules
 // differ), no division or remainder, no subgroup ops (their order depends on the
 // device), every float add/sub/mul decorated NoContraction, and the RTE and
 // SignedZeroInfNanPreserve execution modes declared for fp32.
@@ -154,6 +155,9 @@ std::vector<std::string> lint_spirv(const std::vector<uint32_t>& spv, bool divid
     if ((op == spv::OpFDiv && !divides) || op == spv::OpFRem || op == spv::OpFMod)
       bad.push_back("division opcode " + std::to_string(op));
     if (op == spv::OpFDiv) arith_ids.insert(w[2]);
+    if (op >= spv::OpFOrdEqual && op <= spv::OpFUnordGreaterThanEqual)  // compare bits instead (common.glsl)
+      bad.push_back("float comparison opcode " + std::to_string(op));
+    if (op == spv::OpIsNan || op == spv::OpIsInf) bad.push_back("float classification opcode " + std::to_string(op));
     if (op >= spv::OpGroupNonUniformElect && op <= spv::OpGroupNonUniformQuadSwap)
       bad.push_back("subgroup opcode " + std::to_string(op));
     if (contractible.count(op)) arith_ids.insert(w[2]);
