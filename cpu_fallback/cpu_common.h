@@ -100,6 +100,9 @@ struct AxisSplit {
 };
 AxisSplit split_at(const Shape& s, int64_t axis);
 
+// SliceUpdate's shape rules: update matches dst outside `axis`, and fits at `start`.
+Status check_slice_update(const Tensor& u, const Tensor& dst, int64_t axis, int64_t start);
+
 // numpy broadcasting: align right; each pair of dims equal or one of them 1.
 Result<Shape> broadcast_shape(const Shape& a, const Shape& b);
 // Element strides of `s` seen through the broadcast shape `out` (0 on broadcast dims).

@@ -42,6 +42,18 @@ Result<std::vector<int64_t>> read_indices(KernelContext& ctx, const std::unique_
   return v;
 }
 
+Status check_slice_update(const Tensor& u, const Tensor& dst, int64_t axis, int64_t start) {
+  SB_CHECK_OR_RETURN(u.rank() == dst.rank(), StatusCode::kInvalidArgument, "update rank differs from dst");
+  for (int64_t k = 0; k < dst.rank(); ++k)
+    SB_CHECK_OR_RETURN(k == axis || u.dim(k) == dst.dim(k), StatusCode::kInvalidArgument,
+                       "update %s does not match dst %s outside axis %lld", shape_str(u.shape()).c_str(),
+                       shape_str(dst.shape()).c_str(), (long long)axis);
+  const int64_t d = dst.dim(axis), len = u.dim(axis);
+  SB_CHECK_OR_RETURN(start >= 0 && start <= d - len, StatusCode::kOutOfRange,
+                     "start %lld + length %lld exceeds dst dim %lld", (long long)start, (long long)len, (long long)d);
+  return Status::ok();
+}
+
 AxisSplit split_at(const Shape& s, int64_t axis) {
   AxisSplit r;
   for (int64_t i = 0; i < static_cast<int64_t>(s.size()); ++i) {

@@ -100,14 +100,8 @@ Status slice_update(KernelContext& ctx, const fb::OpNodeUnion& op) {
   SB_ASSIGN_OR_RETURN(int64_t start, ctx.resolve(n->start.get()));
   SB_ASSIGN_OR_RETURN(Tensor dst, ctx.inplace(n->dst.get()));
   SB_ASSIGN_OR_RETURN(int64_t axis, normalize_axis(n->axis, dst.rank()));
-  SB_CHECK_OR_RETURN(u.rank() == dst.rank(), StatusCode::kInvalidArgument, "update rank differs from dst");
-  for (int64_t k = 0; k < dst.rank(); ++k)
-    SB_CHECK_OR_RETURN(k == axis || u.dim(k) == dst.dim(k), StatusCode::kInvalidArgument,
-                       "update %s does not match dst %s outside axis %lld", shape_str(u.shape()).c_str(),
-                       shape_str(dst.shape()).c_str(), (long long)axis);
+  SB_RETURN_IF_ERROR(check_slice_update(u, dst, axis, start));
   const int64_t d = dst.dim(axis), len = u.dim(axis);
-  SB_CHECK_OR_RETURN(start >= 0 && start <= d - len, StatusCode::kOutOfRange,
-                     "start %lld + length %lld exceeds dst dim %lld", (long long)start, (long long)len, (long long)d);
   AxisSplit s = split_at(dst.shape(), axis);
   const size_t row = static_cast<size_t>(s.inner) * dtype_size(dst.dtype());
   auto* out = static_cast<uint8_t*>(dst.mutable_data());

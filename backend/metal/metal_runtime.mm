@@ -70,7 +70,6 @@ class MetalRuntime final : public gpu::MappedRuntime {
   Status record(const char* kernel, const std::vector<gpu::BufferRef>& bindings, const void* args, size_t args_size,
                 uint64_t invocations);
   Status finish();
-  Status probe_numerics();
 
   id<MTLDevice> device_ = nil;
   id<MTLCommandQueue> queue_ = nil;
@@ -198,20 +197,6 @@ Status MetalRuntime::finish() {
   SB_CHECK_OR_RETURN(st == MTLCommandBufferStatusCompleted, StatusCode::kInternal, "Metal command buffer failed: %s",
                      ns_error(err).c_str());
   return gpu::status_from_error_bits(bits);
-}
-
-Status MetalRuntime::probe_numerics() {
-  const std::vector<float> in = gpu::probe_inputs();
-  const uint32_t n = static_cast<uint32_t>(in.size() / 3);
-  SB_ASSIGN_OR_RETURN(Tensor x, alloc(DType::kF32, {static_cast<int64_t>(in.size())}));
-  std::memcpy(x.mutable_data(), in.data(), in.size() * 4);
-  SB_ASSIGN_OR_RETURN(Tensor y, alloc(DType::kF32, {static_cast<int64_t>(7 * n)}));
-  SB_ASSIGN_OR_RETURN(gpu::BufferRef bx, bind(x, false));
-  SB_ASSIGN_OR_RETURN(gpu::BufferRef by, bind(y, false));
-  kernels::ProbeArgs args{n, 0, 0, 0};
-  SB_RETURN_IF_ERROR(dispatch("numerics_probe", {bx, by}, &args, sizeof(args), n));
-  SB_RETURN_IF_ERROR(sync());
-  return gpu::check_probe(description_, in, y.data_as<float>(), exact_division_);
 }
 
 }  // namespace

@@ -335,6 +335,20 @@ Status scatter_rows(KernelContext& ctx, const fb::OpNodeUnion& op) {
   return gather_rows_impl(ctx, x, bx, inv, x.dim(0), n->out.get());
 }
 
+// The optional lhs/rhs index operands of GatherQmm/GatherMm: bound (with the tensors
+// kept in `lhs`/`rhs`), or `stand_in` (never read) when absent.
+Status bind_indices(KernelContext& ctx, const std::unique_ptr<fb::Tid>& lhs_tid, const std::unique_ptr<fb::Tid>& rhs_tid,
+                    BufferRef stand_in, Tensor& lhs, Tensor& rhs, BufferRef& bl, BufferRef& br) {
+  bl = br = stand_in;
+  if (lhs_tid) {
+    SB_ASSIGN_OR_RETURN(bl, bind_in(ctx, lhs_tid.get(), &lhs));
+  }
+  if (rhs_tid) {
+    SB_ASSIGN_OR_RETURN(br, bind_in(ctx, rhs_tid.get(), &rhs));
+  }
+  return Status::ok();
+}
+
 Status gather_qmm(KernelContext& ctx, const fb::OpNodeUnion& op) {
   const auto* n = op.AsGatherQmmNode();
   Runtime& rt = rt_of(ctx);
@@ -343,13 +357,8 @@ Status gather_qmm(KernelContext& ctx, const fb::OpNodeUnion& op) {
   SB_ASSIGN_OR_RETURN(BufferRef bw, bind_in(ctx, n->w.get(), &w));
   SB_ASSIGN_OR_RETURN(BufferRef bs, bind_in(ctx, n->scales.get(), &scales));
   SB_ASSIGN_OR_RETURN(BufferRef bb, bind_in(ctx, n->biases.get(), &biases));
-  BufferRef bl = bx, br = bx;  // stand-ins when absent
-  if (n->lhs_indices) {
-    SB_ASSIGN_OR_RETURN(bl, bind_in(ctx, n->lhs_indices.get(), &lhs));
-  }
-  if (n->rhs_indices) {
-    SB_ASSIGN_OR_RETURN(br, bind_in(ctx, n->rhs_indices.get(), &rhs));
-  }
+  BufferRef bl, br;
+  SB_RETURN_IF_ERROR(bind_indices(ctx, n->lhs_indices, n->rhs_indices, bx, lhs, rhs, bl, br));
   const int64_t rows = x.dim(0), kdim = x.dim(1), experts = scales.dim(0), nout = scales.dim(1);
   const int64_t pairs = rhs.defined() ? rhs.numel() : lhs.defined() ? lhs.numel() : rows;
   SB_CHECK_OR_RETURN(!lhs.defined() || lhs.numel() == pairs, StatusCode::kInvalidArgument,
@@ -426,13 +435,8 @@ Status gather_mm(KernelContext& ctx, const fb::OpNodeUnion& op) {
   Tensor x, w, lhs, rhs;
   SB_ASSIGN_OR_RETURN(BufferRef bx, bind_in(ctx, n->x.get(), &x));
   SB_ASSIGN_OR_RETURN(BufferRef bw, bind_in(ctx, n->w.get(), &w));
-  BufferRef bl = bx, br = bx;  // stand-ins when absent
-  if (n->lhs_indices) {
-    SB_ASSIGN_OR_RETURN(bl, bind_in(ctx, n->lhs_indices.get(), &lhs));
-  }
-  if (n->rhs_indices) {
-    SB_ASSIGN_OR_RETURN(br, bind_in(ctx, n->rhs_indices.get(), &rhs));
-  }
+  BufferRef bl, br;
+  SB_RETURN_IF_ERROR(bind_indices(ctx, n->lhs_indices, n->rhs_indices, bx, lhs, rhs, bl, br));
   const int64_t rows = x.dim(0), kdim = x.dim(1), experts = w.dim(0), nout = w.dim(1);
   SB_CHECK_OR_RETURN(w.dim(2) == kdim, StatusCode::kInvalidArgument, "w %s does not match K = %lld",
                      shape_str(w.shape()).c_str(), (long long)kdim);
@@ -651,14 +655,8 @@ Status slice_update(KernelContext& ctx, const fb::OpNodeUnion& op) {
   SB_ASSIGN_OR_RETURN(Tensor host_dst, ctx.inplace(n->dst.get()));
   SB_ASSIGN_OR_RETURN(Tensor dst, rt.device_tensor(host_dst));
   SB_ASSIGN_OR_RETURN(int64_t axis, cpu::normalize_axis(n->axis, dst.rank()));
-  SB_CHECK_OR_RETURN(u.rank() == dst.rank(), StatusCode::kInvalidArgument, "update rank differs from dst");
-  for (int64_t k = 0; k < dst.rank(); ++k)
-    SB_CHECK_OR_RETURN(k == axis || u.dim(k) == dst.dim(k), StatusCode::kInvalidArgument,
-                       "update %s does not match dst %s outside axis %lld", shape_str(u.shape()).c_str(),
-                       shape_str(dst.shape()).c_str(), (long long)axis);
+  SB_RETURN_IF_ERROR(cpu::check_slice_update(u, dst, axis, start));
   const int64_t d = dst.dim(axis), len = u.dim(axis);
-  SB_CHECK_OR_RETURN(start >= 0 && start <= d - len, StatusCode::kOutOfRange,
-                     "start %lld + length %lld exceeds dst dim %lld", (long long)start, (long long)len, (long long)d);
   SB_ASSIGN_OR_RETURN(BufferRef bd, rt.bind(dst, false));
   const cpu::AxisSplit s = cpu::split_at(dst.shape(), axis);
   SB_RETURN_IF_ERROR(copy_region(rt, dst.dtype(), bu, bd, s.outer, len * s.inner, 0, len * s.inner, start * s.inner,

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "gpu_kernel_table.h"
+
 namespace switchboard::gpu {
 namespace {
 
@@ -128,6 +130,20 @@ BufferRef MappedRuntime::error_word() const {
   bool inside = false;
   pool_->find(error_.data(), 16, b, off, inside);
   return BufferRef{b.handle, off, 16};
+}
+
+Status MappedRuntime::probe_numerics() {
+  const std::vector<float> in = probe_inputs();
+  const uint32_t n = static_cast<uint32_t>(in.size() / 3);
+  SB_ASSIGN_OR_RETURN(Tensor x, alloc(DType::kF32, {static_cast<int64_t>(in.size())}));
+  std::memcpy(x.mutable_data(), in.data(), in.size() * 4);
+  SB_ASSIGN_OR_RETURN(Tensor y, alloc(DType::kF32, {static_cast<int64_t>(7 * n)}));
+  SB_ASSIGN_OR_RETURN(BufferRef bx, bind(x, false));
+  SB_ASSIGN_OR_RETURN(BufferRef by, bind(y, false));
+  kernels::ProbeArgs args{n, 0, 0, 0};
+  SB_RETURN_IF_ERROR(dispatch("numerics_probe", {bx, by}, &args, sizeof(args), n));
+  SB_RETURN_IF_ERROR(sync());
+  return check_probe(description(), in, y.data_as<float>(), exact_division_);
 }
 
 uint32_t MappedRuntime::finish_submission() {

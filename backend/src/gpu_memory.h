@@ -57,6 +57,9 @@ class MappedRuntime : public GpuRuntime {
 
  protected:
   Status init(std::shared_ptr<MemoryPool> pool, uint64_t max_range, uint64_t alignment);
+  // Runs numerics_probe (probe.comp) and compares it bit for bit with the CPU's
+  // contract arithmetic; sets exact_division_. An error refuses the device.
+  Status probe_numerics();
   // Drops the operands of finished work and returns (and clears) the error word's bits.
   uint32_t finish_submission();
 

@@ -492,21 +492,6 @@ void VulkanRuntime::log_timestamps() {
                      total, last_gpu_us_);
 }
 
-// Runs numerics_probe and compares with the CPU's contract arithmetic, bit for bit.
-Status VulkanRuntime::probe_numerics() {
-  const std::vector<float> in = gpu::probe_inputs();
-  const uint32_t n = static_cast<uint32_t>(in.size() / 3);
-  SB_ASSIGN_OR_RETURN(Tensor x, alloc(DType::kF32, {static_cast<int64_t>(in.size())}));
-  std::memcpy(x.mutable_data(), in.data(), in.size() * 4);
-  SB_ASSIGN_OR_RETURN(Tensor y, alloc(DType::kF32, {static_cast<int64_t>(7 * n)}));
-  SB_ASSIGN_OR_RETURN(gpu::BufferRef bx, bind(x, false));
-  SB_ASSIGN_OR_RETURN(gpu::BufferRef by, bind(y, false));
-  kernels::ProbeArgs args{n, 0, 0, 0};
-  SB_RETURN_IF_ERROR(dispatch("numerics_probe", {bx, by}, &args, sizeof(args), n));
-  SB_RETURN_IF_ERROR(sync());
-  return gpu::check_probe(description_, in, y.data_as<float>(), exact_division_);
-}
-
 Result<std::unique_ptr<Device>> open_vulkan_device(int index) {
   SB_ASSIGN_OR_RETURN(std::unique_ptr<VulkanRuntime> rt, VulkanRuntime::open(index));
   return gpu::make_gpu_device(std::move(rt), index < 0 ? "vulkan" : "vulkan:" + std::to_string(index));

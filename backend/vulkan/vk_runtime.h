@@ -31,7 +31,6 @@ class VulkanRuntime final : public gpu::MappedRuntime {
  private:
   VulkanRuntime() = default;
   Status begin_if_needed();
-  Status probe_numerics();
   void log_timestamps();
 
   std::shared_ptr<Context> ctx_;
