@@ -100,6 +100,11 @@ struct AxisSplit {
 };
 AxisSplit split_at(const Shape& s, int64_t axis);
 
+// Full: its resolved shape (an error names a negative dim), and `count` elements of
+// dtype t set to `value` as Full converts it (schema/program.fbs, FullNode).
+Result<Shape> full_shape(KernelContext& ctx, const fb::FullNodeT& n);
+void fill_value(void* data, DType t, int64_t count, double value);
+
 // SliceUpdate's shape rules: update matches dst outside `axis`, and fits at `start`.
 Status check_slice_update(const Tensor& u, const Tensor& dst, int64_t axis, int64_t start);
 

@@ -42,6 +42,25 @@ Result<std::vector<int64_t>> read_indices(KernelContext& ctx, const std::unique_
   return v;
 }
 
+Result<Shape> full_shape(KernelContext& ctx, const fb::FullNodeT& n) {
+  Shape shape;
+  for (size_t i = 0; i < n.shape.size(); ++i) {
+    SB_ASSIGN_OR_RETURN(int64_t d, ctx.resolve(n.shape[i].get()));
+    SB_CHECK_OR_RETURN(d >= 0, StatusCode::kInvalidArgument, "shape[%zu] = %lld is negative", i, (long long)d);
+    shape.push_back(d);
+  }
+  return shape;
+}
+
+void fill_value(void* data, DType t, int64_t count, double v) {
+  const int64_t iv = v != v ? 0 : v >= 9.2233720368547758e18 ? INT64_MAX : v <= -9.2233720368547758e18 ? INT64_MIN
+                                                                                                      : static_cast<int64_t>(v);
+  for (int64_t i = 0; i < count; ++i) {
+    if (dtype_is_float(t)) store_f32(data, t, i, static_cast<float>(v));
+    else store_i64(data, t, i, t == DType::kBool ? (v != 0) : iv);
+  }
+}
+
 Status check_slice_update(const Tensor& u, const Tensor& dst, int64_t axis, int64_t start) {
   SB_CHECK_OR_RETURN(u.rank() == dst.rank(), StatusCode::kInvalidArgument, "update rank differs from dst");
   for (int64_t k = 0; k < dst.rank(); ++k)

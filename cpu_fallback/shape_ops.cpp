@@ -112,21 +112,10 @@ Status slice_update(KernelContext& ctx, const fb::OpNodeUnion& op) {
 
 Status full(KernelContext& ctx, const fb::OpNodeUnion& op) {
   const auto* n = op.AsFullNode();
-  Shape shape;
-  for (size_t i = 0; i < n->shape.size(); ++i) {
-    SB_ASSIGN_OR_RETURN(int64_t d, ctx.resolve(n->shape[i].get()));
-    SB_CHECK_OR_RETURN(d >= 0, StatusCode::kInvalidArgument, "shape[%zu] = %lld is negative", i, (long long)d);
-    shape.push_back(d);
-  }
+  SB_ASSIGN_OR_RETURN(Shape shape, full_shape(ctx, *n));
   const auto t = static_cast<DType>(n->dtype);
   SB_ASSIGN_OR_RETURN(Tensor out, Tensor::zeros(t, shape));
-  const double v = n->value;
-  const int64_t iv = v != v ? 0 : v >= 9.2233720368547758e18 ? INT64_MAX : v <= -9.2233720368547758e18 ? INT64_MIN
-                                                                                                      : static_cast<int64_t>(v);
-  for (int64_t i = 0; i < out.numel(); ++i) {
-    if (dtype_is_float(t)) store_f32(out.mutable_data(), t, i, static_cast<float>(v));
-    else store_i64(out.mutable_data(), t, i, t == DType::kBool ? (v != 0) : iv);
-  }
+  fill_value(out.mutable_data(), t, out.numel(), n->value);
   return ctx.out(n->out.get(), std::move(out));
 }
 

@@ -133,27 +133,14 @@ Status cast(KernelContext& ctx, const fb::OpNodeUnion& op) {
 Status full(KernelContext& ctx, const fb::OpNodeUnion& op) {
   const auto* n = op.AsFullNode();
   Runtime& rt = rt_of(ctx);
-  Shape shape;
-  for (size_t i = 0; i < n->shape.size(); ++i) {
-    SB_ASSIGN_OR_RETURN(int64_t d, ctx.resolve(n->shape[i].get()));
-    SB_CHECK_OR_RETURN(d >= 0, StatusCode::kInvalidArgument, "shape[%zu] = %lld is negative", i, (long long)d);
-    shape.push_back(d);
-  }
+  SB_ASSIGN_OR_RETURN(Shape shape, cpu::full_shape(ctx, *n));
   const auto t = static_cast<DType>(n->dtype);
   // The fill pattern: two words hold whole elements of every dtype; the CPU kernel
   // encodes them, so the values are the CPU's by construction.
   SB_ASSIGN_OR_RETURN(Tensor pattern, Tensor::zeros(t, {static_cast<int64_t>(8 / dtype_size(t))}));
   std::vector<uint8_t> bytes(8);
-  {
-    const double v = n->value;
-    const int64_t iv = v != v ? 0 : v >= 9.2233720368547758e18 ? INT64_MAX : v <= -9.2233720368547758e18 ? INT64_MIN
-                                                                                                        : static_cast<int64_t>(v);
-    for (int64_t i = 0; i < pattern.numel(); ++i) {
-      if (dtype_is_float(t)) cpu::store_f32(pattern.mutable_data(), t, i, static_cast<float>(v));
-      else cpu::store_i64(pattern.mutable_data(), t, i, t == DType::kBool ? (v != 0) : iv);
-    }
-    std::memcpy(bytes.data(), pattern.data(), 8);
-  }
+  cpu::fill_value(pattern.mutable_data(), t, pattern.numel(), n->value);
+  std::memcpy(bytes.data(), pattern.data(), 8);
   SB_ASSIGN_OR_RETURN(Tensor out, rt.alloc(t, shape));
   SB_ASSIGN_OR_RETURN(BufferRef bo, rt.bind(out, false));
   k::FillArgs args{};
