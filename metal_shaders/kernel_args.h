@@ -76,10 +76,11 @@
   uint dst_off; uint dst_stride; uint unit_bytes; uint first_word; \
   uint words; uint pad0; uint pad1; uint pad2;
 
-// matmul.comp: out [rows, cols] = dot32(a[r, :], B[:, c]) (+ bias[c]).
+// matmul.comp: out [batch, rows, cols] = dot32(a[i, r, :], B[i / group, :, c]) (+ bias[c]).
 #define SB_MATMUL_ARGS \
   uint rows; uint cols; uint k; uint dtype; \
-  uint b_dtype; uint transpose_b; uint has_bias; uint bias_dtype;
+  uint b_dtype; uint transpose_b; uint has_bias; uint bias_dtype; \
+  uint batch; uint group; uint pad0; uint pad1;
 
 // norm.comp: x viewed as [rows, d] (SOFTMAX; RMS_NORM with weight [d], inv_d = f32(1/d)).
 #define SB_NORM_ARGS uint rows; uint d; uint dtype; float inv_d; float eps; uint out_dtype; uint pad0; uint pad1;

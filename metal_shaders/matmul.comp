@@ -1,8 +1,8 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
-// Matmul / linear with the dot32 order of docs/numerics.md, then + bias; twin of
-// cpu_fallback/matmul.cpp. Thread -> output: workgroup w writes word w of out
-// [rows, cols] (1 or 2 elements); lane l keeps partial sum l over k = l, l+32, ...
+// Matmul / linear and BatchMatmul with the dot32 order of docs/numerics.md (then +
+// bias); twin of cpu_fallback/matmul.cpp. Thread -> output: workgroup w writes word w
+// of out [batch, rows, cols] (1 or 2 elements); lane l keeps partial sum l over k = l, l+32, ...
 // (product, then add), and the halving tree 16..1 combines them.
 #include "common.glsl"
 
@@ -18,10 +18,11 @@ shared float s_out[2];
 
 void dot32(uint e, uint slot) {
   uint lane = gl_LocalInvocationID.x;
-  uint r = e / args.cols, c = e % args.cols;
+  uint r = e / args.cols, c = e % args.cols;  // r: row over all batches
+  uint boff = (r / args.rows / args.group) * args.cols * args.k;  // b's batch (grouped)
   precise float part = 0.0;
   for (uint i = lane; i < args.k; i += 32u) {
-    uint bi = args.transpose_b != 0u ? c * args.k + i : i * args.cols + c;
+    uint bi = boff + (args.transpose_b != 0u ? c * args.k + i : i * args.cols + c);
     part = part + SB_LOAD(a, args.dtype, r * args.k + i) * SB_LOAD(b, args.b_dtype, bi);
   }
   s_part[lane] = part;
@@ -45,7 +46,7 @@ void main() {
   uint wg = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
   uint per = sb_per_word(args.dtype);
   uint i = wg * per;
-  uint count = args.rows * args.cols;
+  uint count = args.batch * args.rows * args.cols;
   if (i >= count) return;
   dot32(i, 0u);
   bool two = per == 2u && i + 1u < count;

@@ -565,11 +565,52 @@ void check_matmul(DType t, const Shape& sa, const Shape& sb, bool transpose_b, b
   check_op(b, in, ref, tol);
 }
 
-// OpenBLAS picks its own summation order (and may fuse multiply-adds). With positive operands every order
-// is within (K+1) * 2^-24 of the exact sum relative to it: 65 * 6e-8 = 3.9e-6 < 1e-5 for K <= 64.
+// dot32 (docs/numerics.md) rounds each product and each add once. With positive operands every order is
+// within (K+1) * 2^-24 of the exact sum relative to it: 65 * 6e-8 = 3.9e-6 < 1e-5 for K <= 64.
 const Tolerance kF32Matmul = Tolerance::rel(1e-5);
 // Plus one rounding to the 16-bit format: 2^-11 = 4.9e-4 for f16, 2^-8 = 3.9e-3 for bf16.
 const Tolerance kF16Matmul = Tolerance::rel(5e-4 + 1e-5), kBF16Matmul = Tolerance::rel(3.91e-3 + 1e-5);
+
+// a [Ba, M, K] against b [Bb, N, K] (or [Bb, K, N]) with a's batch i using b's batch i / (Ba / Bb).
+void check_batch_matmul(DType t, const Shape& sa, const Shape& sb, bool transpose_b, Tolerance tol) {
+  SCOPED_TRACE(std::string("batch_matmul ") + dtype_name(t) + " a " + shape_str(sa) + " b " + shape_str(sb) +
+               (transpose_b ? " transpose_b" : ""));
+  ProgramBuilder b;
+  b.output("y", b.batch_matmul(b.input("a", t, dims(sa)), b.input("b", t, dims(sb)), transpose_b));
+  Inputs in = {{"a", make(t, sa, positive(numel(sa), 4))}, {"b", make(t, sb, positive(numel(sb), 5))}};
+  auto ref = [&](const Inputs& in) {
+    const std::vector<double> va = in.at("a").to_doubles(), vb = in.at("b").to_doubles();
+    const int64_t ba = sa[0], m = sa[1], k = sa[2], g = ba / sb[0], cols = transpose_b ? sb[1] : sb[2];
+    RefTensor r{{ba, m, cols}, {}, {}};
+    for (int64_t i = 0; i < ba; ++i)
+      for (int64_t row = 0; row < m; ++row)
+        for (int64_t n = 0; n < cols; ++n) {
+          double acc = 0;
+          for (int64_t j = 0; j < k; ++j) {
+            const int64_t q = i / g;
+            acc += va[size_t((i * m + row) * k + j)] *
+                   vb[size_t(transpose_b ? (q * cols + n) * k + j : (q * k + j) * cols + n)];
+          }
+          r.values.push_back(acc);
+        }
+    return Expected{{"y", r}};
+  };
+  check_op(b, in, ref, tol);
+}
+
+TEST(BatchMatmul, GroupedHeadsTransposedAndNot) {
+  check_batch_matmul(kF32, {4, 3, 16}, {2, 5, 16}, true, kF32Matmul);   // 2 query heads per kv head
+  check_batch_matmul(kF32, {2, 4, 8}, {2, 8, 3}, false, kF32Matmul);
+  check_batch_matmul(kF16, {3, 1, 33}, {1, 7, 33}, true, kF16Matmul);   // one shared b, odd widths
+  check_batch_matmul(kBF16, {2, 2, 40}, {1, 40, 5}, false, kBF16Matmul);
+}
+
+TEST(BatchMatmul, BatchNotAMultipleFails) {
+  ProgramBuilder b;
+  b.output("y", b.batch_matmul(b.input("a", kF32, {3, 1, 4}), b.input("b", kF32, {Dim::dynamic(0, 8), 2, 4})));
+  check_op_error(b, {{"a", make(kF32, {3, 1, 4}, std::vector<double>(12, 1.0))}, {"b", make(kF32, {2, 2, 4}, std::vector<double>(16, 1.0))}},
+                 "not a multiple of b's batch");
+}
 
 TEST(Matmul, F32TransposeB) { check_matmul(kF32, {3, 8}, {5, 8}, true, false, kF32Matmul); }
 TEST(Matmul, F32NoTransposeWithBias) { check_matmul(kF32, {4, 64}, {64, 6}, false, true, kF32Matmul); }

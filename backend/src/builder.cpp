@@ -303,6 +303,23 @@ TensorRef ProgramBuilder::matmul(TensorRef a, TensorRef b, bool transpose_b, Ten
   return o;
 }
 
+TensorRef ProgramBuilder::batch_matmul(TensorRef a, TensorRef b, bool transpose_b) {
+  if (!s_->ok(a, "batch_matmul") || !s_->ok(b, "batch_matmul")) return {};
+  const auto &sa = s_->slots[a.id].shape, &sb = s_->slots[b.id].shape;
+  if (sa.size() != 3 || sb.size() != 3) {
+    s_->fail("batch_matmul: a and b must have rank 3");
+    return {};
+  }
+  TensorRef o = s_->new_slot(SlotRole::kTemp, s_->slots[a.id].dtype, {sa[0], sa[1], transpose_b ? sb[1] : sb[2]});
+  auto n = std::make_unique<fb::BatchMatmulNodeT>();
+  n->a = tid(a);
+  n->b = tid(b);
+  n->out = tid(o);
+  n->transpose_b = transpose_b;
+  s_->emit(make_op(std::move(n)));
+  return o;
+}
+
 static std::vector<Dim> reduced(std::vector<Dim> dims, int axis, bool keepdims) {
   if (keepdims) dims[axis] = Dim(1);
   else dims.erase(dims.begin() + axis);

@@ -471,7 +471,7 @@ Status matmul(KernelContext& ctx, const fb::OpNodeUnion& op) {
   SB_ASSIGN_OR_RETURN(BufferRef bo, rt.bind(out, false));
   k::MatmulArgs args{static_cast<uint32_t>(rows), static_cast<uint32_t>(cols), static_cast<uint32_t>(kdim),
                      static_cast<uint32_t>(a.dtype()), static_cast<uint32_t>(b.dtype()), n->transpose_b,
-                     bias.defined(), bias.defined() ? static_cast<uint32_t>(bias.dtype()) : 0};
+                     bias.defined(), bias.defined() ? static_cast<uint32_t>(bias.dtype()) : 0, 1, 1, 0, 0};
   // One workgroup of 32 lanes per output word (matmul.comp).
   SB_RETURN_IF_ERROR(rt.dispatch("matmul", {ba, bb, bbias, bo}, &args, sizeof(args), 32 * words_of(a.dtype(), rows * cols)));
   return ctx.out(n->out.get(), std::move(out));
@@ -520,6 +520,29 @@ Status softmax(KernelContext& ctx, const fb::OpNodeUnion& op) {
 Status rms_norm(KernelContext& ctx, const fb::OpNodeUnion& op) {
   const auto* n = op.AsRmsNormNode();
   return norm_rows(ctx, "rms_norm", n->x.get(), n->weight.get(), n->eps, n->out.get());
+}
+
+Status batch_matmul(KernelContext& ctx, const fb::OpNodeUnion& op) {
+  const auto* n = op.AsBatchMatmulNode();
+  Runtime& rt = rt_of(ctx);
+  Tensor a, b;
+  SB_ASSIGN_OR_RETURN(BufferRef ba, bind_in(ctx, n->a.get(), &a));
+  SB_ASSIGN_OR_RETURN(BufferRef bb, bind_in(ctx, n->b.get(), &b));
+  const int64_t batch = a.dim(0), m = a.dim(1), kdim = a.dim(2), bbatch = b.dim(0);
+  const int64_t bk = n->transpose_b ? b.dim(2) : b.dim(1), cols = n->transpose_b ? b.dim(1) : b.dim(2);
+  SB_CHECK_OR_RETURN(bk == kdim, StatusCode::kInvalidArgument, "inner dims differ: a %s, b %s (transpose_b=%d)",
+                     shape_str(a.shape()).c_str(), shape_str(b.shape()).c_str(), n->transpose_b ? 1 : 0);
+  SB_CHECK_OR_RETURN(bbatch > 0 ? batch % bbatch == 0 : batch == 0, StatusCode::kInvalidArgument,
+                     "a's batch %lld is not a multiple of b's batch %lld", (long long)batch, (long long)bbatch);
+  SB_RETURN_IF_ERROR(u32_count(std::max({a.numel(), b.numel(), batch * m * cols}), "BatchMatmul").status());
+  SB_ASSIGN_OR_RETURN(Tensor out, rt.alloc(a.dtype(), {batch, m, cols}));
+  SB_ASSIGN_OR_RETURN(BufferRef bo, rt.bind(out, false));
+  k::MatmulArgs args{static_cast<uint32_t>(m), static_cast<uint32_t>(cols), static_cast<uint32_t>(kdim),
+                     static_cast<uint32_t>(a.dtype()), static_cast<uint32_t>(b.dtype()), n->transpose_b, 0, 0,
+                     static_cast<uint32_t>(batch), static_cast<uint32_t>(bbatch ? batch / bbatch : 1), 0, 0};
+  SB_RETURN_IF_ERROR(rt.dispatch("matmul", {ba, bb, ba, bo}, &args, sizeof(args),
+                                 32 * words_of(a.dtype(), batch * m * cols)));
+  return ctx.out(n->out.get(), std::move(out));
 }
 
 // x viewed as [outer, d, inner] around `axis`; out drops the axis (1 with keepdims).
@@ -673,6 +696,7 @@ GpuDevice::GpuDevice(std::unique_ptr<Runtime> rt, std::string name) : rt_(std::m
   registry_.add(fb::OpNode::RouterNode, router);
   registry_.add(fb::OpNode::GatherMmNode, gather_mm);
   registry_.add(fb::OpNode::MatmulNode, matmul);
+  registry_.add(fb::OpNode::BatchMatmulNode, batch_matmul);
   registry_.add(fb::OpNode::SoftmaxNode, softmax);
   registry_.add(fb::OpNode::RmsNormNode, rms_norm);
   registry_.add(fb::OpNode::ReduceNode, reduce);

@@ -92,7 +92,7 @@ static_assert(sizeof(QmmArgs) == 64 && offsetof(QmmArgs, out_dtype) == 32 && off
 static_assert(sizeof(PermuteArgs) == 32 && offsetof(PermuteArgs, out_words) == 16);
 static_assert(sizeof(ProbeArgs) == 16 && sizeof(ArgsortArgs) == 16);
 static_assert(sizeof(GatherMmArgs) == 32 && sizeof(ReduceArgs) == 32 && sizeof(RegionArgs) == 48);
-static_assert(sizeof(MatmulArgs) == 32 && sizeof(NormArgs) == 32 && offsetof(NormArgs, eps) == 16);
+static_assert(sizeof(MatmulArgs) == 48 && sizeof(NormArgs) == 32 && offsetof(NormArgs, eps) == 16);
 static_assert(sizeof(RouterArgs) == 48 && offsetof(RouterArgs, routed_scaling_factor) == 32);
 // 128 bytes is the smallest push-constant space Vulkan guarantees (lavapipe's limit).
 static_assert(sizeof(BinaryArgs) <= 128 && sizeof(QmmArgs) <= 128);

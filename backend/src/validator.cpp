@@ -312,6 +312,15 @@ Status Validator::check_op(const fb::OpNodeUnion& op, size_t chain, const std::s
       }
       return Status::ok();
     }
+    case fb::OpNode::BatchMatmulNode: {
+      const auto* n = op.AsBatchMatmulNode();
+      if (!is_float(n->a.get())) return error(path + ".a", "BatchMatmul needs a float dtype");
+      SB_RETURN_IF_ERROR(same_dtype(n->a.get(), n->b.get(), path, "a", "b"));
+      SB_RETURN_IF_ERROR(same_dtype(n->a.get(), n->out.get(), path, "a", "out"));
+      if (meta(n->a.get()).shape.size() != 3) return error(path + ".a", "must have rank 3");
+      if (meta(n->b.get()).shape.size() != 3) return error(path + ".b", "must have rank 3");
+      return Status::ok();
+    }
     case fb::OpNode::ReduceNode: {
       const auto* n = op.AsReduceNode();
       if (!enum_ok(n->op, fb::ReduceOp::MAX)) return error(path + ".op", strformat("%d unknown", (int)n->op));

@@ -156,6 +156,9 @@ class ProgramBuilder {
   TensorRef concat(const std::vector<TensorRef>& xs, int axis);
   // out = a @ b^T (+ bias) when transpose_b, else a @ b (+ bias).
   TensorRef matmul(TensorRef a, TensorRef b, bool transpose_b = true, TensorRef bias = {});
+  // a [Ba, M, K] @ b [Bb, N, K]^T (or b [Bb, K, N]) -> [Ba, M, N]; Ba a multiple of Bb
+  // (grouped-query attention: a's batch i uses b's batch i / (Ba / Bb)).
+  TensorRef batch_matmul(TensorRef a, TensorRef b, bool transpose_b = true);
   TensorRef sum(TensorRef x, int axis, bool keepdims = false);
   TensorRef mean(TensorRef x, int axis, bool keepdims = false);
   TensorRef max(TensorRef x, int axis, bool keepdims = false);
