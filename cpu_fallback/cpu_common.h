@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "device.h"
@@ -104,6 +105,21 @@ AxisSplit split_at(const Shape& s, int64_t axis);
 // dtype t set to `value` as Full converts it (schema/program.fbs, FullNode).
 Result<Shape> full_shape(KernelContext& ctx, const fb::FullNodeT& n);
 void fill_value(void* data, DType t, int64_t count, double value);
+
+// Slice's [start, stop) on `axis` of x: negatives count from the end, both clamped
+// to [0, d], stop >= start.
+Result<std::pair<int64_t, int64_t>> slice_range(KernelContext& ctx, const fb::SliceNodeT& n, const Tensor& x,
+                                                int64_t axis);
+// Concat's output shape (inputs equal except at `axis`).
+Result<Shape> concat_shape(const std::vector<Tensor>& xs, int64_t axis);
+
+// Matmul / BatchMatmul dimensions after their shape checks. Matmul: rows = product of
+// a's leading dims; BatchMatmul: batch = Ba, group = Ba / Bb, rows = M.
+struct MatmulDims {
+  int64_t batch = 1, group = 1, rows = 0, k = 0, cols = 0;
+};
+Result<MatmulDims> matmul_dims(const Tensor& a, const Tensor& b, bool transpose_b, const Tensor& bias);
+Result<MatmulDims> batch_matmul_dims(const Tensor& a, const Tensor& b, bool transpose_b);
 
 // SliceUpdate's shape rules: update matches dst outside `axis`, and fits at `start`.
 Status check_slice_update(const Tensor& u, const Tensor& dst, int64_t axis, int64_t start);

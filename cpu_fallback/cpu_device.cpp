@@ -1,4 +1,5 @@
 // The CPU fallback device: every op's reference kernel.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
@@ -59,6 +60,66 @@ void fill_value(void* data, DType t, int64_t count, double v) {
     if (dtype_is_float(t)) store_f32(data, t, i, static_cast<float>(v));
     else store_i64(data, t, i, t == DType::kBool ? (v != 0) : iv);
   }
+}
+
+Result<std::pair<int64_t, int64_t>> slice_range(KernelContext& ctx, const fb::SliceNodeT& n, const Tensor& x,
+                                                int64_t axis) {
+  SB_ASSIGN_OR_RETURN(int64_t start, ctx.resolve(n.start.get()));
+  SB_ASSIGN_OR_RETURN(int64_t stop, ctx.resolve(n.stop.get()));
+  const int64_t d = x.dim(axis);
+  auto clamp = [d](int64_t v) { return std::clamp(v < 0 ? v + d : v, int64_t{0}, d); };
+  start = clamp(start);
+  return std::make_pair(start, std::max(start, clamp(stop)));
+}
+
+Result<Shape> concat_shape(const std::vector<Tensor>& xs, int64_t axis) {
+  Shape shape = xs[0].shape();
+  shape[static_cast<size_t>(axis)] = 0;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    for (int64_t k = 0; k < xs[0].rank(); ++k)
+      SB_CHECK_OR_RETURN(k == axis || xs[i].dim(k) == xs[0].dim(k), StatusCode::kInvalidArgument,
+                         "inputs[%zu] shape %s does not match inputs[0] %s", i, shape_str(xs[i].shape()).c_str(),
+                         shape_str(xs[0].shape()).c_str());
+    shape[static_cast<size_t>(axis)] += xs[i].dim(axis);
+  }
+  return shape;
+}
+
+namespace {
+Status check_inner(const Tensor& a, const Tensor& b, bool transpose_b, int64_t bk, int64_t k) {
+  SB_CHECK_OR_RETURN(bk == k, StatusCode::kInvalidArgument, "inner dims differ: a %s, b %s (transpose_b=%d)",
+                     shape_str(a.shape()).c_str(), shape_str(b.shape()).c_str(), transpose_b ? 1 : 0);
+  return Status::ok();
+}
+}  // namespace
+
+Result<MatmulDims> matmul_dims(const Tensor& a, const Tensor& b, bool transpose_b, const Tensor& bias) {
+  SB_CHECK_OR_RETURN(a.rank() >= 1 && b.rank() == 2, StatusCode::kInvalidArgument, "a %s, b %s: need a [..., K], b 2-D",
+                     shape_str(a.shape()).c_str(), shape_str(b.shape()).c_str());
+  MatmulDims m;
+  m.k = a.dim(a.rank() - 1);
+  m.rows = 1;  // product of a's leading dims (K may be 0)
+  for (int64_t d = 0; d + 1 < a.rank(); ++d) m.rows *= a.dim(d);
+  m.cols = transpose_b ? b.dim(0) : b.dim(1);
+  SB_RETURN_IF_ERROR(check_inner(a, b, transpose_b, transpose_b ? b.dim(1) : b.dim(0), m.k));
+  if (bias.defined())
+    SB_CHECK_OR_RETURN(bias.rank() == 1 && bias.dim(0) == m.cols, StatusCode::kInvalidArgument,
+                       "bias %s, expected [%lld]", shape_str(bias.shape()).c_str(), (long long)m.cols);
+  return m;
+}
+
+Result<MatmulDims> batch_matmul_dims(const Tensor& a, const Tensor& b, bool transpose_b) {
+  MatmulDims m;
+  m.batch = a.dim(0);
+  m.rows = a.dim(1);
+  m.k = a.dim(2);
+  m.cols = transpose_b ? b.dim(1) : b.dim(2);
+  SB_RETURN_IF_ERROR(check_inner(a, b, transpose_b, transpose_b ? b.dim(2) : b.dim(1), m.k));
+  const int64_t bb = b.dim(0);
+  SB_CHECK_OR_RETURN(bb > 0 ? m.batch % bb == 0 : m.batch == 0, StatusCode::kInvalidArgument,
+                     "a's batch %lld is not a multiple of b's batch %lld", (long long)m.batch, (long long)bb);
+  m.group = bb ? m.batch / bb : 1;
+  return m;
 }
 
 Status check_slice_update(const Tensor& u, const Tensor& dst, int64_t axis, int64_t start) {

@@ -13,20 +13,12 @@ Status matmul(KernelContext& ctx, const fb::OpNodeUnion& op) {
   const auto* n = op.AsMatmulNode();
   SB_ASSIGN_OR_RETURN(Tensor a, ctx.in(n->a.get()));
   SB_ASSIGN_OR_RETURN(Tensor b, ctx.in(n->b.get()));
-  SB_CHECK_OR_RETURN(a.rank() >= 1 && b.rank() == 2, StatusCode::kInvalidArgument, "a %s, b %s: need a [..., K], b 2-D",
-                     shape_str(a.shape()).c_str(), shape_str(b.shape()).c_str());
-  const int64_t k = a.dim(a.rank() - 1);
-  int64_t rows = 1;  // product of a's leading dims (K may be 0)
-  for (int64_t d = 0; d + 1 < a.rank(); ++d) rows *= a.dim(d);
-  const int64_t bk = n->transpose_b ? b.dim(1) : b.dim(0), cols = n->transpose_b ? b.dim(0) : b.dim(1);
-  SB_CHECK_OR_RETURN(bk == k, StatusCode::kInvalidArgument, "inner dims differ: a %s, b %s (transpose_b=%d)",
-                     shape_str(a.shape()).c_str(), shape_str(b.shape()).c_str(), n->transpose_b ? 1 : 0);
   Tensor bias;
   if (n->bias) {
     SB_ASSIGN_OR_RETURN(bias, ctx.in(n->bias.get()));
-    SB_CHECK_OR_RETURN(bias.rank() == 1 && bias.dim(0) == cols, StatusCode::kInvalidArgument,
-                       "bias %s, expected [%lld]", shape_str(bias.shape()).c_str(), (long long)cols);
   }
+  SB_ASSIGN_OR_RETURN(MatmulDims dims, matmul_dims(a, b, n->transpose_b, bias));
+  const int64_t k = dims.k, rows = dims.rows, cols = dims.cols;
   Shape shape = a.shape();
   shape.back() = cols;
   SB_ASSIGN_OR_RETURN(Tensor out, Tensor::zeros(a.dtype(), shape));
@@ -55,13 +47,8 @@ Status batch_matmul(KernelContext& ctx, const fb::OpNodeUnion& op) {
   const auto* n = op.AsBatchMatmulNode();
   SB_ASSIGN_OR_RETURN(Tensor a, ctx.in(n->a.get()));
   SB_ASSIGN_OR_RETURN(Tensor b, ctx.in(n->b.get()));
-  const int64_t ba = a.dim(0), m = a.dim(1), k = a.dim(2), bb = b.dim(0);
-  const int64_t bk = n->transpose_b ? b.dim(2) : b.dim(1), cols = n->transpose_b ? b.dim(1) : b.dim(2);
-  SB_CHECK_OR_RETURN(bk == k, StatusCode::kInvalidArgument, "inner dims differ: a %s, b %s (transpose_b=%d)",
-                     shape_str(a.shape()).c_str(), shape_str(b.shape()).c_str(), n->transpose_b ? 1 : 0);
-  SB_CHECK_OR_RETURN(bb > 0 ? ba % bb == 0 : ba == 0, StatusCode::kInvalidArgument,
-                     "a's batch %lld is not a multiple of b's batch %lld", (long long)ba, (long long)bb);
-  const int64_t g = bb ? ba / bb : 1;
+  SB_ASSIGN_OR_RETURN(MatmulDims dims, batch_matmul_dims(a, b, n->transpose_b));
+  const int64_t ba = dims.batch, m = dims.rows, k = dims.k, bb = b.dim(0), cols = dims.cols, g = dims.group;
   const std::vector<float> av = widen_f32(a), braw = widen_f32(b);
   std::vector<float> bt;
   if (!n->transpose_b) {  // rows of k per output column

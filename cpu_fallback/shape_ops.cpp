@@ -37,12 +37,9 @@ Status slice(KernelContext& ctx, const fb::OpNodeUnion& op) {
   const auto* n = op.AsSliceNode();
   SB_ASSIGN_OR_RETURN(Tensor x, ctx.in(n->x.get()));
   SB_ASSIGN_OR_RETURN(int64_t axis, normalize_axis(n->axis, x.rank()));
-  SB_ASSIGN_OR_RETURN(int64_t start, ctx.resolve(n->start.get()));
-  SB_ASSIGN_OR_RETURN(int64_t stop, ctx.resolve(n->stop.get()));
+  SB_ASSIGN_OR_RETURN(auto range, slice_range(ctx, *n, x, axis));
+  const auto [start, stop] = range;
   const int64_t d = x.dim(axis);
-  auto clamp = [d](int64_t v) { return std::clamp(v < 0 ? v + d : v, int64_t{0}, d); };
-  start = clamp(start);
-  stop = std::max(start, clamp(stop));
   Shape shape = x.shape();
   shape[axis] = stop - start;
   SB_ASSIGN_OR_RETURN(Tensor out, Tensor::zeros(x.dtype(), shape));
@@ -63,15 +60,7 @@ Status concat(KernelContext& ctx, const fb::OpNodeUnion& op) {
     xs.push_back(std::move(x));
   }
   SB_ASSIGN_OR_RETURN(int64_t axis, normalize_axis(n->axis, xs[0].rank()));
-  Shape shape = xs[0].shape();
-  shape[axis] = 0;
-  for (size_t i = 0; i < xs.size(); ++i) {
-    for (int64_t k = 0; k < xs[0].rank(); ++k)
-      SB_CHECK_OR_RETURN(k == axis || xs[i].dim(k) == xs[0].dim(k), StatusCode::kInvalidArgument,
-                         "inputs[%zu] shape %s does not match inputs[0] %s", i, shape_str(xs[i].shape()).c_str(),
-                         shape_str(xs[0].shape()).c_str());
-    shape[axis] += xs[i].dim(axis);
-  }
+  SB_ASSIGN_OR_RETURN(Shape shape, concat_shape(xs, axis));
   SB_ASSIGN_OR_RETURN(Tensor out, Tensor::zeros(xs[0].dtype(), shape));
   AxisSplit s = split_at(shape, axis);
   const size_t esz = dtype_size(out.dtype());

@@ -450,20 +450,12 @@ Status matmul(KernelContext& ctx, const fb::OpNodeUnion& op) {
   Tensor a, b, bias;
   SB_ASSIGN_OR_RETURN(BufferRef ba, bind_in(ctx, n->a.get(), &a));
   SB_ASSIGN_OR_RETURN(BufferRef bb, bind_in(ctx, n->b.get(), &b));
-  SB_CHECK_OR_RETURN(a.rank() >= 1 && b.rank() == 2, StatusCode::kInvalidArgument, "a %s, b %s: need a [..., K], b 2-D",
-                     shape_str(a.shape()).c_str(), shape_str(b.shape()).c_str());
-  const int64_t kdim = a.dim(a.rank() - 1);
-  int64_t rows = 1;
-  for (int64_t d = 0; d + 1 < a.rank(); ++d) rows *= a.dim(d);
-  const int64_t bk = n->transpose_b ? b.dim(1) : b.dim(0), cols = n->transpose_b ? b.dim(0) : b.dim(1);
-  SB_CHECK_OR_RETURN(bk == kdim, StatusCode::kInvalidArgument, "inner dims differ: a %s, b %s (transpose_b=%d)",
-                     shape_str(a.shape()).c_str(), shape_str(b.shape()).c_str(), n->transpose_b ? 1 : 0);
   BufferRef bbias = ba;  // stand-in when absent
   if (n->bias) {
     SB_ASSIGN_OR_RETURN(bbias, bind_in(ctx, n->bias.get(), &bias));
-    SB_CHECK_OR_RETURN(bias.rank() == 1 && bias.dim(0) == cols, StatusCode::kInvalidArgument,
-                       "bias %s, expected [%lld]", shape_str(bias.shape()).c_str(), (long long)cols);
   }
+  SB_ASSIGN_OR_RETURN(cpu::MatmulDims dims, cpu::matmul_dims(a, b, n->transpose_b, bias));
+  const int64_t kdim = dims.k, rows = dims.rows, cols = dims.cols;
   SB_RETURN_IF_ERROR(u32_count(std::max({a.numel(), b.numel(), rows * cols}), "Matmul").status());
   Shape shape = a.shape();
   shape.back() = cols;
@@ -528,18 +520,14 @@ Status batch_matmul(KernelContext& ctx, const fb::OpNodeUnion& op) {
   Tensor a, b;
   SB_ASSIGN_OR_RETURN(BufferRef ba, bind_in(ctx, n->a.get(), &a));
   SB_ASSIGN_OR_RETURN(BufferRef bb, bind_in(ctx, n->b.get(), &b));
-  const int64_t batch = a.dim(0), m = a.dim(1), kdim = a.dim(2), bbatch = b.dim(0);
-  const int64_t bk = n->transpose_b ? b.dim(2) : b.dim(1), cols = n->transpose_b ? b.dim(1) : b.dim(2);
-  SB_CHECK_OR_RETURN(bk == kdim, StatusCode::kInvalidArgument, "inner dims differ: a %s, b %s (transpose_b=%d)",
-                     shape_str(a.shape()).c_str(), shape_str(b.shape()).c_str(), n->transpose_b ? 1 : 0);
-  SB_CHECK_OR_RETURN(bbatch > 0 ? batch % bbatch == 0 : batch == 0, StatusCode::kInvalidArgument,
-                     "a's batch %lld is not a multiple of b's batch %lld", (long long)batch, (long long)bbatch);
+  SB_ASSIGN_OR_RETURN(cpu::MatmulDims dims, cpu::batch_matmul_dims(a, b, n->transpose_b));
+  const int64_t batch = dims.batch, m = dims.rows, kdim = dims.k, cols = dims.cols;
   SB_RETURN_IF_ERROR(u32_count(std::max({a.numel(), b.numel(), batch * m * cols}), "BatchMatmul").status());
   SB_ASSIGN_OR_RETURN(Tensor out, rt.alloc(a.dtype(), {batch, m, cols}));
   SB_ASSIGN_OR_RETURN(BufferRef bo, rt.bind(out, false));
   k::MatmulArgs args{static_cast<uint32_t>(m), static_cast<uint32_t>(cols), static_cast<uint32_t>(kdim),
                      static_cast<uint32_t>(a.dtype()), static_cast<uint32_t>(b.dtype()), n->transpose_b, 0, 0,
-                     static_cast<uint32_t>(batch), static_cast<uint32_t>(bbatch ? batch / bbatch : 1), 0, 0};
+                     static_cast<uint32_t>(batch), static_cast<uint32_t>(dims.group), 0, 0};
   SB_RETURN_IF_ERROR(rt.dispatch("matmul", {ba, bb, ba, bo}, &args, sizeof(args),
                                  32 * words_of(a.dtype(), batch * m * cols)));
   return ctx.out(n->out.get(), std::move(out));
@@ -609,12 +597,9 @@ Status slice(KernelContext& ctx, const fb::OpNodeUnion& op) {
   Tensor x;
   SB_ASSIGN_OR_RETURN(BufferRef bx, bind_in(ctx, n->x.get(), &x));
   SB_ASSIGN_OR_RETURN(int64_t axis, cpu::normalize_axis(n->axis, x.rank()));
-  SB_ASSIGN_OR_RETURN(int64_t start, ctx.resolve(n->start.get()));
-  SB_ASSIGN_OR_RETURN(int64_t stop, ctx.resolve(n->stop.get()));
+  SB_ASSIGN_OR_RETURN(auto range, cpu::slice_range(ctx, *n, x, axis));
+  const auto [start, stop] = range;
   const int64_t d = x.dim(axis);
-  auto clamp = [d](int64_t v) { return std::clamp(v < 0 ? v + d : v, int64_t{0}, d); };
-  start = clamp(start);
-  stop = std::max(start, clamp(stop));
   Shape shape = x.shape();
   shape[static_cast<size_t>(axis)] = stop - start;
   SB_ASSIGN_OR_RETURN(Tensor out, rt.alloc(x.dtype(), shape));
@@ -634,15 +619,7 @@ Status concat(KernelContext& ctx, const fb::OpNodeUnion& op) {
     SB_ASSIGN_OR_RETURN(bs[i], bind_in(ctx, &n->inputs[i], &xs[i]));
   }
   SB_ASSIGN_OR_RETURN(int64_t axis, cpu::normalize_axis(n->axis, xs[0].rank()));
-  Shape shape = xs[0].shape();
-  shape[static_cast<size_t>(axis)] = 0;
-  for (size_t i = 0; i < xs.size(); ++i) {
-    for (int64_t k = 0; k < xs[0].rank(); ++k)
-      SB_CHECK_OR_RETURN(k == axis || xs[i].dim(k) == xs[0].dim(k), StatusCode::kInvalidArgument,
-                         "inputs[%zu] shape %s does not match inputs[0] %s", i, shape_str(xs[i].shape()).c_str(),
-                         shape_str(xs[0].shape()).c_str());
-    shape[static_cast<size_t>(axis)] += xs[i].dim(axis);
-  }
+  SB_ASSIGN_OR_RETURN(Shape shape, cpu::concat_shape(xs, axis));
   SB_ASSIGN_OR_RETURN(Tensor out, rt.alloc(xs[0].dtype(), shape));
   SB_ASSIGN_OR_RETURN(BufferRef bo, rt.bind(out, false));
   const cpu::AxisSplit s = cpu::split_at(shape, axis);

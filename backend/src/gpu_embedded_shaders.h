@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 namespace switchboard::gpu {
 
@@ -20,12 +21,8 @@ extern const size_t kNumEmbeddedKernels;
 
 // The entry with this name, or null.
 inline const EmbeddedKernel* find_embedded_kernel(const char* name) {
-  for (size_t i = 0; i < kNumEmbeddedKernels; ++i) {
-    const char* a = kEmbeddedKernels[i].name;
-    const char* b = name;
-    while (*a && *a == *b) ++a, ++b;
-    if (*a == *b) return &kEmbeddedKernels[i];
-  }
+  for (size_t i = 0; i < kNumEmbeddedKernels; ++i)
+    if (std::strcmp(kEmbeddedKernels[i].name, name) == 0) return &kEmbeddedKernels[i];
   return nullptr;
 }
 

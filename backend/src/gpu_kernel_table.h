@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include "kernel_args.h"
 
@@ -98,12 +99,8 @@ static_assert(sizeof(RouterArgs) == 48 && offsetof(RouterArgs, routed_scaling_fa
 static_assert(sizeof(BinaryArgs) <= 128 && sizeof(QmmArgs) <= 128);
 
 inline const KernelInfo* find_kernel(const char* name) {
-  for (const KernelInfo& k : kKernels) {
-    const char* a = k.name;
-    const char* b = name;
-    while (*a && *a == *b) ++a, ++b;
-    if (*a == *b) return &k;
-  }
+  for (const KernelInfo& k : kKernels)
+    if (std::strcmp(k.name, name) == 0) return &k;
   return nullptr;
 }
 
