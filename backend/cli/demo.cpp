@@ -86,7 +86,7 @@ int run_demo(const DemoOptions& opts) {
 
   auto program = Program::load(program_path, LoadOptions{{weights_path}});
   if (!program) return fail(program.status());
-  auto session = Session::create(*program, SessionOptions{opts.device});
+  auto session = Session::create(*program, SessionOptions{opts.device, true});
   if (!session) return fail(session.status());
   std::printf("device: %s\n", (*session)->device_name().c_str());
 

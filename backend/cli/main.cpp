@@ -13,7 +13,7 @@ int main(int argc, char** argv) {
   auto* demo_cmd = app.add_subcommand(
       "demo", "Build a 4-bit MoE-layer program, save program + weights, load them back and run it (M = 1 and 8)");
   demo_cmd->add_option("--save", demo.save_dir, "Directory for program.sbp and weights.safetensors");
-  demo_cmd->add_option("--device", demo.device, "Device to run on (cpu)");
+  demo_cmd->add_option("--device", demo.device, "cpu | vulkan | vulkan:N (no Vulkan: the CPU, with a message)");
 
   std::string inspect_path;
   auto* inspect_cmd = app.add_subcommand("inspect", "List a program file: header, chains, slots, constants, op counts");
