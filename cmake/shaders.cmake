@@ -12,6 +12,7 @@ set(SB_KERNEL_VARIANTS
   cast:CAST_I64:cast_i64
   shape_ops:FILL:fill
   shape_ops:REGION:region
+  shape_ops:TRANSPOSE:transpose
   glu:GLU:glu
   combine:COMBINE:combine
   permute:GATHER_ROWS:gather_rows

@@ -121,6 +121,15 @@ struct MatmulDims {
 Result<MatmulDims> matmul_dims(const Tensor& a, const Tensor& b, bool transpose_b, const Tensor& bias);
 Result<MatmulDims> batch_matmul_dims(const Tensor& a, const Tensor& b, bool transpose_b);
 
+// Transpose as a strided copy: out's shape, and out viewed as dims (row-major, axes of
+// size 1 dropped, neighbours merged where x keeps them adjacent) with x's element
+// stride for each; an empty dims means a single element.
+struct TransposePlan {
+  Shape out_shape;
+  std::vector<int64_t> dims, src_strides;
+};
+Result<TransposePlan> transpose_plan(const Tensor& x, const std::vector<int32_t>& perm);
+
 // SliceUpdate's shape rules: update matches dst outside `axis`, and fits at `start`.
 Status check_slice_update(const Tensor& u, const Tensor& dst, int64_t axis, int64_t start);
 

@@ -85,6 +85,28 @@ Result<Shape> concat_shape(const std::vector<Tensor>& xs, int64_t axis) {
   return shape;
 }
 
+Result<TransposePlan> transpose_plan(const Tensor& x, const std::vector<int32_t>& perm) {
+  SB_CHECK_OR_RETURN(perm.size() == static_cast<size_t>(x.rank()), StatusCode::kInvalidArgument,
+                     "perm has %zu entries for x %s", perm.size(), shape_str(x.shape()).c_str());
+  std::vector<int64_t> stride(perm.size(), 1);
+  for (int64_t a = x.rank() - 2; a >= 0; --a) stride[a] = stride[a + 1] * x.dim(a + 1);
+  TransposePlan p;
+  for (int32_t ax : perm) {
+    SB_CHECK_OR_RETURN(ax >= 0 && ax < x.rank(), StatusCode::kInvalidArgument, "perm entry %d out of range", ax);
+    const int64_t d = x.dim(ax);
+    p.out_shape.push_back(d);
+    if (d == 1) continue;
+    if (!p.dims.empty() && p.src_strides.back() == stride[ax] * d) {
+      p.dims.back() *= d;  // adjacent in x too: one axis
+      p.src_strides.back() = stride[ax];
+    } else {
+      p.dims.push_back(d);
+      p.src_strides.push_back(stride[ax]);
+    }
+  }
+  return p;
+}
+
 namespace {
 Status check_inner(const Tensor& a, const Tensor& b, bool transpose_b, int64_t bk, int64_t k) {
   SB_CHECK_OR_RETURN(bk == k, StatusCode::kInvalidArgument, "inner dims differ: a %s, b %s (transpose_b=%d)",

@@ -1,4 +1,4 @@
-// Data-movement kernels: reshape (a view), slice, concat, copy, slice update.
+// Data-movement kernels: reshape (a view), slice, concat, copy, slice update, transpose.
 #include <algorithm>
 
 #include "cpu_common.h"
@@ -99,6 +99,43 @@ Status slice_update(KernelContext& ctx, const fb::OpNodeUnion& op) {
   return Status::ok();
 }
 
+// Walks out in order over the plan's merged axes; the innermost axis copies as one
+// run when x holds it contiguously (the usual head/token swap of attention).
+Status transpose(KernelContext& ctx, const fb::OpNodeUnion& op) {
+  const auto* n = op.AsTransposeNode();
+  SB_ASSIGN_OR_RETURN(Tensor x, ctx.in(n->x.get()));
+  SB_ASSIGN_OR_RETURN(TransposePlan p, transpose_plan(x, n->perm));
+  SB_ASSIGN_OR_RETURN(Tensor out, Tensor::zeros(x.dtype(), p.out_shape));
+  if (out.numel() == 0) return ctx.out(n->out.get(), std::move(out));
+  if (p.dims.empty()) {
+    p.dims.push_back(1);
+    p.src_strides.push_back(1);
+  }
+  const size_t es = dtype_size(x.dtype()), r = p.dims.size();
+  const bool run = p.src_strides.back() == 1;
+  const int64_t inner = p.dims.back(), outer = out.numel() / inner;
+  const auto* src = static_cast<const uint8_t*>(x.data());
+  auto* dst = static_cast<uint8_t*>(out.mutable_data());
+  std::vector<int64_t> idx(r, 0);
+  int64_t base = 0;  // x's element offset of idx (inner index 0)
+  for (int64_t o = 0; o < outer; ++o) {
+    uint8_t* d = dst + static_cast<size_t>(o * inner) * es;
+    if (run) {
+      std::memcpy(d, src + static_cast<size_t>(base) * es, static_cast<size_t>(inner) * es);
+    } else {
+      for (int64_t i = 0; i < inner; ++i)
+        std::memcpy(d + static_cast<size_t>(i) * es, src + static_cast<size_t>(base + i * p.src_strides.back()) * es, es);
+    }
+    for (size_t a = r - 1; a-- > 0;) {  // odometer over the outer axes
+      base += p.src_strides[a];
+      if (++idx[a] < p.dims[a]) break;
+      base -= p.src_strides[a] * p.dims[a];
+      idx[a] = 0;
+    }
+  }
+  return ctx.out(n->out.get(), std::move(out));
+}
+
 Status full(KernelContext& ctx, const fb::OpNodeUnion& op) {
   const auto* n = op.AsFullNode();
   SB_ASSIGN_OR_RETURN(Shape shape, full_shape(ctx, *n));
@@ -117,6 +154,7 @@ void register_shape_kernels(KernelRegistry& r) {
   r.add(fb::OpNode::ConcatNode, concat);
   r.add(fb::OpNode::CopyNode, copy);
   r.add(fb::OpNode::SliceUpdateNode, slice_update);
+  r.add(fb::OpNode::TransposeNode, transpose);
 }
 
 }  // namespace switchboard::cpu

@@ -76,6 +76,13 @@
   uint dst_off; uint dst_stride; uint unit_bytes; uint first_word; \
   uint words; uint pad0; uint pad1; uint pad2;
 
+// shape_ops.comp TRANSPOSE: out element g (row-major over dims[0..rank)) = x element
+// sum_a idx_a(g) * strides[a]; elem_bytes 1, 2, 4 or 8; invocations: out words (8: elements).
+#define SB_TRANSPOSE_MAX_RANK 8
+#define SB_TRANSPOSE_ARGS \
+  uint dims[SB_TRANSPOSE_MAX_RANK]; uint strides[SB_TRANSPOSE_MAX_RANK]; \
+  uint rank; uint elem_bytes; uint numel; uint invocations;
+
 // matmul.comp: out [batch, rows, cols] = dot32(a[i, r, :], B[i / group, :, c]) (+ bias[c]).
 #define SB_MATMUL_ARGS \
   uint rows; uint cols; uint k; uint dtype; \
@@ -106,6 +113,7 @@ struct ProbeArgs { SB_PROBE_ARGS };
 struct GatherMmArgs { SB_GATHER_MM_ARGS };
 struct ReduceArgs { SB_REDUCE_ARGS };
 struct RegionArgs { SB_REGION_ARGS };
+struct TransposeArgs { SB_TRANSPOSE_ARGS };
 struct MatmulArgs { SB_MATMUL_ARGS };
 struct NormArgs { SB_NORM_ARGS };
 struct RouterArgs { SB_ROUTER_ARGS };

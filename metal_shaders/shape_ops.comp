@@ -6,6 +6,9 @@
 //  REGION: a strided block copy (Slice, Concat, SliceUpdate). Thread -> output:
 //    invocation i owns dst word first_word + i and rewrites the units of it that lie in
 //    the region, keeping the others, so rows that share a word never race.
+//  TRANSPOSE: out = x with axes permuted (Transpose), as a gather over up to 8 merged
+//    axes. Thread -> output: invocation i writes out word i (1/2/4-byte dtypes: the
+//    elements packed in it), or element i (8-byte dtypes: its two words).
 #include "common.glsl"
 
 layout(local_size_x = 256) in;
@@ -44,5 +47,43 @@ void main() {
     word = (word & ~(mask << (s * bits))) | (v << (s * bits));
   }
   dst[w] = word;
+}
+#endif
+
+#ifdef TRANSPOSE
+layout(std430, binding = 0) readonly buffer S { uint src[]; };
+layout(std430, binding = 1) writeonly buffer D { uint dst[]; };
+layout(push_constant) uniform Args { SB_TRANSPOSE_ARGS } args;
+
+// x's element index of out element g.
+uint src_element(uint g) {
+  uint off = 0u;
+  for (int a = int(args.rank) - 1; a >= 0; --a) {
+    uint d = args.dims[a];
+    off += (g % d) * args.strides[a];
+    g /= d;
+  }
+  return off;
+}
+
+void main() {
+  uint i = sb_linear_id();
+  if (i >= args.invocations) return;
+  if (args.elem_bytes == 8u) {
+    uint s = src_element(i);
+    dst[2u * i] = src[2u * s];
+    dst[2u * i + 1u] = src[2u * s + 1u];
+    return;
+  }
+  uint per = 4u / args.elem_bytes, bits = args.elem_bytes * 8u;
+  uint mask = bits == 32u ? 0xffffffffu : ((1u << bits) - 1u);
+  uint word = 0u;
+  for (uint s = 0u; s < per; ++s) {
+    uint g = i * per + s;
+    if (g >= args.numel) break;
+    uint su = src_element(g);
+    word |= ((src[su / per] >> ((su % per) * bits)) & mask) << (s * bits);
+  }
+  dst[i] = word;
 }
 #endif

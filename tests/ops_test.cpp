@@ -516,6 +516,57 @@ TEST(Concat, ThreeInputsOnAxis1) { check_concat(kF16, {{2, 1}, {2, 3}, {2, 2}}, 
 TEST(Concat, ThreeInputsOnLastAxis) { check_concat(kI64, {{2, 2, 1}, {2, 2, 2}, {2, 2, 3}}, -1); }
 TEST(Concat, EmptyInputAndNarrowDtype) { check_concat(kU8, {{2, 2}, {2, 0}, {2, 1}}, 1); }
 
+// out[i] = x[j] with j[perm[a]] = i[a], walked index by index.
+void check_transpose(DType t, const Shape& shape, const std::vector<int>& perm) {
+  SCOPED_TRACE(std::string("transpose ") + dtype_name(t) + " " + shape_str(shape));
+  ProgramBuilder b;
+  b.output("y", b.transpose(b.input("x", t, dims(shape)), perm));
+  std::vector<int64_t> v(static_cast<size_t>(numel(shape)));
+  std::iota(v.begin(), v.end(), t == kU8 || t == kU32 ? int64_t{0} : int64_t{-7});
+  Inputs in = {{"x", dtype_is_float(t) ? make(t, shape, std::vector<double>(v.begin(), v.end())) : make_ints(t, shape, v)}};
+  auto ref = [&](const Inputs&) {
+    const size_t r = shape.size();
+    Shape out_shape;
+    for (int p : perm) out_shape.push_back(shape[static_cast<size_t>(p)]);
+    RefTensor out{out_shape, {}, {}};
+    std::vector<int64_t> idx(r, 0);
+    for (int64_t e = 0; e < numel(out_shape); ++e) {
+      int64_t rest = e, src = 0, stride = 1;
+      for (size_t a = r; a-- > 0;) {
+        idx[a] = rest % out_shape[a];
+        rest /= out_shape[a];
+      }
+      for (size_t a = r; a-- > 0;) {  // x's row-major offset of the permuted index
+        size_t out_axis = static_cast<size_t>(std::find(perm.begin(), perm.end(), static_cast<int>(a)) - perm.begin());
+        src += idx[out_axis] * stride;
+        stride *= shape[a];
+      }
+      if (dtype_is_float(t)) out.values.push_back(static_cast<double>(v[static_cast<size_t>(src)]));
+      else out.ints.push_back(v[static_cast<size_t>(src)]);
+    }
+    return Expected{{"y", out}};
+  };
+  check_op(b, in, ref, Tolerance::exact());
+}
+
+TEST(Transpose, AttentionHeadSwap) {
+  check_transpose(kF32, {5, 4, 8}, {1, 0, 2});   // [M, H, hd] -> [H, M, hd]: contiguous runs
+  check_transpose(kBF16, {3, 2, 6}, {1, 0, 2});  // 16-bit elements packed two per word
+  check_transpose(kF16, {1, 4, 2}, {1, 0, 2});   // a size-1 axis
+}
+TEST(Transpose, GeneralPermutations) {
+  check_transpose(kF32, {3, 5}, {1, 0});
+  check_transpose(kU8, {2, 3, 5}, {2, 0, 1});    // four elements per word, odd sizes
+  check_transpose(kI64, {2, 3, 2, 2}, {3, 1, 0, 2});
+  check_transpose(kI32, {4}, {0});
+  check_transpose(kF16, {2, 0, 3}, {2, 1, 0});  // empty
+}
+TEST(Transpose, NotAPermutationFailsToBuild) {
+  ProgramBuilder b;
+  b.output("y", b.transpose(b.input("x", kF32, {2, 3}), {0, 0}));
+  EXPECT_FALSE(b.status().is_ok());
+}
+
 TEST(Concat, RuntimeShapeMismatchFails) {
   ProgramBuilder b;
   TensorRef x = b.input("x", kF32, {Dim::dynamic(1, 4), 2}), y = b.input("y", kF32, {Dim::dynamic(1, 4), 3});

@@ -320,6 +320,28 @@ TensorRef ProgramBuilder::batch_matmul(TensorRef a, TensorRef b, bool transpose_
   return o;
 }
 
+TensorRef ProgramBuilder::transpose(TensorRef x, const std::vector<int>& perm) {
+  if (!s_->ok(x, "transpose")) return {};
+  const auto& xs = s_->slots[x.id].shape;
+  std::vector<bool> seen(xs.size(), false);
+  std::vector<Dim> dims;
+  for (int p : perm) {
+    if (perm.size() != xs.size() || p < 0 || static_cast<size_t>(p) >= xs.size() || seen[static_cast<size_t>(p)]) {
+      s_->fail("transpose: perm is not a permutation of x's axes");
+      return {};
+    }
+    seen[static_cast<size_t>(p)] = true;
+    dims.push_back(xs[static_cast<size_t>(p)]);
+  }
+  TensorRef o = s_->new_slot(SlotRole::kTemp, s_->slots[x.id].dtype, dims);
+  auto n = std::make_unique<fb::TransposeNodeT>();
+  n->x = tid(x);
+  n->out = tid(o);
+  n->perm.assign(perm.begin(), perm.end());
+  s_->emit(make_op(std::move(n)));
+  return o;
+}
+
 static std::vector<Dim> reduced(std::vector<Dim> dims, int axis, bool keepdims) {
   if (keepdims) dims[axis] = Dim(1);
   else dims.erase(dims.begin() + axis);

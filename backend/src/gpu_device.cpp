@@ -653,6 +653,31 @@ Status slice_update(KernelContext& ctx, const fb::OpNodeUnion& op) {
   return Status::ok();
 }
 
+Status transpose(KernelContext& ctx, const fb::OpNodeUnion& op) {
+  const auto* n = op.AsTransposeNode();
+  Runtime& rt = rt_of(ctx);
+  Tensor x;
+  SB_ASSIGN_OR_RETURN(BufferRef bx, bind_in(ctx, n->x.get(), &x));
+  SB_ASSIGN_OR_RETURN(cpu::TransposePlan p, cpu::transpose_plan(x, n->perm));
+  SB_ASSIGN_OR_RETURN(Tensor out, rt.alloc(x.dtype(), p.out_shape));
+  if (out.numel() == 0) return ctx.out(n->out.get(), std::move(out));
+  SB_ASSIGN_OR_RETURN(BufferRef bo, rt.bind(out, false));
+  SB_ASSIGN_OR_RETURN(uint32_t numel, u32_count(x.numel(), "Transpose"));
+  SB_CHECK_OR_RETURN(p.dims.size() <= SB_TRANSPOSE_MAX_RANK, StatusCode::kUnimplemented, "Transpose of rank %zu",
+                     p.dims.size());
+  k::TransposeArgs a{};
+  a.rank = static_cast<uint32_t>(p.dims.size());
+  for (size_t i = 0; i < p.dims.size(); ++i) {
+    a.dims[i] = static_cast<uint32_t>(p.dims[i]);
+    a.strides[i] = static_cast<uint32_t>(p.src_strides[i]);
+  }
+  a.elem_bytes = static_cast<uint32_t>(dtype_size(x.dtype()));
+  a.numel = numel;
+  a.invocations = a.elem_bytes == 8 ? numel : static_cast<uint32_t>(words_of(x.dtype(), x.numel()));
+  SB_RETURN_IF_ERROR(rt.dispatch("transpose", {bx, bo}, &a, sizeof(a), a.invocations));
+  return ctx.out(n->out.get(), std::move(out));
+}
+
 bool all_float(const KernelContext& ctx, std::initializer_list<const fb::Tid*> tids) {
   for (const fb::Tid* t : tids)
     if (t && !dtype_is_float(ctx.declared_dtype(t))) return false;
@@ -681,6 +706,7 @@ GpuDevice::GpuDevice(std::unique_ptr<Runtime> rt, std::string name) : rt_(std::m
   registry_.add(fb::OpNode::SliceNode, slice);
   registry_.add(fb::OpNode::ConcatNode, concat);
   registry_.add(fb::OpNode::SliceUpdateNode, slice_update);
+  registry_.add(fb::OpNode::TransposeNode, transpose);
   // Reshape (a view) and Copy (shares storage: tensors are immutable once written) never
   // touch the bytes, so the CPU kernels serve as they are.
   const auto cpu = make_cpu_device();

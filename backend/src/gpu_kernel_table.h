@@ -75,6 +75,8 @@ inline constexpr KernelInfo kKernels[] = {
     {"reduce_mean", "reduce", 2, {A::kRead, A::kWrite}, sizeof(ReduceArgs), SB_STR(SB_REDUCE_ARGS), 256, true, true},
     {"argmax", "reduce", 2, {A::kRead, A::kWrite}, sizeof(ReduceArgs), SB_STR(SB_REDUCE_ARGS), 256, true},
     {"region", "shape_ops", 2, {A::kRead, A::kReadWrite}, sizeof(RegionArgs), SB_STR(SB_REGION_ARGS), 256, true},
+    {"transpose", "shape_ops", 2, {A::kRead, A::kWrite}, sizeof(TransposeArgs), SB_STR(SB_TRANSPOSE_ARGS), 256,
+     true},
     {"matmul", "matmul", 4, {A::kRead, A::kRead, A::kRead, A::kWrite}, sizeof(MatmulArgs), SB_STR(SB_MATMUL_ARGS), 32,
      true},
     {"softmax", "norm", 2, {A::kRead, A::kReadWrite}, sizeof(NormArgs), SB_STR(SB_NORM_ARGS), 64, true},
@@ -93,6 +95,7 @@ static_assert(sizeof(QmmArgs) == 64 && offsetof(QmmArgs, out_dtype) == 32 && off
 static_assert(sizeof(PermuteArgs) == 32 && offsetof(PermuteArgs, out_words) == 16);
 static_assert(sizeof(ProbeArgs) == 16 && sizeof(ArgsortArgs) == 16);
 static_assert(sizeof(GatherMmArgs) == 32 && sizeof(ReduceArgs) == 32 && sizeof(RegionArgs) == 48);
+static_assert(sizeof(TransposeArgs) == 80 && offsetof(TransposeArgs, rank) == 64);
 static_assert(sizeof(MatmulArgs) == 48 && sizeof(NormArgs) == 32 && offsetof(NormArgs, eps) == 16);
 static_assert(sizeof(RouterArgs) == 48 && offsetof(RouterArgs, routed_scaling_factor) == 32);
 // 128 bytes is the smallest push-constant space Vulkan guarantees (lavapipe's limit).

@@ -2,7 +2,7 @@
 
 namespace switchboard {
 
-static_assert(fb::OpNode::MAX == fb::OpNode::BatchMatmulNode,
+static_assert(fb::OpNode::MAX == fb::OpNode::TransposeNode,
               "a new op was added to schema/program.fbs: list its name and slots in op_info.cpp");
 
 const char* op_name(fb::OpNode type) {
@@ -33,6 +33,7 @@ const char* op_name(fb::OpNode type) {
     case fb::OpNode::SoftmaxNode: return "Softmax";
     case fb::OpNode::RmsNormNode: return "RmsNorm";
     case fb::OpNode::BatchMatmulNode: return "BatchMatmul";
+    case fb::OpNode::TransposeNode: return "Transpose";
     case fb::OpNode::NONE: break;
   }
   return "?";
@@ -255,6 +256,12 @@ void for_each_slot(fb::OpNodeUnion& op, const Fn& fn) {
       auto* n = op.AsBatchMatmulNode();
       tensor(fn, "a", n->a, false);
       tensor(fn, "b", n->b, false);
+      tensor(fn, "out", n->out, true);
+      break;
+    }
+    case fb::OpNode::TransposeNode: {
+      auto* n = op.AsTransposeNode();
+      tensor(fn, "x", n->x, false);
       tensor(fn, "out", n->out, true);
       break;
     }

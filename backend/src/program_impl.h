@@ -15,7 +15,7 @@
 namespace switchboard {
 
 // Schema version written by this build and the newest the loader accepts.
-inline constexpr uint32_t kSchemaVersion = 3;
+inline constexpr uint32_t kSchemaVersion = 4;
 // Binary framing version in the file header.
 inline constexpr uint32_t kFormatVersion = 1;
 inline constexpr char kMagic[4] = {'S', 'W', 'B', 'P'};

@@ -321,6 +321,22 @@ Status Validator::check_op(const fb::OpNodeUnion& op, size_t chain, const std::s
       if (meta(n->b.get()).shape.size() != 3) return error(path + ".b", "must have rank 3");
       return Status::ok();
     }
+    case fb::OpNode::TransposeNode: {
+      const auto* n = op.AsTransposeNode();
+      SB_RETURN_IF_ERROR(same_dtype(n->x.get(), n->out.get(), path, "x", "out"));
+      const size_t r = rank(n->x.get());
+      if (n->perm.size() != r)
+        return error(path + ".perm", strformat("has %zu entries for x of rank %zu", n->perm.size(), r));
+      if (rank(n->out.get()) != r) return error(path + ".out", strformat("must have rank %zu", r));
+      std::vector<bool> seen(r, false);
+      for (size_t a = 0; a < r; ++a) {
+        const int32_t p = n->perm[a];
+        if (p < 0 || static_cast<size_t>(p) >= r || seen[static_cast<size_t>(p)])
+          return error(strformat("%s.perm[%zu]", path.c_str(), a), strformat("%d is not a permutation entry", p));
+        seen[static_cast<size_t>(p)] = true;
+      }
+      return Status::ok();
+    }
     case fb::OpNode::ReduceNode: {
       const auto* n = op.AsReduceNode();
       if (!enum_ok(n->op, fb::ReduceOp::MAX)) return error(path + ".op", strformat("%d unknown", (int)n->op));

@@ -159,6 +159,8 @@ class ProgramBuilder {
   // a [Ba, M, K] @ b [Bb, N, K]^T (or b [Bb, K, N]) -> [Ba, M, N]; Ba a multiple of Bb
   // (grouped-query attention: a's batch i uses b's batch i / (Ba / Bb)).
   TensorRef batch_matmul(TensorRef a, TensorRef b, bool transpose_b = true);
+  // out's axis a is x's axis perm[a].
+  TensorRef transpose(TensorRef x, const std::vector<int>& perm);
   TensorRef sum(TensorRef x, int axis, bool keepdims = false);
   TensorRef mean(TensorRef x, int axis, bool keepdims = false);
   TensorRef max(TensorRef x, int axis, bool keepdims = false);
