@@ -539,6 +539,7 @@ std::vector<TensorRef> ProgramBuilder::emit_if_else(IntOrValue cond, const Branc
     std::vector<Dim> merged;
     for (size_t k = 0; k < a.shape.size(); ++k) merged.push_back(merge_dim(s.slots[out.id].shape[k], b.shape[k]));
     s.slots[out.id].shape = merged;
+    if (s.slots[out.id].temp_id >= 0) s.temp_shapes[static_cast<size_t>(s.slots[out.id].temp_id)] = merged;
     if (own(re[i], else_chain) && s.slots[re[i].id].scope == s.slots[out.id].scope) {
       // Retarget: the else result now lives in the shared slot.
       BSlot& e = s.slots[re[i].id];

@@ -197,11 +197,25 @@ TensorRef ProgramBuilder::combine(TensorRef y, TensorRef weights, TensorRef shar
   return out;
 }
 
+namespace {
+
+// One expert projection of every pair: quantized (GatherQmm) or float (GatherMm), plus
+// the pair's expert bias when given. A fused combine only happens on the quantized path
+// without a bias; otherwise the caller combines.
+TensorRef project(ProgramBuilder& b, TensorRef x, const QuantizedExperts& w, TensorRef bias, TensorRef pair_experts,
+                  const GatherOptions& o) {
+  TensorRef y = w.scales.valid() ? b.gather_qmm(x, w, o) : b.gather_mm(x, w.w, o);
+  return bias.valid() ? b.add(y, b.gather_rows(bias, pair_experts)) : y;
+}
+
+}  // namespace
+
 // Both paths compute every (token, slot) product with the same arithmetic and
 // add the slots in order 0..k-1, so they return identical bits.
 TensorRef ProgramBuilder::moe_experts(TensorRef x, TensorRef weights, TensorRef indices, const MoeExperts& e,
                                       TensorRef shared, TensorRef shared_gate) {
-  if (!all_ok(*s_, {x, weights, indices, shared, shared_gate}, "moe_experts")) return {};
+  if (!all_ok(*s_, {x, weights, indices, shared, shared_gate, e.gate_bias, e.up_bias, e.down_bias}, "moe_experts"))
+    return {};
   const auto& ws = s_->slots[weights.id].shape;
   if (ws.size() != 2 || !ws[1].is_static()) {
     s_->fail("moe_experts: weights must be [T, k] with a static k");
@@ -211,24 +225,30 @@ TensorRef ProgramBuilder::moe_experts(TensorRef x, TensorRef weights, TensorRef 
   set_attribute("moe.sort_cutoff", e.sort_cutoff);
   // Nonzero exactly when M > sort_cutoff (a cutoff <= 0 always sorts).
   IntOrValue cond = e.sort_cutoff <= 0 ? IntOrValue(1) : floordiv_int(sub_int(size(x, 0), 1), e.sort_cutoff);
+  auto hidden = [&](TensorRef experts, const GatherOptions& in) {
+    return glu(project(*this, x, e.gate, e.gate_bias, experts, in), project(*this, x, e.up, e.up_bias, experts, in),
+               e.activation, e.alpha, e.limit);
+  };
   auto sorted_path = [&] {
     auto scope = tmp_scope();
     TensorRef flat = reshape(indices, {-1});
     TensorRef order = argsort(flat);
     TensorRef experts = gather_rows(flat, order);
     TensorRef token = floordiv(order, full({1}, DType::kI32, static_cast<double>(k)));
-    GatherOptions in{token, experts, 1};
-    TensorRef h = glu(gather_qmm(x, e.gate, in), gather_qmm(x, e.up, in), e.activation, e.alpha, e.limit);
-    TensorRef y = gather_qmm(h, e.down, GatherOptions{{}, experts, 1});
+    TensorRef h = hidden(experts, GatherOptions{token, experts, 1});
+    TensorRef y = project(*this, h, e.down, e.down_bias, experts, GatherOptions{{}, experts, 1});
     return std::vector<TensorRef>{scope.keep(combine(scatter_rows(y, order), weights, shared, shared_gate))};
   };
   auto unsorted_path = [&] {
     auto scope = tmp_scope();
     TensorRef flat = reshape(indices, {-1});
-    GatherOptions in{{}, flat, 0};
-    TensorRef h = glu(gather_qmm(x, e.gate, in), gather_qmm(x, e.up, in), e.activation, e.alpha, e.limit);
-    GatherOptions down{{}, flat, 0, weights, shared, shared_gate};
-    return std::vector<TensorRef>{scope.keep(gather_qmm(h, e.down, down))};
+    TensorRef h = hidden(flat, GatherOptions{{}, flat, 0});
+    if (e.down.scales.valid() && !e.down_bias.valid()) {
+      GatherOptions down{{}, flat, 0, weights, shared, shared_gate};
+      return std::vector<TensorRef>{scope.keep(gather_qmm(h, e.down, down))};
+    }
+    TensorRef y = project(*this, h, e.down, e.down_bias, flat, GatherOptions{{}, flat, 0});
+    return std::vector<TensorRef>{scope.keep(combine(y, weights, shared, shared_gate))};
   };
   auto r = emit_if_else(cond, sorted_path, unsorted_path);
   return r.empty() ? TensorRef{} : r[0];

@@ -44,6 +44,7 @@ struct BuilderState {
   std::vector<std::vector<uint32_t>> scopes;              // temps owned by each open scope
   std::map<std::pair<int, size_t>, std::vector<int64_t>> free_temps;  // (dtype, rank) -> ids
   int64_t next_temp = 0;
+  std::vector<std::vector<Dim>> temp_shapes;  // by physical temp id: the shape its slots share
   std::vector<std::pair<std::string, TensorRef>> outputs;
   std::vector<std::pair<std::string, uint32_t>> value_inputs, value_outputs;
   std::vector<std::pair<std::string, int64_t>> attributes;
@@ -69,12 +70,23 @@ struct BuilderState {
     s.dtype = dtype;
     s.shape = std::move(shape);
     if (role == SlotRole::kTemp) {
+      // Reuse a free physical id only when its shape agrees dim for dim (static and equal,
+      // or both dynamic): sharing merges shapes, and a merged static dim would turn dynamic.
       auto& pool = free_temps[{static_cast<int>(dtype), s.shape.size()}];
-      if (pool.empty()) {
+      auto same = [&](int64_t id) {
+        const std::vector<Dim>& t = temp_shapes[static_cast<size_t>(id)];
+        for (size_t k = 0; k < t.size(); ++k)
+          if (t[k].is_static() != s.shape[k].is_static() || (t[k].is_static() && t[k].size != s.shape[k].size))
+            return false;
+        return true;
+      };
+      auto it = std::find_if(pool.rbegin(), pool.rend(), same);
+      if (it == pool.rend()) {
         s.temp_id = next_temp++;
+        temp_shapes.push_back(s.shape);
       } else {
-        s.temp_id = pool.back();
-        pool.pop_back();
+        s.temp_id = *it;
+        pool.erase(std::next(it).base());
       }
       if (!scopes.empty()) {
         s.scope = static_cast<int64_t>(scopes.size()) - 1;

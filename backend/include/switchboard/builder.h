@@ -88,7 +88,8 @@ struct RouterOut {
 
 enum class GluKind { kSwiGLU, kGEGLU, kClampedSwiGLU };
 
-// One projection of quantized experts in MLX's affine format.
+// One projection of quantized experts in MLX's affine format. With no scales, `w` holds
+// float experts [E, N, K] instead (GatherMm).
 struct QuantizedExperts {
   TensorRef w, scales, biases;
   int bits = 4;                      // when every expert shares a width
@@ -107,6 +108,7 @@ struct MoeExperts {
   QuantizedExperts gate, up, down;
   GluKind activation = GluKind::kSwiGLU;
   float alpha = 1.702f, limit = 7.0f;  // kClampedSwiGLU
+  TensorRef gate_bias, up_bias, down_bias;  // optional [E, N] per-expert biases (gpt-oss)
   // M > sort_cutoff tokens take the sorted path (<= 0: always); see bench/RESULTS.md.
   int64_t sort_cutoff = 4;
 };

@@ -1,0 +1,151 @@
+// MoE decoder language models: a config (parsed from a Hugging Face config.json or
+// made in code) becomes one program that serves prefill (M tokens) and decode (M = 1).
+//
+//   auto cfg = models::parse_hf_config("model/config.json");
+//   models::ExportFormat fmt;            // f32 weights; or fmt.bits = 4 for 4-bit linears
+//   ProgramBuilder b;
+//   models::build_decoder(*cfg, fmt, b); // constants named as models::WeightNames says
+//
+// Program interface: input "tokens" i32 [M] (1 <= M <= max_seq), input value "pos" (the
+// position of tokens[0]; the KV cache holds positions < pos); outputs "logits" f32
+// [1, vocab] (the last position only) and "next_token" i32 [1] (its argmax, first on
+// ties). The caller keeps pos + M <= max_seq; SliceUpdate refuses anything beyond.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "switchboard/builder.h"
+#include "switchboard/dtype.h"
+#include "switchboard/status.h"
+#include "switchboard/switchboard.h"
+#include "switchboard/tensor.h"
+
+namespace switchboard::models {
+
+enum class QkNorm { kNone, kPerHead, kWhole };  // whole: over the full q/k projection (olmoe)
+
+struct ModelConfig {
+  std::string family;  // HF model_type: qwen3_moe, qwen2_moe, mixtral, olmoe, glm4_moe, gpt_oss
+  int64_t vocab = 0, hidden = 0, layers = 0, heads = 0, kv_heads = 0, head_dim = 0;
+  float rms_eps = 1e-6f;
+  int64_t max_seq = 4096;  // KV cache length
+
+  // Attention.
+  double rope_theta = 10000.0;
+  double partial_rotary = 1.0;  // rotary dims = head_dim * partial_rotary (the rest pass through)
+  bool yarn = false;            // YaRN frequencies (gpt-oss)
+  double yarn_factor = 1.0, yarn_beta_fast = 32.0, yarn_beta_slow = 1.0, yarn_attention_factor = 1.0;
+  int64_t yarn_original_max = 4096;
+  bool yarn_truncate = true;
+  QkNorm qk_norm = QkNorm::kNone;
+  bool qkv_bias = false, o_bias = false;
+  bool attn_sinks = false;               // a learned per-head logit joins each softmax (gpt-oss)
+  std::vector<int64_t> sliding_window;   // per layer; 0 = full causal attention
+
+  // Feed-forward.
+  std::vector<bool> moe_layer;           // per layer: routed experts, else a dense SwiGLU FFN
+  int64_t dense_ffn = 0;                 // intermediate size of the dense layers
+  int64_t experts = 0, top_k = 0, expert_ffn = 0;
+  RouterKind router = RouterKind::kSoftmaxTopK;
+  bool renormalize = false;
+  int n_group = 1, topk_group = 1;
+  float routed_scaling_factor = 1.0f;
+  bool selection_bias = false;  // DeepSeek-V3 e_score_correction_bias
+  bool router_bias = false;     // gpt-oss
+  int64_t shared_ffn = 0;       // shared expert intermediate size (0: none)
+  bool shared_gate = false;     // sigmoid(x . w) scales the shared expert (qwen2_moe)
+  GluKind activation = GluKind::kSwiGLU;
+  float glu_alpha = 1.702f, glu_limit = 7.0f;
+  bool expert_bias = false;     // gpt-oss
+  bool tie_embeddings = false;
+
+  int64_t rotary_dims() const;
+};
+
+// Reads a Hugging Face config.json (transformers 4.x and 5.x spellings). Errors name
+// the file and the key, e.g. "cfg.json: num_attention_heads: missing".
+Result<ModelConfig> parse_hf_config(const std::string& path);
+Result<ModelConfig> parse_hf_config_text(const std::string& text, const std::string& origin);
+// Checks sizes and combinations the builder needs (heads divide, experts >= top_k, ...).
+Status check_config(const ModelConfig& c);
+
+// How the linear weights are stored.
+struct ExportFormat {
+  DType dtype = DType::kF32;  // float weights, embeddings and norms
+  int bits = 0;               // 0: float linears; else MLX affine, every linear
+  int group_size = 64;
+  DType scale_dtype = DType::kBF16;
+  // layer -> expert -> bits (0 = pruned); experts not named use `bits`.
+  std::map<int64_t, std::map<int64_t, int>> expert_bits;
+  bool quantized() const { return bits != 0; }
+  DType activation_dtype() const { return bits != 0 ? DType::kF32 : dtype; }
+};
+Status check_format(const ModelConfig& c, const ExportFormat& f);
+
+// Per-expert bit widths of a layer's experts (empty: all use f.bits).
+std::vector<uint8_t> layer_expert_bits(const ModelConfig& c, const ExportFormat& f, int64_t layer);
+
+// Emits the whole decoder into `b` (inputs, mutable KV caches, constants, outputs).
+Status build_decoder(const ModelConfig& c, const ExportFormat& f, ProgramBuilder& b);
+
+// A named constant the program reads, with the dtype and shape it must have.
+struct WeightSpec {
+  std::string name;
+  DType dtype;
+  Shape shape;
+};
+// Every constant build_decoder declares, in declaration order.
+std::vector<WeightSpec> weight_specs(const ModelConfig& c, const ExportFormat& f);
+
+// The RoPE tables the program reads: "rope.positions" f32 [max_seq] (0, 1, ...),
+// "rope.cos" / "rope.sin" f32 [max_seq, rotary/2] (HF's frequencies, incl. YaRN).
+Result<std::vector<std::pair<std::string, Tensor>>> rope_tables(const ModelConfig& c);
+
+// --- export ---------------------------------------------------------------------------
+struct ExportOptions {
+  ExportFormat format;
+  int64_t max_seq = 0;  // 0: the config's (max_position_embeddings, at most 4096)
+  // Called as weights are converted (done <= total); e.g. a progress bar.
+  std::function<void(size_t done, size_t total)> progress;
+};
+
+// Reads a bit map JSON {"layer": {"expert": bits}} (0 = pruned) into f.expert_bits.
+Status read_bit_map(const std::string& path, ExportFormat* f);
+
+// A Hugging Face checkpoint directory (config.json + *.safetensors, f32/f16/bf16, or
+// MLX-quantized with a "quantization" entry) -> out_dir/program.sbp +
+// out_dir/weights.safetensors. Errors name the file and the tensor; on any error
+// nothing is left in out_dir.
+Status export_hf(const std::string& hf_dir, const std::string& out_dir, const ExportOptions& o);
+
+// Writes a built decoder and its weights to out_dir (program.sbp, weights.safetensors,
+// config.json) through a temporary directory, so out_dir never holds a partial model.
+Status write_model(const std::string& out_dir, const ModelConfig& c, const ExportFormat& f,
+                   const std::vector<std::pair<std::string, Tensor>>& weights);
+
+// The deterministic random model of `switchboard export --tiny-test`: vocab 256, hidden
+// 128, 4 layers, 8 experts top-2, expert FFN 128, a sigmoid-gated shared expert of 128.
+ModelConfig tiny_test_config();
+// Random weights for any config (seeded; scaled so logits are O(1)): the tiny test
+// model and the synthetic benchmark models.
+Result<std::vector<std::pair<std::string, Tensor>>> random_weights(const ModelConfig& c, const ExportFormat& f,
+                                                                  uint64_t seed);
+
+// --- generation ---------------------------------------------------------------------
+struct Generation {
+  std::vector<int32_t> tokens;  // greedy tokens, one per step
+  std::vector<Tensor> logits;   // f32 [1, vocab] per step, when asked for
+  double prefill_seconds = 0, decode_seconds = 0;  // wall time of the prefill and of all decode steps
+};
+// Greedy decoding from `prompt` on a session of a build_decoder program: one prefill
+// execute, then one execute per further token. With `forced`, step i feeds forced[i]
+// instead of its own choice (teacher forcing, so a comparison never cascades). The
+// session is reset first.
+Result<Generation> generate(Session& session, const std::vector<int32_t>& prompt, int64_t new_tokens,
+                            bool keep_logits, const std::vector<int32_t>* forced = nullptr);
+
+}  // namespace switchboard::models

@@ -1,0 +1,294 @@
+// The MoE decoder as one program (prefill and decode): embedding, pre-norm attention
+// with RoPE and a KV cache in mutable buffers, routed experts or a dense FFN, final
+// norm, lm_head on the last position. The order of every float operation follows the
+// Hugging Face implementation where it is stated (scores * scale, then + mask).
+#include <cmath>
+#include <map>
+#include <string>
+
+#include "switchboard/model.h"
+
+namespace switchboard::models {
+namespace {
+
+std::string layer_name(int64_t i, const char* rest) { return "layers." + std::to_string(i) + "." + rest; }
+
+// Declares constants on the builder and records their specs; sums the bytes a decode
+// step reads (`read` = the fraction of a constant one token touches).
+struct Emit {
+  const ModelConfig& c;
+  const ExportFormat& f;
+  ProgramBuilder& b;
+  std::vector<WeightSpec>* specs;
+  DType act;
+  double decode_bytes = 0;
+
+  TensorRef constant(const std::string& name, DType t, const Shape& shape, double read = 1.0) {
+    if (specs) specs->push_back({name, t, shape});
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    decode_bytes += read * static_cast<double>(n) * static_cast<double>(dtype_size(t));
+    return b.constant(name, t, shape);
+  }
+
+  // A linear layer [n, k]: float weight, or MLX affine codes as a single-expert GatherQmm.
+  struct Linear {
+    QuantizedExperts q;  // no scales: float weight [n, k] in q.w
+    TensorRef bias;
+  };
+  Linear linear(const std::string& name, int64_t n, int64_t k, bool bias) {
+    Linear l;
+    if (f.quantized()) {
+      l.q = QuantizedExperts{constant(name + ".weight", DType::kU32, {1, n, k * f.bits / 32}),
+                             constant(name + ".scales", f.scale_dtype, {1, n, k / f.group_size}),
+                             constant(name + ".biases", f.scale_dtype, {1, n, k / f.group_size}), f.bits,
+                             f.group_size, {}};
+    } else {
+      l.q.w = constant(name + ".weight", act, {n, k});
+    }
+    if (bias) l.bias = constant(name + ".bias", act, {n});
+    return l;
+  }
+  TensorRef apply(const Linear& l, TensorRef x) {
+    if (!l.q.scales.valid()) return b.matmul(x, l.q.w, true, l.bias);
+    TensorRef y = b.gather_qmm(x, l.q);
+    return l.bias.valid() ? b.add(y, l.bias) : y;
+  }
+
+  // Routed experts [E, n, k] (per-expert bits from the format's bit map).
+  QuantizedExperts experts(int64_t layer, const char* proj, int64_t n, int64_t k) {
+    const std::string name = layer_name(layer, "experts.") + proj;
+    const double read = static_cast<double>(c.top_k) / static_cast<double>(c.experts);
+    if (!f.quantized()) return QuantizedExperts{constant(name + ".weight", act, {c.experts, n, k}, read)};
+    std::vector<uint8_t> bits = layer_expert_bits(c, f, layer);
+    int64_t words = c.experts * n * k * f.bits / 32;
+    if (!bits.empty()) {
+      words = 0;
+      for (uint8_t e : bits) words += n * k * e / 32;
+    }
+    Shape wshape = bits.empty() ? Shape{c.experts, n, k * f.bits / 32} : Shape{words};
+    QuantizedExperts q{constant(name + ".weight", DType::kU32, wshape, read),
+                       constant(name + ".scales", f.scale_dtype, {c.experts, n, k / f.group_size}, read),
+                       constant(name + ".biases", f.scale_dtype, {c.experts, n, k / f.group_size}, read), f.bits,
+                       f.group_size, bits};
+    return q;
+  }
+
+  TensorRef norm(TensorRef x, const std::string& name, int64_t d) {
+    return b.rms_norm(x, constant(name, act, {d}), c.rms_eps);
+  }
+  TensorRef scalar(DType t, double v) { return b.full({1}, t, v); }
+};
+
+struct Step {
+  TensorRef tokens;
+  IntOrValue m = 0, pos = 0, len = 0;  // len = pos + m: keys visible to the last query
+  TensorRef cos, sin;      // [m, 1, rotary/2] in the activation dtype
+  TensorRef positions;     // f32 [max_seq]: 0, 1, 2, ...
+  std::map<int64_t, TensorRef> masks;  // by sliding window (0: none), shared by the layers
+};
+
+// HF's rotate_half form on the first rotary dims of x [m, h, head_dim]:
+// (x1 * cos - x2 * sin, x2 * cos + x1 * sin), the remaining dims passed through.
+TensorRef rope(Emit& e, const Step& s, TensorRef x) {
+  ProgramBuilder& b = e.b;
+  const int64_t half = e.c.rotary_dims() / 2, hd = e.c.head_dim;
+  TensorRef x1 = b.slice(x, 2, 0, half), x2 = b.slice(x, 2, half, 2 * half);
+  TensorRef r1 = b.sub(b.mul(x1, s.cos), b.mul(x2, s.sin));
+  TensorRef r2 = b.add(b.mul(x2, s.cos), b.mul(x1, s.sin));
+  if (2 * half == hd) return b.concat({r1, r2}, 2);
+  return b.concat({r1, r2, b.slice(x, 2, 2 * half, hd)}, 2);
+}
+
+// Additive mask [m, len]: 0 where query i (position pos + i) may see key j, else
+// -big: j > pos + i, or j <= pos + i - window. Computed in f32 (positions are exact
+// there) as clamp(j - q, 0, 1) + clamp(1 - window - (j - q), 0, 1), times -big.
+TensorRef causal_mask(Emit& e, const Step& s, int64_t window) {
+  ProgramBuilder& b = e.b;
+  const DType f32 = DType::kF32;
+  TensorRef q = b.reshape(b.slice(s.positions, 0, s.pos, s.len), {s.m, 1});
+  TensorRef k = b.reshape(b.slice(s.positions, 0, 0, s.len), {1, s.len});
+  TensorRef d = b.sub(k, q);
+  TensorRef zero = e.scalar(f32, 0.0), one = e.scalar(f32, 1.0);
+  TensorRef blocked = b.minimum(b.maximum(d, zero), one);
+  if (window > 0) {
+    TensorRef old = b.sub(e.scalar(f32, static_cast<double>(1 - window)), d);
+    blocked = b.add(blocked, b.minimum(b.maximum(old, zero), one));
+  }
+  // The largest finite magnitude of the activation dtype keeps -big * 1 finite and * 0 = -0.
+  const double big = e.act == DType::kF16 ? 65504.0 : 1e30;
+  TensorRef mask = b.mul(blocked, e.scalar(f32, -big));
+  return e.act == f32 ? mask : b.cast(mask, e.act);
+}
+
+TensorRef attention(Emit& e, const Step& s, int64_t layer, TensorRef h) {
+  const ModelConfig& c = e.c;
+  ProgramBuilder& b = e.b;
+  const int64_t hq = c.heads, hk = c.kv_heads, hd = c.head_dim;
+  Emit::Linear wq = e.linear(layer_name(layer, "attn.q"), hq * hd, c.hidden, c.qkv_bias);
+  Emit::Linear wk = e.linear(layer_name(layer, "attn.k"), hk * hd, c.hidden, c.qkv_bias);
+  Emit::Linear wv = e.linear(layer_name(layer, "attn.v"), hk * hd, c.hidden, c.qkv_bias);
+  TensorRef q = e.apply(wq, h), k = e.apply(wk, h), v = e.apply(wv, h);
+  if (c.qk_norm == QkNorm::kWhole) {
+    q = e.norm(q, layer_name(layer, "attn.q_norm"), hq * hd);
+    k = e.norm(k, layer_name(layer, "attn.k_norm"), hk * hd);
+  }
+  q = b.reshape(q, {s.m, hq, hd});
+  k = b.reshape(k, {s.m, hk, hd});
+  v = b.reshape(v, {s.m, hk, hd});
+  if (c.qk_norm == QkNorm::kPerHead) {
+    q = e.norm(q, layer_name(layer, "attn.q_norm"), hd);
+    k = e.norm(k, layer_name(layer, "attn.k_norm"), hd);
+  }
+  q = rope(e, s, q);
+  k = rope(e, s, k);
+  // The cache is [kv_heads, max_seq, head_dim]: each head's keys are one contiguous block.
+  TensorRef kc = b.mutable_buffer(layer_name(layer, "k_cache"), e.act, {hk, c.max_seq, hd});
+  TensorRef vc = b.mutable_buffer(layer_name(layer, "v_cache"), e.act, {hk, c.max_seq, hd});
+  b.slice_update(kc, b.transpose(k, {1, 0, 2}), 1, s.pos);
+  b.slice_update(vc, b.transpose(v, {1, 0, 2}), 1, s.pos);
+  TensorRef keys = b.slice(kc, 1, 0, s.len), values = b.slice(vc, 1, 0, s.len);
+  TensorRef scores = b.batch_matmul(b.transpose(q, {1, 0, 2}), keys);  // [hq, m, len]
+  scores = b.mul(scores, e.scalar(e.act, 1.0 / std::sqrt(static_cast<double>(hd))));
+  const int64_t window = c.sliding_window.empty() ? 0 : c.sliding_window[static_cast<size_t>(layer)];
+  scores = b.add(scores, s.masks.at(window));
+  TensorRef probs;
+  if (c.attn_sinks) {  // softmax over [scores, sink], then the sink's column dropped
+    TensorRef sink = e.constant(layer_name(layer, "attn.sinks"), e.act, {hq});
+    TensorRef column = b.add(b.reshape(sink, {hq, 1, 1}), b.full({1, s.m, 1}, e.act, 0.0));
+    probs = b.slice(b.softmax(b.concat({scores, column}, 2)), 2, 0, s.len);
+  } else {
+    probs = b.softmax(scores);
+  }
+  TensorRef o = b.batch_matmul(probs, values, false);  // [hq, m, hd]
+  o = b.reshape(b.transpose(o, {1, 0, 2}), {s.m, hq * hd});
+  return e.apply(e.linear(layer_name(layer, "attn.o"), c.hidden, hq * hd, c.o_bias), o);
+}
+
+// gate/up/down SwiGLU (or the config's GLU) with float or quantized linears.
+TensorRef dense_ffn(Emit& e, const std::string& prefix, int64_t ffn, TensorRef h) {
+  GluKind kind = e.c.activation == GluKind::kClampedSwiGLU ? GluKind::kSwiGLU : e.c.activation;
+  TensorRef g = e.apply(e.linear(prefix + ".gate", ffn, e.c.hidden, false), h);
+  TensorRef u = e.apply(e.linear(prefix + ".up", ffn, e.c.hidden, false), h);
+  return e.apply(e.linear(prefix + ".down", e.c.hidden, ffn, false), e.b.glu(g, u, kind));
+}
+
+TensorRef moe_ffn(Emit& e, int64_t layer, TensorRef h) {
+  const ModelConfig& c = e.c;
+  ProgramBuilder& b = e.b;
+  TensorRef rw = e.constant(layer_name(layer, "router.weight"), e.act, {c.experts, c.hidden});
+  TensorRef rb = c.router_bias ? e.constant(layer_name(layer, "router.bias"), e.act, {c.experts}) : TensorRef{};
+  RouterSpec spec;
+  spec.kind = c.router;
+  spec.k = static_cast<int>(c.top_k);
+  spec.renormalize = c.renormalize;
+  spec.n_group = c.n_group;
+  spec.topk_group = c.topk_group;
+  spec.routed_scaling_factor = c.routed_scaling_factor;
+  const std::vector<uint8_t> bits = layer_expert_bits(c, e.f, layer);
+  for (size_t i = 0; i < bits.size(); ++i)
+    if (bits[i] == 0) spec.pruned_experts.push_back(static_cast<int32_t>(i));
+  if (c.selection_bias)
+    spec.selection_bias = e.constant(layer_name(layer, "router.selection_bias"), DType::kF32, {c.experts});
+  RouterOut r = b.router(b.matmul(h, rw, true, rb), spec);
+  TensorRef shared, shared_gate;
+  if (c.shared_ffn > 0) shared = dense_ffn(e, layer_name(layer, "shared"), c.shared_ffn, h);
+  if (c.shared_gate) shared_gate = b.matmul(h, e.constant(layer_name(layer, "shared_gate.weight"), e.act, {1, c.hidden}));
+  MoeExperts x{e.experts(layer, "gate", c.expert_ffn, c.hidden), e.experts(layer, "up", c.expert_ffn, c.hidden),
+               e.experts(layer, "down", c.hidden, c.expert_ffn)};
+  x.activation = c.activation;
+  x.alpha = c.glu_alpha;
+  x.limit = c.glu_limit;
+  if (c.expert_bias) {
+    const double read = static_cast<double>(c.top_k) / static_cast<double>(c.experts);
+    x.gate_bias = e.constant(layer_name(layer, "experts.gate.bias"), e.act, {c.experts, c.expert_ffn}, read);
+    x.up_bias = e.constant(layer_name(layer, "experts.up.bias"), e.act, {c.experts, c.expert_ffn}, read);
+    x.down_bias = e.constant(layer_name(layer, "experts.down.bias"), e.act, {c.experts, c.hidden}, read);
+  }
+  return b.moe_experts(h, r.weights, r.indices, x, shared, shared_gate);
+}
+
+Status emit_decoder(const ModelConfig& c, const ExportFormat& f, ProgramBuilder& b, std::vector<WeightSpec>* specs) {
+  SB_RETURN_IF_ERROR(check_config(c));
+  SB_RETURN_IF_ERROR(check_format(c, f));
+  Emit e{c, f, b, specs, f.activation_dtype()};
+  Step s;
+  s.tokens = b.input("tokens", DType::kI32, {Dim::dynamic(1, c.max_seq)});
+  s.m = b.size(s.tokens, 0);
+  s.pos = b.input_value("pos");
+  s.len = b.add_int(s.pos, s.m);
+  // Tables the exporter computes (rope_tables): one row per position, read by slicing.
+  const int64_t half = c.rotary_dims() / 2;
+  s.positions = e.constant("rope.positions", DType::kF32, {c.max_seq}, 0.0);
+  TensorRef cos = b.slice(e.constant("rope.cos", DType::kF32, {c.max_seq, half}, 0.0), 0, s.pos, s.len);
+  TensorRef sin = b.slice(e.constant("rope.sin", DType::kF32, {c.max_seq, half}, 0.0), 0, s.pos, s.len);
+  if (e.act != DType::kF32) {
+    cos = b.cast(cos, e.act);
+    sin = b.cast(sin, e.act);
+  }
+  s.cos = b.reshape(cos, {s.m, 1, half});
+  s.sin = b.reshape(sin, {s.m, 1, half});
+
+  s.masks[0] = causal_mask(e, s, 0);
+  for (int64_t w : c.sliding_window)
+    if (!s.masks.count(w)) s.masks[w] = causal_mask(e, s, w);
+
+  TensorRef embed = e.constant("embed", f.dtype, {c.vocab, c.hidden}, 0.0);
+  e.decode_bytes += static_cast<double>(c.hidden * static_cast<int64_t>(dtype_size(f.dtype)));  // one row
+  TensorRef x = b.gather_rows(embed, s.tokens);
+  if (f.dtype != e.act) x = b.cast(x, e.act);
+  for (int64_t i = 0; i < c.layers; ++i) {
+    auto scope = b.tmp_scope();
+    TensorRef h = e.norm(x, layer_name(i, "attn_norm"), c.hidden);
+    x = b.add(x, attention(e, s, i, h));
+    h = e.norm(x, layer_name(i, "ffn_norm"), c.hidden);
+    TensorRef y = c.moe_layer[static_cast<size_t>(i)] ? moe_ffn(e, i, h) : dense_ffn(e, layer_name(i, "mlp"), c.dense_ffn, h);
+    x = scope.keep(b.add(x, y));
+  }
+  TensorRef last = b.slice(x, 0, b.sub_int(s.m, 1), s.m);
+  last = e.norm(last, "final_norm", c.hidden);
+  TensorRef logits;
+  if (c.tie_embeddings && !f.quantized() && f.dtype == e.act) {
+    logits = b.matmul(last, embed);
+    e.decode_bytes += static_cast<double>(c.vocab * c.hidden * static_cast<int64_t>(dtype_size(f.dtype)));
+  } else {
+    logits = e.apply(e.linear("lm_head", c.vocab, c.hidden, false), last);
+  }
+  if (e.act != DType::kF32) logits = b.cast(logits, DType::kF32);
+  b.output("logits", logits);
+  b.output("next_token", b.argmax(logits, 1));
+  b.set_attribute("model.max_seq", c.max_seq);
+  b.set_attribute("model.vocab", c.vocab);
+  b.set_attribute("model.layers", c.layers);
+  b.set_attribute("model.decode_weight_bytes", static_cast<int64_t>(e.decode_bytes));
+  return b.status();
+}
+
+}  // namespace
+
+int64_t ModelConfig::rotary_dims() const {
+  int64_t r = static_cast<int64_t>(static_cast<double>(head_dim) * partial_rotary);
+  return r - r % 2;
+}
+
+Status build_decoder(const ModelConfig& c, const ExportFormat& f, ProgramBuilder& b) {
+  return emit_decoder(c, f, b, nullptr);
+}
+
+std::vector<WeightSpec> weight_specs(const ModelConfig& c, const ExportFormat& f) {
+  std::vector<WeightSpec> specs;
+  ProgramBuilder scratch;
+  (void)emit_decoder(c, f, scratch, &specs);
+  return specs;
+}
+
+std::vector<uint8_t> layer_expert_bits(const ModelConfig& c, const ExportFormat& f, int64_t layer) {
+  auto it = f.expert_bits.find(layer);
+  if (it == f.expert_bits.end() || it->second.empty()) return {};
+  std::vector<uint8_t> bits(static_cast<size_t>(c.experts), static_cast<uint8_t>(f.bits));
+  for (const auto& [expert, b] : it->second)
+    if (expert >= 0 && expert < c.experts) bits[static_cast<size_t>(expert)] = static_cast<uint8_t>(b);
+  return bits;
+}
+
+}  // namespace switchboard::models

@@ -1,0 +1,38 @@
+// Greedy generation over a decoder program's session (prefill, then one step per token).
+#include <chrono>
+
+#include "switchboard/model.h"
+
+namespace switchboard::models {
+
+Result<Generation> generate(Session& session, const std::vector<int32_t>& prompt, int64_t new_tokens,
+                            bool keep_logits, const std::vector<int32_t>* forced) {
+  SB_CHECK_OR_RETURN(!prompt.empty(), StatusCode::kInvalidArgument, "the prompt is empty");
+  SB_CHECK_OR_RETURN(new_tokens >= 0, StatusCode::kInvalidArgument, "new_tokens %lld < 0", (long long)new_tokens);
+  SB_CHECK_OR_RETURN(!forced || static_cast<int64_t>(forced->size()) >= new_tokens, StatusCode::kInvalidArgument,
+                     "forced tokens: %zu for %lld steps", forced ? forced->size() : size_t{0}, (long long)new_tokens);
+  SB_RETURN_IF_ERROR(session.reset());
+  Generation g;
+  std::vector<int32_t> feed = prompt;
+  int64_t pos = 0;
+  for (int64_t step = 0; step < new_tokens; ++step) {
+    const auto t0 = std::chrono::steady_clock::now();
+    SB_ASSIGN_OR_RETURN(Tensor tokens, Tensor::from_vector(DType::kI32, {static_cast<int64_t>(feed.size())}, feed));
+    SB_RETURN_IF_ERROR(session.set_input("tokens", tokens));
+    SB_RETURN_IF_ERROR(session.set_input_value("pos", pos));
+    SB_RETURN_IF_ERROR(session.execute());
+    SB_ASSIGN_OR_RETURN(Tensor next, session.output("next_token"));
+    if (keep_logits) {
+      SB_ASSIGN_OR_RETURN(Tensor logits, session.output("logits"));
+      g.logits.push_back(logits.clone());
+    }
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    (step == 0 ? g.prefill_seconds : g.decode_seconds) += s;
+    g.tokens.push_back(next.data_as<int32_t>()[0]);
+    pos += static_cast<int64_t>(feed.size());
+    feed.assign(1, forced ? (*forced)[static_cast<size_t>(step)] : g.tokens.back());
+  }
+  return g;
+}
+
+}  // namespace switchboard::models

@@ -1,0 +1,358 @@
+// Hugging Face config.json -> ModelConfig, the checks the builder relies on, and the
+// RoPE tables the exporter writes next to the weights.
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "quantize.h"
+#include "switchboard/model.h"
+#include "switchboard/tensor.h"
+
+namespace switchboard::models {
+namespace {
+
+using Json = nlohmann::json;
+
+// Typed reads of one config key with errors that name the file and the key.
+class Reader {
+ public:
+  Reader(const Json& j, std::string origin) : j_(j), origin_(std::move(origin)) {}
+
+  const Json* find(const char* key) const {
+    auto it = j_.find(key);
+    return it == j_.end() || it->is_null() ? nullptr : &*it;
+  }
+  Status error(const char* key, const std::string& what) const {
+    return make_error(StatusCode::kInvalidArgument, "%s: %s: %s", origin_.c_str(), key, what.c_str());
+  }
+  Status integer(const char* key, int64_t* out, bool required = true) const {
+    const Json* v = find(key);
+    if (!v) return required ? error(key, "missing") : Status::ok();
+    if (!v->is_number_integer()) return error(key, "must be an integer, is " + v->dump());
+    *out = v->get<int64_t>();
+    return Status::ok();
+  }
+  Status number(const char* key, double* out, bool required = false) const {
+    const Json* v = find(key);
+    if (!v) return required ? error(key, "missing") : Status::ok();
+    if (!v->is_number()) return error(key, "must be a number, is " + v->dump());
+    *out = v->get<double>();
+    return Status::ok();
+  }
+  Status number(const char* key, float* out) const {
+    double d = *out;
+    SB_RETURN_IF_ERROR(number(key, &d));
+    *out = static_cast<float>(d);
+    return Status::ok();
+  }
+  Status boolean(const char* key, bool* out) const {
+    const Json* v = find(key);
+    if (!v) return Status::ok();
+    if (!v->is_boolean()) return error(key, "must be true or false, is " + v->dump());
+    *out = v->get<bool>();
+    return Status::ok();
+  }
+  Status string(const char* key, std::string* out, bool required = false) const {
+    const Json* v = find(key);
+    if (!v) return required ? error(key, "missing") : Status::ok();
+    if (!v->is_string()) return error(key, "must be a string, is " + v->dump());
+    *out = v->get<std::string>();
+    return Status::ok();
+  }
+  const std::string& origin() const { return origin_; }
+
+ private:
+  const Json& j_;
+  std::string origin_;
+};
+
+Status parse_rope(const Reader& r, const Json& j, ModelConfig* c) {
+  // transformers 5 nests the RoPE settings in rope_parameters; 4.x has rope_theta and rope_scaling.
+  const Json* nested = r.find("rope_parameters");
+  if (!nested) nested = r.find("rope_scaling");
+  SB_RETURN_IF_ERROR(r.number("rope_theta", &c->rope_theta));
+  SB_RETURN_IF_ERROR(r.number("partial_rotary_factor", &c->partial_rotary));
+  if (!nested) return Status::ok();
+  if (!nested->is_object()) return r.error("rope_parameters", "must be an object");
+  Reader rp(*nested, r.origin() + ": rope_parameters");
+  std::string type = "default";
+  SB_RETURN_IF_ERROR(rp.string("rope_type", &type));
+  if (type == "default" && rp.find("type")) SB_RETURN_IF_ERROR(rp.string("type", &type));
+  SB_RETURN_IF_ERROR(rp.number("rope_theta", &c->rope_theta));
+  SB_RETURN_IF_ERROR(rp.number("partial_rotary_factor", &c->partial_rotary));
+  if (type == "default") return Status::ok();
+  if (type != "yarn") return rp.error("rope_type", "'" + type + "' is not supported (default, yarn)");
+  c->yarn = true;
+  SB_RETURN_IF_ERROR(rp.number("factor", &c->yarn_factor, true));
+  SB_RETURN_IF_ERROR(rp.number("beta_fast", &c->yarn_beta_fast));
+  SB_RETURN_IF_ERROR(rp.number("beta_slow", &c->yarn_beta_slow));
+  c->yarn_original_max = c->max_seq;
+  SB_RETURN_IF_ERROR(rp.integer("original_max_position_embeddings", &c->yarn_original_max, false));
+  SB_RETURN_IF_ERROR(rp.boolean("truncate", &c->yarn_truncate));
+  double mscale = 0, mscale_all = 0;
+  SB_RETURN_IF_ERROR(rp.number("mscale", &mscale));
+  SB_RETURN_IF_ERROR(rp.number("mscale_all_dim", &mscale_all));
+  auto get_mscale = [&](double m) { return c->yarn_factor <= 1 ? 1.0 : 0.1 * m * std::log(c->yarn_factor) + 1.0; };
+  c->yarn_attention_factor = mscale != 0 && mscale_all != 0 ? get_mscale(mscale) / get_mscale(mscale_all) : get_mscale(1);
+  SB_RETURN_IF_ERROR(rp.number("attention_factor", &c->yarn_attention_factor));
+  (void)j;
+  return Status::ok();
+}
+
+Status parse_activation(const Reader& r, ModelConfig* c) {
+  std::string act = "silu";
+  SB_RETURN_IF_ERROR(r.string("hidden_act", &act));
+  if (act == "silu" || act == "swish") c->activation = GluKind::kSwiGLU;
+  else if (act == "gelu_pytorch_tanh" || act == "gelu_new" || act == "gelu_tanh") c->activation = GluKind::kGEGLU;
+  else return r.error("hidden_act", "'" + act + "' is not supported (silu, gelu_pytorch_tanh)");
+  return Status::ok();
+}
+
+// Which layers route to experts: qwen's decoder_sparse_step / mlp_only_layers, or
+// DeepSeek's first_k_dense_replace.
+Status parse_moe_layers(const Reader& r, ModelConfig* c) {
+  int64_t step = 1, first_dense = 0;
+  SB_RETURN_IF_ERROR(r.integer("decoder_sparse_step", &step, false));
+  SB_RETURN_IF_ERROR(r.integer("first_k_dense_replace", &first_dense, false));
+  if (step < 1) return r.error("decoder_sparse_step", "must be >= 1");
+  c->moe_layer.assign(static_cast<size_t>(std::max<int64_t>(c->layers, 0)), true);
+  for (int64_t i = 0; i < c->layers; ++i) c->moe_layer[static_cast<size_t>(i)] = (i + 1) % step == 0 && i >= first_dense;
+  if (const Json* only = r.find("mlp_only_layers")) {
+    if (!only->is_array()) return r.error("mlp_only_layers", "must be a list of layer indices");
+    for (const Json& v : *only) {
+      if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= c->layers)
+        return r.error("mlp_only_layers", "entry " + v.dump() + " is not a layer index");
+      c->moe_layer[v.get<size_t>()] = false;
+    }
+  }
+  return Status::ok();
+}
+
+Status parse_family(const Reader& r, ModelConfig* c) {
+  const std::string& f = c->family;
+  bool attention_bias = false;
+  SB_RETURN_IF_ERROR(r.boolean("attention_bias", &attention_bias));
+  SB_RETURN_IF_ERROR(r.boolean("norm_topk_prob", &c->renormalize));
+  if (f == "qwen3_moe") {
+    c->qk_norm = QkNorm::kPerHead;
+    c->qkv_bias = attention_bias;
+  } else if (f == "qwen2_moe") {
+    c->qkv_bias = true;
+    SB_RETURN_IF_ERROR(r.boolean("qkv_bias", &c->qkv_bias));
+    SB_RETURN_IF_ERROR(r.integer("shared_expert_intermediate_size", &c->shared_ffn, false));
+    c->shared_gate = c->shared_ffn > 0;
+    bool sliding = false;
+    SB_RETURN_IF_ERROR(r.boolean("use_sliding_window", &sliding));
+    if (sliding) return r.error("use_sliding_window", "true is not supported");
+  } else if (f == "mixtral") {
+    c->renormalize = true;  // top-k, then softmax over the chosen: a renormalized softmax
+    int64_t window = 0;
+    SB_RETURN_IF_ERROR(r.integer("sliding_window", &window, false));
+    c->sliding_window.assign(static_cast<size_t>(c->layers), window);
+  } else if (f == "olmoe") {
+    c->qk_norm = QkNorm::kWhole;
+    c->qkv_bias = attention_bias;
+    if (r.find("clip_qkv")) return r.error("clip_qkv", "is not supported (only null)");
+  } else if (f == "glm4_moe") {
+    c->qkv_bias = attention_bias;
+    bool qk = false;
+    SB_RETURN_IF_ERROR(r.boolean("use_qk_norm", &qk));
+    if (qk) c->qk_norm = QkNorm::kPerHead;
+    c->router = RouterKind::kSigmoidGroupedTopK;
+    c->selection_bias = true;
+    int64_t n_group = 1, topk_group = 1, n_shared = 0;
+    SB_RETURN_IF_ERROR(r.integer("n_group", &n_group, false));
+    SB_RETURN_IF_ERROR(r.integer("topk_group", &topk_group, false));
+    SB_RETURN_IF_ERROR(r.number("routed_scaling_factor", &c->routed_scaling_factor));
+    SB_RETURN_IF_ERROR(r.integer("n_shared_experts", &n_shared, false));
+    c->n_group = static_cast<int>(n_group);
+    c->topk_group = static_cast<int>(topk_group);
+    c->shared_ffn = n_shared * c->expert_ffn;
+  } else if (f == "gpt_oss") {
+    c->qkv_bias = c->o_bias = true;
+    c->attn_sinks = true;
+    c->router = RouterKind::kTopKSoftmax;
+    c->router_bias = c->expert_bias = true;
+    c->activation = GluKind::kClampedSwiGLU;
+    SB_RETURN_IF_ERROR(r.number("swiglu_limit", &c->glu_limit));
+    int64_t window = 0;
+    SB_RETURN_IF_ERROR(r.integer("sliding_window", &window, false));
+    c->sliding_window.assign(static_cast<size_t>(c->layers), 0);
+    if (const Json* types = r.find("layer_types")) {
+      if (!types->is_array() || static_cast<int64_t>(types->size()) != c->layers)
+        return r.error("layer_types", "must list one type per layer");
+      for (size_t i = 0; i < types->size(); ++i)
+        if ((*types)[i] == "sliding_attention") c->sliding_window[i] = window;
+    }
+  } else if (f == "deepseek_v3" || f == "deepseek_v2") {
+    return r.error("model_type", "'" + f +
+                                     "': multi-head latent attention is not supported (its router is: see glm4_moe)");
+  } else {
+    return r.error("model_type", "'" + f + "' is not supported (qwen3_moe, qwen2_moe, mixtral, olmoe, glm4_moe, gpt_oss)");
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+Result<ModelConfig> parse_hf_config_text(const std::string& text, const std::string& origin) {
+  const Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object())
+    return make_error(StatusCode::kInvalidArgument, "%s: not a JSON object", origin.c_str());
+  Reader r(j, origin);
+  ModelConfig c;
+  SB_RETURN_IF_ERROR(r.string("model_type", &c.family, true));
+  SB_RETURN_IF_ERROR(r.integer("vocab_size", &c.vocab));
+  SB_RETURN_IF_ERROR(r.integer("hidden_size", &c.hidden));
+  SB_RETURN_IF_ERROR(r.integer("num_hidden_layers", &c.layers));
+  SB_RETURN_IF_ERROR(r.integer("num_attention_heads", &c.heads));
+  c.kv_heads = c.heads;
+  SB_RETURN_IF_ERROR(r.integer("num_key_value_heads", &c.kv_heads, false));
+  c.head_dim = c.heads > 0 ? c.hidden / c.heads : 0;
+  SB_RETURN_IF_ERROR(r.integer("head_dim", &c.head_dim, false));
+  SB_RETURN_IF_ERROR(r.number("rms_norm_eps", &c.rms_eps));
+  int64_t max_pos = 4096;
+  SB_RETURN_IF_ERROR(r.integer("max_position_embeddings", &max_pos, false));
+  c.max_seq = std::min<int64_t>(max_pos, 4096);
+  SB_RETURN_IF_ERROR(r.boolean("tie_word_embeddings", &c.tie_embeddings));
+  for (const char* key : {"num_experts", "num_local_experts", "n_routed_experts"})
+    SB_RETURN_IF_ERROR(r.integer(key, &c.experts, false));
+  SB_RETURN_IF_ERROR(r.integer("num_experts_per_tok", &c.top_k, false));
+  SB_RETURN_IF_ERROR(r.integer("intermediate_size", &c.dense_ffn, false));
+  c.expert_ffn = c.dense_ffn;
+  SB_RETURN_IF_ERROR(r.integer("moe_intermediate_size", &c.expert_ffn, false));
+  SB_RETURN_IF_ERROR(parse_rope(r, j, &c));
+  SB_RETURN_IF_ERROR(parse_activation(r, &c));
+  SB_RETURN_IF_ERROR(parse_moe_layers(r, &c));
+  SB_RETURN_IF_ERROR(parse_family(r, &c));
+  if (c.experts <= 0) return r.error("num_experts", "missing or not positive (this is not an MoE model)");
+  SB_RETURN_IF_ERROR(check_config(c));
+  return c;
+}
+
+Result<ModelConfig> parse_hf_config(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return make_error(StatusCode::kNotFound, "%s: cannot open", path.c_str());
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parse_hf_config_text(ss.str(), path);
+}
+
+Status check_config(const ModelConfig& c) {
+  auto bad = [&](const char* what, int64_t v) {
+    return make_error(StatusCode::kInvalidArgument, "model config: %s (%lld)", what, (long long)v);
+  };
+  if (c.vocab <= 0) return bad("vocab_size must be positive", c.vocab);
+  if (c.hidden <= 0) return bad("hidden_size must be positive", c.hidden);
+  if (c.layers <= 0) return bad("num_hidden_layers must be positive", c.layers);
+  if (c.heads <= 0 || c.kv_heads <= 0 || c.heads % c.kv_heads != 0)
+    return bad("num_attention_heads must be a positive multiple of num_key_value_heads", c.heads);
+  if (c.head_dim <= 0 || c.head_dim % 2 != 0) return bad("head_dim must be positive and even", c.head_dim);
+  if (c.rotary_dims() <= 0 || c.partial_rotary > 1.0) return bad("partial_rotary_factor leaves no rotary dims", 0);
+  if (c.max_seq <= 0 || c.max_seq > (int64_t{1} << 24)) return bad("max_seq must be in [1, 2^24]", c.max_seq);
+  if (static_cast<int64_t>(c.moe_layer.size()) != c.layers) return bad("moe_layer needs one entry per layer", c.layers);
+  if (!c.sliding_window.empty() && static_cast<int64_t>(c.sliding_window.size()) != c.layers)
+    return bad("sliding_window needs one entry per layer", c.layers);
+  bool any_moe = false, any_dense = false;
+  for (bool m : c.moe_layer) (m ? any_moe : any_dense) = true;
+  if (any_moe && (c.experts <= 0 || c.top_k <= 0 || c.top_k > c.experts))
+    return bad("num_experts_per_tok must be in [1, num_experts]", c.top_k);
+  if (any_moe && c.expert_ffn <= 0) return bad("moe_intermediate_size must be positive", c.expert_ffn);
+  if (any_dense && c.dense_ffn <= 0) return bad("intermediate_size must be positive for dense layers", c.dense_ffn);
+  if (c.router == RouterKind::kSigmoidGroupedTopK &&
+      (c.n_group < 1 || c.experts % c.n_group != 0 || c.topk_group < 1 || c.topk_group > c.n_group))
+    return bad("n_group must divide the experts and topk_group lie in [1, n_group]", c.n_group);
+  return Status::ok();
+}
+
+Status check_format(const ModelConfig& c, const ExportFormat& f) {
+  if (!dtype_is_float(f.dtype))
+    return make_error(StatusCode::kInvalidArgument, "--dtype %s: must be f32, f16 or bf16", dtype_name(f.dtype));
+  if (!f.quantized()) {
+    if (!f.expert_bits.empty()) return make_error(StatusCode::kInvalidArgument, "a bit map needs --bits");
+    return Status::ok();
+  }
+  if (!quant_bits_allowed(f.bits))
+    return make_error(StatusCode::kInvalidArgument, "--bits %d: allowed are 2, 3, 4, 5, 6, 8", f.bits);
+  if (!quant_group_allowed(f.group_size))
+    return make_error(StatusCode::kInvalidArgument, "--group-size %d: allowed are 32, 64, 128", f.group_size);
+  for (int64_t k : {c.hidden, c.heads * c.head_dim, c.expert_ffn, c.dense_ffn, c.shared_ffn})
+    if (k > 0 && k % f.group_size != 0)
+      return make_error(StatusCode::kInvalidArgument, "--group-size %d does not divide the input width %lld",
+                        f.group_size, (long long)k);
+  for (const auto& [layer, experts] : f.expert_bits) {
+    if (layer < 0 || layer >= c.layers)
+      return make_error(StatusCode::kInvalidArgument, "bit map: layer %lld does not exist (the model has %lld)",
+                        (long long)layer, (long long)c.layers);
+    if (!c.moe_layer[static_cast<size_t>(layer)])
+      return make_error(StatusCode::kInvalidArgument, "bit map: layer %lld has no experts (a dense layer)",
+                        (long long)layer);
+    int live = 0;
+    for (const auto& [expert, bits] : experts) {
+      if (expert < 0 || expert >= c.experts)
+        return make_error(StatusCode::kInvalidArgument, "bit map: layer %lld expert %lld does not exist (%lld experts)",
+                          (long long)layer, (long long)expert, (long long)c.experts);
+      if (bits != 0 && !quant_bits_allowed(bits))
+        return make_error(StatusCode::kInvalidArgument, "bit map: layer %lld expert %lld: bits %d not allowed",
+                          (long long)layer, (long long)expert, bits);
+    }
+    for (int64_t e = 0; e < c.experts; ++e) {
+      auto it = experts.find(e);
+      live += (it == experts.end() ? f.bits : it->second) != 0;
+    }
+    if (live < c.top_k)
+      return make_error(StatusCode::kInvalidArgument, "bit map: layer %lld keeps %d experts, fewer than top-k %lld",
+                        (long long)layer, live, (long long)c.top_k);
+  }
+  return Status::ok();
+}
+
+Result<std::vector<std::pair<std::string, Tensor>>> rope_tables(const ModelConfig& c) {
+  const int64_t dim = c.rotary_dims(), half = dim / 2;
+  // HF: inv_freq = 1 / base^(2i / dim) in f32; YaRN blends interpolated and extrapolated frequencies.
+  std::vector<float> inv(static_cast<size_t>(half));
+  double low = 0, high = 0;
+  if (c.yarn) {
+    auto corr = [&](double rot) {
+      return dim * std::log(static_cast<double>(c.yarn_original_max) / (rot * 2 * M_PI)) / (2 * std::log(c.rope_theta));
+    };
+    low = corr(c.yarn_beta_fast);
+    high = corr(c.yarn_beta_slow);
+    if (c.yarn_truncate) {
+      low = std::floor(low);
+      high = std::ceil(high);
+    }
+    low = std::max(low, 0.0);
+    high = std::min(high, static_cast<double>(dim - 1));
+    if (low == high) high += 0.001;
+  }
+  for (int64_t i = 0; i < half; ++i) {
+    const float e = static_cast<float>(2 * i) / static_cast<float>(dim);
+    const float p = static_cast<float>(std::pow(c.rope_theta, static_cast<double>(e)));
+    float f = 1.0f / p;
+    if (c.yarn) {
+      const float interp = 1.0f / (static_cast<float>(c.yarn_factor) * p);
+      const float ramp = static_cast<float>(std::clamp((static_cast<double>(i) - low) / (high - low), 0.0, 1.0));
+      const float extrap_w = 1.0f - ramp;
+      f = interp * (1.0f - extrap_w) + f * extrap_w;
+    }
+    inv[static_cast<size_t>(i)] = f;
+  }
+  SB_ASSIGN_OR_RETURN(Tensor positions, Tensor::zeros(DType::kF32, {c.max_seq}));
+  SB_ASSIGN_OR_RETURN(Tensor cos, Tensor::zeros(DType::kF32, {c.max_seq, half}));
+  SB_ASSIGN_OR_RETURN(Tensor sin, Tensor::zeros(DType::kF32, {c.max_seq, half}));
+  const float scale = c.yarn ? static_cast<float>(c.yarn_attention_factor) : 1.0f;
+  for (int64_t p = 0; p < c.max_seq; ++p) {
+    positions.mutable_data_as<float>()[p] = static_cast<float>(p);
+    for (int64_t i = 0; i < half; ++i) {
+      const float freq = inv[static_cast<size_t>(i)] * static_cast<float>(p);
+      cos.mutable_data_as<float>()[p * half + i] = static_cast<float>(std::cos(static_cast<double>(freq))) * scale;
+      sin.mutable_data_as<float>()[p * half + i] = static_cast<float>(std::sin(static_cast<double>(freq))) * scale;
+    }
+  }
+  return std::vector<std::pair<std::string, Tensor>>{
+      {"rope.positions", positions}, {"rope.cos", cos}, {"rope.sin", sin}};
+}
+
+}  // namespace switchboard::models
