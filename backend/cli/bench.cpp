@@ -122,6 +122,8 @@ Result<Layer> make_layer(const Shape3& m, const BenchOptions& o, const std::vect
   return layer;
 }
 
+}  // namespace
+
 // Streaming read bandwidth over a 1 GiB buffer with every kernel thread, best of 5
 // passes: the machine's capability, which the roofline compares against.
 double measure_dram_gbps() {
@@ -147,6 +149,8 @@ double measure_dram_gbps() {
   }
   return best;
 }
+
+namespace {
 
 // Device memory bandwidth from the device's own timestamps: a 96 MiB f32 -> f32 Cast
 // (96 MiB read + 96 MiB written, beyond any GPU's L2), best of 5. -1 without a timer.

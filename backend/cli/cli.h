@@ -1,7 +1,11 @@
 // Subcommands of the `switchboard` CLI. Each returns the process exit status.
 #pragma once
 
+#include <cstdint>
+#include <memory>
 #include <string>
+
+#include "switchboard/switchboard.h"
 
 namespace switchboard::cli {
 
@@ -24,6 +28,40 @@ struct BenchOptions {
   bool json = false;
 };
 int run_bench_moe_layer(const BenchOptions& opts);
+
+struct ExportCliOptions {
+  std::string hf_dir, synthetic, out, dtype = "f32", bit_map;
+  bool tiny_test = false;
+  int bits = 0, group_size = 64;
+  int64_t max_seq = 0;
+};
+int run_export(const ExportCliOptions& o);
+
+struct RunOptions {
+  std::string program, prompt_ids, device;
+  int64_t max_new_tokens = 16;
+};
+int run_run(const RunOptions& o);
+
+struct ValidateOptions {
+  std::string program_a, program_b, device_a = "cpu", device_b = "cpu", prompt_ids;
+  int64_t max_new_tokens = 16;
+  int runs = 3;
+};
+int run_validate(const ValidateOptions& o);
+
+struct BenchModelOptions {
+  std::string program, synthetic, device = "cpu";
+  int bits = 4, group_size = 64;
+  int64_t prompt_len = 512, gen = 64;
+  int threads = 0;
+  bool json = false;
+};
+int run_bench_model(const BenchModelOptions& o);
+// An exported model: a directory holding program.sbp + weights.safetensors, or the .sbp.
+Result<std::shared_ptr<const Program>> load_model(const std::string& path);
+// Streaming read bandwidth of this machine with every kernel thread (GB/s, best of 5).
+double measure_dram_gbps();
 int run_inspect(const std::string& path);
 
 }  // namespace switchboard::cli

@@ -35,7 +35,60 @@ int main(int argc, char** argv) {
   moe_cmd->add_option("--iterations", bench.iterations, "Timed iterations (default: automatic)");
   moe_cmd->add_flag("--json", bench.json, "One JSON object on one line");
 
+  switchboard::cli::BenchModelOptions bm;
+  auto* bm_cmd = bench_cmd->add_subcommand(
+      "model", "Whole-model prefill and decode: tok/s, peak RSS, decode roofline against measured DRAM bandwidth");
+  auto* bm_src = bm_cmd->add_option_group("model", "the model to run");
+  bm_src->add_option("--program", bm.program, "Exported model directory (or its program.sbp)");
+  bm_src->add_option("--synthetic", bm.synthetic, "A random model of this shape, made in memory: qwen3-30b-a3b")
+      ->check(CLI::IsMember({"qwen3-30b-a3b"}));
+  bm_src->require_option(1);
+  bm_cmd->add_option("--bits", bm.bits, "Bits of the synthetic model's linears")->check(CLI::IsMember({2, 3, 4, 5, 6, 8}));
+  bm_cmd->add_option("--group-size", bm.group_size, "Its quantization group size")->check(CLI::IsMember({32, 64, 128}));
+  bm_cmd->add_option("--prompt-len", bm.prompt_len, "Prompt tokens (prefill)")->check(CLI::Range(1, 8192));
+  bm_cmd->add_option("--gen", bm.gen, "Generated tokens (decode steps + 1)")->check(CLI::Range(1, 8192));
+  bm_cmd->add_option("--device", bm.device, "cpu | vulkan | vulkan:N (no Vulkan: the CPU, with a message)");
+  bm_cmd->add_option("--threads", bm.threads, "Kernel threads (default: all cores)");
+  bm_cmd->add_flag("--json", bm.json, "One JSON object on one line");
+
+  switchboard::cli::ExportCliOptions ex;
+  auto* ex_cmd = app.add_subcommand("export", "Hugging Face checkpoint (or the tiny test model) -> program + weights");
+  auto* ex_src = ex_cmd->add_option_group("source", "what to export");
+  ex_src->add_option("--hf", ex.hf_dir, "Hugging Face model directory (config.json + *.safetensors)");
+  ex_src->add_flag("--tiny-test", ex.tiny_test, "The deterministic random tiny model (CI, the README demo)");
+  ex_src->add_option("--synthetic", ex.synthetic, "A benchmark-shaped model with random codes (needs --bits): qwen3-30b-a3b")
+      ->check(CLI::IsMember({"qwen3-30b-a3b"}));
+  ex_src->require_option(1);
+  ex_cmd->add_option("--out", ex.out, "Output directory (program.sbp, weights.safetensors)")->required();
+  ex_cmd->add_option("--dtype", ex.dtype, "Float weights: f32 | f16 | bf16")->check(CLI::IsMember({"f32", "f16", "bf16"}));
+  ex_cmd->add_option("--bits", ex.bits, "Quantize every linear to B bits (MLX affine): 2, 3, 4, 5, 6, 8");
+  ex_cmd->add_option("--group-size", ex.group_size, "Quantization group size: 32, 64, 128");
+  ex_cmd->add_option("--bit-map", ex.bit_map, "JSON {\"layer\": {\"expert\": bits}} (0 = pruned), with --bits");
+  ex_cmd->add_option("--max-seq", ex.max_seq, "KV cache length (default: the config's, at most 4096)");
+
+  switchboard::cli::RunOptions run;
+  auto* run_cmd = app.add_subcommand("run", "Greedy generation from prompt token ids");
+  run_cmd->add_option("--program", run.program, "Exported model directory (or its program.sbp)")->required();
+  run_cmd->add_option("--prompt-ids", run.prompt_ids, "Comma-separated token ids, e.g. 1,2,3")->required();
+  run_cmd->add_option("--max-new-tokens", run.max_new_tokens, "Tokens to generate")->check(CLI::Range(1, 1 << 20));
+  run_cmd->add_option("--device", run.device, "cpu | vulkan | vulkan:N (no Vulkan: the CPU, with a message)");
+
+  switchboard::cli::ValidateOptions val;
+  auto* val_cmd = app.add_subcommand(
+      "validate", "Two programs or two devices side by side: token-by-token fidelity, logits, median tok/s");
+  val_cmd->add_option("--program", val.program_a, "Model A (directory or program.sbp)")->required();
+  val_cmd->add_option("--program-b", val.program_b, "Model B (default: model A)");
+  val_cmd->add_option("--device", val.device_a, "Device of A (cpu | vulkan | vulkan:N)");
+  val_cmd->add_option("--device-b", val.device_b, "Device of B");
+  val_cmd->add_option("--prompt-ids", val.prompt_ids, "Comma-separated token ids")->required();
+  val_cmd->add_option("--max-new-tokens", val.max_new_tokens, "Tokens to generate")->check(CLI::Range(1, 1 << 20));
+  val_cmd->add_option("--runs", val.runs, "Timed runs per side (median reported)")->check(CLI::Range(1, 100));
+
   CLI11_PARSE(app, argc, argv);
+  if (bm_cmd->parsed()) return switchboard::cli::run_bench_model(bm);
+  if (ex_cmd->parsed()) return switchboard::cli::run_export(ex);
+  if (run_cmd->parsed()) return switchboard::cli::run_run(run);
+  if (val_cmd->parsed()) return switchboard::cli::run_validate(val);
   if (moe_cmd->parsed()) return switchboard::cli::run_bench_moe_layer(bench);
   if (demo_cmd->parsed()) return switchboard::cli::run_demo(demo);
   if (inspect_cmd->parsed()) return switchboard::cli::run_inspect(inspect_path);

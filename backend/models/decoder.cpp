@@ -261,6 +261,9 @@ Status emit_decoder(const ModelConfig& c, const ExportFormat& f, ProgramBuilder&
   b.set_attribute("model.vocab", c.vocab);
   b.set_attribute("model.layers", c.layers);
   b.set_attribute("model.decode_weight_bytes", static_cast<int64_t>(e.decode_bytes));
+  // KV-cache bytes one decode step reads per cached position (keys and values, all layers).
+  b.set_attribute("model.kv_bytes_per_position",
+                  2 * c.layers * c.kv_heads * c.head_dim * static_cast<int64_t>(dtype_size(e.act)));
   return b.status();
 }
 

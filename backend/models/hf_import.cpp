@@ -14,14 +14,12 @@
 #include "safetensors.h"
 #include "switchboard/model.h"
 #include "switchboard/switchboard.h"
+#include "materialize.h"
 
 namespace switchboard::models {
 namespace {
 
 namespace fs = std::filesystem;
-
-// A logical weight in f32 and our layout ([N, K] linears, [E, N, K] experts, [d] vectors).
-using Fetch = std::function<Result<Tensor>(const std::string& logical, const Shape& shape)>;
 
 Result<Tensor> to_dtype(const Tensor& f32, DType t) {
   if (t == DType::kF32) return f32;
@@ -88,8 +86,8 @@ Status quantize_into(const Tensor& x, int64_t experts, const std::vector<uint8_t
   return Status::ok();
 }
 
-// Every constant of the program, from logical f32 weights: tables computed, floats
-// converted, quantized linears and experts packed.
+}  // namespace
+
 Result<std::vector<std::pair<std::string, Tensor>>> materialize(const ModelConfig& c, const ExportFormat& f,
                                                                 const Fetch& fetch,
                                                                 const std::function<void(size_t, size_t)>& progress) {
@@ -122,12 +120,15 @@ Result<std::vector<std::pair<std::string, Tensor>>> materialize(const ModelConfi
   return out;
 }
 
+namespace {
+
 // --- Hugging Face checkpoints ----------------------------------------------------------
 
 class Checkpoint {
  public:
   static Result<std::unique_ptr<Checkpoint>> open(const std::string& dir) {
     auto ck = std::make_unique<Checkpoint>();
+    ck->dir_ = dir;
     std::vector<std::string> paths;
     std::error_code ec;
     for (const auto& entry : fs::directory_iterator(dir, ec))
@@ -151,7 +152,8 @@ class Checkpoint {
   // The tensor widened to f32; marks it used.
   Result<Tensor> get(const std::string& name) {
     auto it = where_.find(name);
-    if (it == where_.end()) return make_error(StatusCode::kNotFound, "tensor '%s' is missing", name.c_str());
+    if (it == where_.end())
+      return make_error(StatusCode::kNotFound, "%s: tensor '%s' is missing", dir_.c_str(), name.c_str());
     used_.insert(name);
     const SafetensorsFile& file = *files_[it->second];
     SB_ASSIGN_OR_RETURN(Tensor t, file.tensor(name));
@@ -173,6 +175,7 @@ class Checkpoint {
   }
 
  private:
+  std::string dir_;
   std::vector<std::shared_ptr<SafetensorsFile>> files_;
   std::map<std::string, size_t> where_;
   std::set<std::string> used_;
@@ -372,41 +375,6 @@ Status export_hf(const std::string& hf_dir, const std::string& out_dir, const Ex
     return make_error(StatusCode::kInvalidArgument, "%s: tensor '%s' is not used by a %s model (%zu unused in all)",
                       ck->file_of(extra[0]).c_str(), extra[0].c_str(), c.family.c_str(), extra.size());
   return write_model(out_dir, c, o.format, weights);
-}
-
-ModelConfig tiny_test_config() {
-  ModelConfig c;
-  c.family = "qwen2_moe";
-  c.vocab = 256;
-  c.hidden = 128;
-  c.layers = 4;
-  c.heads = 4;
-  c.kv_heads = 2;
-  c.head_dim = 32;
-  c.max_seq = 512;
-  c.qk_norm = QkNorm::kPerHead;
-  c.moe_layer.assign(4, true);
-  c.experts = 8;
-  c.top_k = 2;
-  c.expert_ffn = 128;
-  c.renormalize = true;
-  c.shared_ffn = 128;
-  c.shared_gate = true;
-  return c;
-}
-
-Result<std::vector<std::pair<std::string, Tensor>>> random_weights(const ModelConfig& c, const ExportFormat& f,
-                                                                  uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  Fetch fetch = [&](const std::string& logical, const Shape& shape) -> Result<Tensor> {
-    SB_ASSIGN_OR_RETURN(Tensor t, Tensor::uninitialized(DType::kF32, shape));
-    const bool vector = shape.size() == 1, norm = ends_with(logical, "norm");
-    const double scale = logical == "embed" ? 1.0 : vector ? 0.2 : 1.0 / std::sqrt(static_cast<double>(shape.back()));
-    std::normal_distribution<float> dist(0.f, static_cast<float>(scale));
-    for (int64_t i = 0; i < t.numel(); ++i) t.mutable_data_as<float>()[i] = (norm ? 1.0f : 0.0f) + dist(rng);
-    return t;
-  };
-  return materialize(c, f, fetch, nullptr);
 }
 
 }  // namespace switchboard::models

@@ -135,6 +135,13 @@ ModelConfig tiny_test_config();
 Result<std::vector<std::pair<std::string, Tensor>>> random_weights(const ModelConfig& c, const ExportFormat& f,
                                                                   uint64_t seed);
 
+// Benchmark-scale shapes made without a download: "qwen3-30b-a3b" (48 layers, 128
+// experts top-8; max_seq 1024). synthetic_weights writes random codes and plausible
+// scales directly (seconds, not hours), for speed measurements only.
+Result<ModelConfig> synthetic_config(const std::string& shape);
+Result<std::vector<std::pair<std::string, Tensor>>> synthetic_weights(
+    const ModelConfig& c, const ExportFormat& f, uint64_t seed, const std::function<void(size_t, size_t)>& progress);
+
 // --- generation ---------------------------------------------------------------------
 struct Generation {
   std::vector<int32_t> tokens;  // greedy tokens, one per step
