@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "op_harness.h"
+#include "quantize.h"
 #include "safetensors.h"
 #include "switchboard/model.h"
 
@@ -96,6 +97,8 @@ TEST(HfFixture, Qwen3MoeGegluTied) { check_fixture("qwen3_moe_geglu"); }
 TEST(HfFixture, Glm4MoeDeepSeekRouter) { check_fixture("glm4_moe"); }
 TEST(HfFixture, GptOss) { check_fixture("gpt_oss"); }
 
+void expect_export_error(const fs::path& src, const std::vector<std::string>& needles, models::ExportFormat f = {});
+
 // --- quantized export -------------------------------------------------------------------
 
 // Greedy run of an exported model on every test device; the devices must agree bitwise.
@@ -165,6 +168,85 @@ TEST(QuantizedExport, PerExpertBitMapWithPrunedExpert) {
   EXPECT_EQ(g.tokens.size(), 6u);
 }
 
+// An mlx-lm style checkpoint made from the qwen3_moe fixture with our (MLX-exact) quantizer:
+// every linear quantized (experts stacked as switch_mlp, the experts' down projection at
+// 8 bits, the rest 4 bits; groups of 32), router and embedding in float.
+// Exported as it is, it must equal our own 4-bit export with the same widths, bit for bit.
+fs::path make_mlx_checkpoint() {
+  const fs::path dst = scratch("mlx_qwen3");
+  fs::create_directories(dst);
+  auto src = SafetensorsFile::open((kFixtures / "qwen3_moe" / "hf" / "model.safetensors").string());
+  EXPECT_TRUE(src.is_ok());
+  std::vector<std::pair<std::string, Tensor>> out;
+  auto f32 = [&](const std::string& name) {
+    std::vector<double> v = (*src)->tensor(name).value().to_doubles();
+    std::vector<float> f(v.begin(), v.end());
+    return Tensor::from_vector(DType::kF32, (*src)->tensor(name).value().shape(), f).value();
+  };
+  auto quantize = [&](const std::string& stem, const Tensor& w, int bits, int gs) {
+    const int64_t k = w.dim(w.rank() - 1), rows = w.numel() / k;
+    QuantizedRows q = affine_quantize(w.reshaped({rows, k}).value(), bits, gs, DType::kBF16).value();
+    Shape lead(w.shape().begin(), w.shape().end() - 1);
+    auto with = [&](Shape s, int64_t last) { s.push_back(last); return s; };
+    out.emplace_back(stem + ".weight", q.w.reshaped(with(lead, k * bits / 32)).value());
+    out.emplace_back(stem + ".scales", q.scales.reshaped(with(lead, k / gs)).value());
+    out.emplace_back(stem + ".biases", q.biases.reshaped(with(lead, k / gs)).value());
+  };
+  // save_pretrained writes one tensor per expert: stack them as MLX's switch_mlp does.
+  std::map<std::string, std::vector<Tensor>> stacks;
+  for (const auto& [name, e] : (*src)->entries()) {
+    const Tensor t = f32(name);
+    const size_t at = name.find("mlp.experts.");
+    if (at != std::string::npos) {
+      const size_t dot = name.find('.', at + 12);
+      stacks[name.substr(0, at) + "mlp.switch_mlp." + name.substr(dot + 1, name.size() - dot - 8)].push_back(t);
+    } else if (name.find("_proj.weight") != std::string::npos || name == "lm_head.weight") {
+      quantize(name.substr(0, name.size() - 7), t, 4, 32);
+    } else {
+      out.emplace_back(name, (*src)->tensor(name).value().clone());
+    }
+  }
+  for (const auto& [stem, experts] : stacks) {  // entries() is sorted: experts 0..9 only, in order
+    const int64_t n = experts[0].dim(0), k = experts[0].dim(1), ex = static_cast<int64_t>(experts.size());
+    Tensor w = Tensor::zeros(DType::kF32, {ex, n, k}).value();
+    for (int64_t x = 0; x < ex; ++x) std::memcpy(w.mutable_data_as<float>() + x * n * k, experts[x].data(), experts[x].nbytes());
+    quantize(stem, w, stem.find("down_proj") != std::string::npos ? 8 : 4, 32);
+  }
+  EXPECT_TRUE(write_safetensors((dst / "model.safetensors").string(), out).is_ok());
+  std::ifstream in(kFixtures / "qwen3_moe" / "hf" / "config.json");
+  std::string cfg((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  cfg.replace(cfg.find('{'), 1, R"({"quantization": {"group_size": 32, "bits": 4},)");
+  std::ofstream(dst / "config.json") << cfg;
+  return dst;
+}
+
+TEST(MlxImport, UsedAsTheyAreEqualsOurOwnQuantization) {
+  const fs::path mlx = make_mlx_checkpoint(), a = scratch("mlx_as_is"), b = scratch("ours_q4");
+  Status st = models::export_hf(mlx.string(), a.string(), models::ExportOptions{{}, 64, nullptr});
+  ASSERT_TRUE(st.is_ok()) << st.to_string();
+  models::ExportOptions o;
+  o.max_seq = 64;
+  o.format.bits = 4;
+  o.format.group_size = 32;
+  o.format.dtype = DType::kBF16;  // MLX keeps the embedding in its scales' width
+  for (int layer : {0, 2}) o.format.linear_quant["layers." + std::to_string(layer) + ".experts.down"] = {8, 32};
+  st = models::export_hf((kFixtures / "qwen3_moe" / "hf").string(), b.string(), o);
+  ASSERT_TRUE(st.is_ok()) << st.to_string();
+  const std::vector<int32_t> prompt = {3, 17, 42, 99, 5, 64, 120, 7};
+  const auto ga = run_everywhere(a, prompt, 6, nullptr), gb = run_everywhere(b, prompt, 6, nullptr);
+  ASSERT_EQ(ga.logits.size(), gb.logits.size());
+  EXPECT_EQ(ga.tokens, gb.tokens);
+  for (size_t i = 0; i < ga.logits.size(); ++i)
+    EXPECT_EQ(std::memcmp(ga.logits[i].data(), gb.logits[i].data(), ga.logits[i].nbytes()), 0) << "step " << i;
+}
+
+TEST(MlxImport, RefusesRequantization) {
+  const fs::path mlx = make_mlx_checkpoint();
+  models::ExportFormat f;
+  f.bits = 4;
+  expect_export_error(mlx, {"already quantized"}, f);
+}
+
 // --- bad input ------------------------------------------------------------------------------
 
 // A copy of a fixture's checkpoint, editable.
@@ -197,7 +279,7 @@ void edit_tensors(const fs::path& dir, const std::function<void(std::vector<std:
 }
 
 // The export fails with a message containing every `needles`, and leaves nothing in OUT.
-void expect_export_error(const fs::path& src, const std::vector<std::string>& needles, models::ExportFormat f = {}) {
+void expect_export_error(const fs::path& src, const std::vector<std::string>& needles, models::ExportFormat f) {
   const fs::path out = scratch("out_" + src.filename().string());
   models::ExportOptions o;
   o.format = f;

@@ -38,11 +38,11 @@ struct Emit {
   };
   Linear linear(const std::string& name, int64_t n, int64_t k, bool bias) {
     Linear l;
-    if (f.quantized()) {
-      l.q = QuantizedExperts{constant(name + ".weight", DType::kU32, {1, n, k * f.bits / 32}),
-                             constant(name + ".scales", f.scale_dtype, {1, n, k / f.group_size}),
-                             constant(name + ".biases", f.scale_dtype, {1, n, k / f.group_size}), f.bits,
-                             f.group_size, {}};
+    const auto [bits, gs] = f.quant_of(name);
+    if (bits != 0) {
+      l.q = QuantizedExperts{constant(name + ".weight", DType::kU32, {1, n, k * bits / 32}),
+                             constant(name + ".scales", f.scale_dtype, {1, n, k / gs}),
+                             constant(name + ".biases", f.scale_dtype, {1, n, k / gs}), bits, gs, {}};
     } else {
       l.q.w = constant(name + ".weight", act, {n, k});
     }
@@ -59,19 +59,18 @@ struct Emit {
   QuantizedExperts experts(int64_t layer, const char* proj, int64_t n, int64_t k) {
     const std::string name = layer_name(layer, "experts.") + proj;
     const double read = static_cast<double>(c.top_k) / static_cast<double>(c.experts);
-    if (!f.quantized()) return QuantizedExperts{constant(name + ".weight", act, {c.experts, n, k}, read)};
+    const auto [width, gs] = f.quant_of(name);
+    if (width == 0) return QuantizedExperts{constant(name + ".weight", act, {c.experts, n, k}, read)};
     std::vector<uint8_t> bits = layer_expert_bits(c, f, layer);
-    int64_t words = c.experts * n * k * f.bits / 32;
+    int64_t words = c.experts * n * k * width / 32;
     if (!bits.empty()) {
       words = 0;
       for (uint8_t e : bits) words += n * k * e / 32;
     }
-    Shape wshape = bits.empty() ? Shape{c.experts, n, k * f.bits / 32} : Shape{words};
-    QuantizedExperts q{constant(name + ".weight", DType::kU32, wshape, read),
-                       constant(name + ".scales", f.scale_dtype, {c.experts, n, k / f.group_size}, read),
-                       constant(name + ".biases", f.scale_dtype, {c.experts, n, k / f.group_size}, read), f.bits,
-                       f.group_size, bits};
-    return q;
+    Shape wshape = bits.empty() ? Shape{c.experts, n, k * width / 32} : Shape{words};
+    return QuantizedExperts{constant(name + ".weight", DType::kU32, wshape, read),
+                            constant(name + ".scales", f.scale_dtype, {c.experts, n, k / gs}, read),
+                            constant(name + ".biases", f.scale_dtype, {c.experts, n, k / gs}, read), width, gs, bits};
   }
 
   TensorRef norm(TensorRef x, const std::string& name, int64_t d) {

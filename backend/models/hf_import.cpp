@@ -51,30 +51,30 @@ bool ends_with(const std::string& s, const char* suffix) {
 std::string strip(const std::string& s, const char* suffix) { return s.substr(0, s.size() - std::strlen(suffix)); }
 
 // Quantizes x [rows.., K] (f32) per expert with its width; pruned experts get no codes.
-Status quantize_into(const Tensor& x, int64_t experts, const std::vector<uint8_t>& bits, const ExportFormat& f,
-                     const WeightSpec& wspec, std::vector<std::pair<std::string, Tensor>>* out) {
+Status quantize_into(const Tensor& x, int64_t experts, int width, int group_size, const std::vector<uint8_t>& bits,
+                     const ExportFormat& f, const WeightSpec& wspec, std::vector<std::pair<std::string, Tensor>>* out) {
   const std::string base = strip(wspec.name, ".weight");
   const int64_t k = x.dim(x.rank() - 1), n = x.numel() / k / experts;
   if (bits.empty()) {
     SB_ASSIGN_OR_RETURN(Tensor rows, x.reshaped({experts * n, k}));
-    SB_ASSIGN_OR_RETURN(QuantizedRows q, affine_quantize(rows, f.bits, f.group_size, f.scale_dtype));
+    SB_ASSIGN_OR_RETURN(QuantizedRows q, affine_quantize(rows, width, group_size, f.scale_dtype));
     SB_ASSIGN_OR_RETURN(Tensor w, q.w.reshaped(wspec.shape));
-    SB_ASSIGN_OR_RETURN(Tensor s, q.scales.reshaped({experts, n, k / f.group_size}));
-    SB_ASSIGN_OR_RETURN(Tensor b, q.biases.reshaped({experts, n, k / f.group_size}));
+    SB_ASSIGN_OR_RETURN(Tensor s, q.scales.reshaped({experts, n, k / group_size}));
+    SB_ASSIGN_OR_RETURN(Tensor b, q.biases.reshaped({experts, n, k / group_size}));
     out->emplace_back(wspec.name, w);
     out->emplace_back(base + ".scales", s);
     out->emplace_back(base + ".biases", b);
     return Status::ok();
   }
   SB_ASSIGN_OR_RETURN(Tensor w, Tensor::zeros(DType::kU32, wspec.shape));
-  SB_ASSIGN_OR_RETURN(Tensor s, Tensor::zeros(f.scale_dtype, {experts, n, k / f.group_size}));
-  SB_ASSIGN_OR_RETURN(Tensor b, Tensor::zeros(f.scale_dtype, {experts, n, k / f.group_size}));
+  SB_ASSIGN_OR_RETURN(Tensor s, Tensor::zeros(f.scale_dtype, {experts, n, k / group_size}));
+  SB_ASSIGN_OR_RETURN(Tensor b, Tensor::zeros(f.scale_dtype, {experts, n, k / group_size}));
   int64_t word = 0;
-  const size_t per_expert_groups = static_cast<size_t>(n * k / f.group_size) * dtype_size(f.scale_dtype);
+  const size_t per_expert_groups = static_cast<size_t>(n * k / group_size) * dtype_size(f.scale_dtype);
   for (int64_t e = 0; e < experts; ++e) {
     if (bits[static_cast<size_t>(e)] == 0) continue;
     Tensor rows = Tensor::wrap(DType::kF32, {n, k}, nullptr, x.data_as<float>() + e * n * k);
-    SB_ASSIGN_OR_RETURN(QuantizedRows q, affine_quantize(rows, bits[static_cast<size_t>(e)], f.group_size, f.scale_dtype));
+    SB_ASSIGN_OR_RETURN(QuantizedRows q, affine_quantize(rows, bits[static_cast<size_t>(e)], group_size, f.scale_dtype));
     std::memcpy(w.mutable_data_as<uint32_t>() + word, q.w.data(), q.w.nbytes());
     word += q.w.numel();
     std::memcpy(static_cast<uint8_t*>(s.mutable_data()) + e * per_expert_groups, q.scales.data(), per_expert_groups);
@@ -90,7 +90,8 @@ Status quantize_into(const Tensor& x, int64_t experts, const std::vector<uint8_t
 
 Result<std::vector<std::pair<std::string, Tensor>>> materialize(const ModelConfig& c, const ExportFormat& f,
                                                                 const Fetch& fetch,
-                                                                const std::function<void(size_t, size_t)>& progress) {
+                                                                const std::function<void(size_t, size_t)>& progress,
+                                                                const RawFetch& raw) {
   const std::vector<WeightSpec> specs = weight_specs(c, f);
   SB_ASSIGN_OR_RETURN(auto out, rope_tables(c));
   std::set<std::string> made;
@@ -102,12 +103,19 @@ Result<std::vector<std::pair<std::string, Tensor>>> materialize(const ModelConfi
     if (s.dtype == DType::kU32) {  // codes: the logical weight is [E, N, K] or [N, K]
       const std::string base = strip(s.name, ".weight");
       const WeightSpec* scales = &specs[i + 1];  // declared right after the codes
-      const int64_t e = scales->shape[0], n = scales->shape[1], k = scales->shape[2] * f.group_size;
+      const auto [width, gs] = f.quant_of(base);
+      const int64_t e = scales->shape[0], n = scales->shape[1], k = scales->shape[2] * gs;
       const bool expert = base.find(".experts.") != std::string::npos;
-      SB_ASSIGN_OR_RETURN(Tensor x, fetch(base, expert ? Shape{e, n, k} : Shape{n, k}));
       std::vector<uint8_t> bits;
       if (expert) bits = layer_expert_bits(c, f, std::stoll(base.substr(7)));
-      SB_RETURN_IF_ERROR(quantize_into(x, e, bits, f, s, &out));
+      bool taken = false;
+      if (raw && bits.empty()) {
+        SB_ASSIGN_OR_RETURN(taken, raw(base, s, *scales, &out));
+      }
+      if (!taken) {
+        SB_ASSIGN_OR_RETURN(Tensor x, fetch(base, expert ? Shape{e, n, k} : Shape{n, k}));
+        SB_RETURN_IF_ERROR(quantize_into(x, e, width, gs, bits, f, s, &out));
+      }
       made.insert(base + ".scales");
       made.insert(base + ".biases");
       continue;
@@ -162,6 +170,17 @@ class Checkpoint {
                               w.status().message().c_str());
     return w;
   }
+  // The tensor as stored (no widening); marks it used.
+  Result<Tensor> raw(const std::string& name) {
+    auto it = where_.find(name);
+    if (it == where_.end())
+      return make_error(StatusCode::kNotFound, "%s: tensor '%s' is missing", dir_.c_str(), name.c_str());
+    used_.insert(name);
+    return files_[it->second]->tensor(name);
+  }
+  const SafetensorsEntry& entry(const std::string& name) const {
+    return files_[where_.at(name)]->entries().at(name);
+  }
   std::string file_of(const std::string& name) const {
     auto it = where_.find(name);
     return it == where_.end() ? std::string("checkpoint") : files_[it->second]->path();
@@ -186,7 +205,24 @@ Status shape_error(const Checkpoint& ck, const std::string& name, const Shape& g
                     name.c_str(), shape_str(got).c_str(), shape_str(want).c_str());
 }
 
+Result<std::pair<int, int>> mlx_quant(const Checkpoint& ck, const std::string& weight, int64_t k);
+
+// The tensor in f32 with the wanted shape; MLX codes (a .weight with .scales beside it)
+// are dequantized, e.g. an 8-bit router read into a float program.
 Result<Tensor> get_shaped(Checkpoint& ck, const std::string& name, const Shape& want) {
+  if (ck.has(name) && ck.entry(name).dtype == DType::kU32 && !want.empty()) {
+    SB_ASSIGN_OR_RETURN(auto q, mlx_quant(ck, name, want.back()));
+    const std::string stem = strip(name, ".weight");
+    SB_ASSIGN_OR_RETURN(Tensor w, ck.raw(name));
+    SB_ASSIGN_OR_RETURN(Tensor sc, ck.raw(stem + ".scales"));
+    SB_ASSIGN_OR_RETURN(Tensor bi, ck.raw(stem + ".biases"));
+    const int64_t k = want.back(), rows = k > 0 ? shape_numel(want).value() / k : 0;
+    auto fit = [&](const Tensor& t, int64_t cols) { return t.reshaped({rows, cols}); };
+    auto w2 = fit(w, k * q.first / 32), s2 = fit(sc, k / q.second), b2 = fit(bi, k / q.second);
+    if (!w2 || !s2 || !b2) return shape_error(ck, name, w.shape(), want);
+    SB_ASSIGN_OR_RETURN(Tensor x, affine_dequantize(*w2, *s2, *b2, q.first, q.second, k));
+    return x.reshaped(want);
+  }
   SB_ASSIGN_OR_RETURN(Tensor t, ck.get(name));
   if (t.shape() != want) return shape_error(ck, name, t.shape(), want);
   return t;
@@ -252,13 +288,14 @@ Result<Tensor> hf_expert_bias(Checkpoint& ck, const std::string& p, const std::s
   return out;
 }
 
-// Our logical name -> the tensor(s) of the checkpoint.
-Result<Tensor> hf_fetch(Checkpoint& ck, const ModelConfig& c, const std::string& logical, const Shape& want) {
-  if (logical == "embed") return get_shaped(ck, "model.embed_tokens.weight", want);
-  if (logical == "final_norm") return get_shaped(ck, "model.norm.weight", want);
+// The one checkpoint tensor holding a logical weight, or "" when it is assembled from
+// several (HF's per-expert or fused gate_up experts). MLX's stacked switch_mlp experts
+// are one tensor each.
+std::string tensor_name(const Checkpoint& ck, const ModelConfig& c, const std::string& logical) {
+  if (logical == "embed") return "model.embed_tokens.weight";
+  if (logical == "final_norm") return "model.norm.weight";
   if (logical == "lm_head")
-    return get_shaped(ck, c.tie_embeddings && !ck.has("lm_head.weight") ? "model.embed_tokens.weight" : "lm_head.weight",
-                      want);
+    return c.tie_embeddings && !ck.has("lm_head.weight") ? "model.embed_tokens.weight" : "lm_head.weight";
   // layers.<i>.<rest>
   const size_t dot = logical.find('.', 7);
   const std::string p = "model.layers." + logical.substr(7, dot - 7) + ".", rest = logical.substr(dot + 1);
@@ -274,23 +311,74 @@ Result<Tensor> hf_fetch(Checkpoint& ck, const ModelConfig& c, const std::string&
       {"shared_gate", "mlp.shared_expert_gate.weight"},
       {"mlp.gate", "mlp.gate_proj.weight"},          {"mlp.up", "mlp.up_proj.weight"},
       {"mlp.down", "mlp.down_proj.weight"}};
-  if (auto it = direct.find(rest); it != direct.end()) return get_shaped(ck, p + it->second, want);
+  if (auto it = direct.find(rest); it != direct.end()) return p + it->second;
   if (rest == "router") {
     for (const char* name : {"mlp.gate.weight", "mlp.router.weight", "block_sparse_moe.gate.weight"})
-      if (ck.has(p + name)) return get_shaped(ck, p + name, want);
-    return get_shaped(ck, p + "mlp.gate.weight", want);  // names the missing tensor
+      if (ck.has(p + name)) return p + name;
+    return p + "mlp.gate.weight";  // names the missing tensor
   }
   if (rest.rfind("shared.", 0) == 0) {
-    const std::string proj = rest.substr(7);
-    const std::string a = p + "mlp.shared_expert." + proj + "_proj.weight";
-    return get_shaped(ck, ck.has(a) ? a : p + "mlp.shared_experts." + proj + "_proj.weight", want);
+    const std::string a = p + "mlp.shared_expert." + rest.substr(7) + "_proj.weight";
+    return ck.has(a) ? a : p + "mlp.shared_experts." + rest.substr(7) + "_proj.weight";
   }
+  if (rest.rfind("experts.", 0) == 0 && !ends_with(rest, ".bias")) {
+    const std::string proj = rest.substr(8) + "_proj.weight";
+    for (const char* block : {"mlp.switch_mlp.", "block_sparse_moe.switch_mlp."})
+      if (ck.has(p + block + proj)) return p + block + proj;
+  }
+  return "";
+}
+
+// Our logical name -> the tensor(s) of the checkpoint, as f32 in our layout.
+Result<Tensor> hf_fetch(Checkpoint& ck, const ModelConfig& c, const std::string& logical, const Shape& want) {
+  if (std::string name = tensor_name(ck, c, logical); !name.empty()) return get_shaped(ck, name, want);
+  const size_t dot = logical.find('.', 7);
+  const std::string p = "model.layers." + logical.substr(7, dot - 7) + ".", rest = logical.substr(dot + 1);
   if (rest.rfind("experts.", 0) == 0) {
     const std::string proj = rest.substr(8, rest.find('.', 8) - 8);
     if (ends_with(rest, ".bias")) return hf_expert_bias(ck, p, proj, want);
     return hf_experts(ck, c, p, proj, want);
   }
   return make_error(StatusCode::kInternal, "no checkpoint tensor for weight '%s'", logical.c_str());
+}
+
+// {bits, group_size} of an MLX-quantized linear from its tensors' shapes (K known),
+// or {0, 0} when the checkpoint keeps it in float.
+Result<std::pair<int, int>> mlx_quant(const Checkpoint& ck, const std::string& weight, int64_t k) {
+  const std::string stem = strip(weight, ".weight");
+  if (!ck.has(stem + ".scales")) return std::pair<int, int>{0, 0};
+  const SafetensorsEntry &w = ck.entry(weight), &s = ck.entry(stem + ".scales");
+  if (w.dtype != DType::kU32 || w.shape.empty() || s.shape.empty() || s.shape.back() <= 0 || k % s.shape.back() != 0)
+    return make_error(StatusCode::kInvalidArgument, "%s: tensor '%s': not MLX-quantized codes for width %lld",
+                      ck.file_of(weight).c_str(), weight.c_str(), (long long)k);
+  const int64_t bits = w.shape.back() * 32 / k, gs = k / s.shape.back();
+  if (!quant_bits_allowed(static_cast<int>(bits)) || !quant_group_allowed(static_cast<int>(gs)) || w.shape.back() * 32 != bits * k)
+    return make_error(StatusCode::kInvalidArgument, "%s: tensor '%s': %lld-bit groups of %lld are not supported",
+                      ck.file_of(weight).c_str(), weight.c_str(), (long long)bits, (long long)gs);
+  return std::pair<int, int>{static_cast<int>(bits), static_cast<int>(gs)};
+}
+
+// An MLX checkpoint's own format: the widths and groups of every quantized linear (read
+// from its tensors' shapes), its scale dtype, float where it kept float.
+Status mlx_format(const Checkpoint& ck, const ModelConfig& c, ExportFormat* f) {
+  f->bits = c.mlx_bits;
+  f->group_size = c.mlx_group_size;
+  bool first = true;
+  for (const WeightSpec& s : weight_specs(c, *f)) {
+    if (s.dtype != DType::kU32) continue;
+    const std::string base = strip(s.name, ".weight"), name = tensor_name(ck, c, base);
+    if (name.empty() || !ck.has(name)) continue;  // fused HF experts etc.: quantized at export
+    const int64_t width = input_width(c, base);
+    SB_ASSIGN_OR_RETURN(auto q, mlx_quant(ck, name, width));
+    if (q != std::pair<int, int>{f->bits, f->group_size}) f->linear_quant[base] = q;
+    if (q.first != 0 && first) {
+      f->scale_dtype = ck.entry(strip(name, ".weight") + ".scales").dtype;
+      first = false;
+    }
+  }
+  if (!dtype_is_float(f->scale_dtype)) f->scale_dtype = DType::kBF16;
+  f->dtype = f->scale_dtype;  // the embedding (dequantized) in the checkpoint's float width
+  return Status::ok();
 }
 
 void remove_all_quiet(const fs::path& p) {
@@ -367,14 +455,44 @@ Status export_hf(const std::string& hf_dir, const std::string& out_dir, const Ex
   SB_ASSIGN_OR_RETURN(ModelConfig c, parse_hf_config((fs::path(hf_dir) / "config.json").string()));
   if (o.max_seq > 0) c.max_seq = o.max_seq;
   SB_RETURN_IF_ERROR(check_config(c));
+  if (c.mlx_quantized && o.format.bits != 0)
+    return make_error(StatusCode::kInvalidArgument,
+                      "%s: already quantized (MLX \"quantization\"); export it without --bits to keep its codes",
+                      hf_dir.c_str());
   SB_RETURN_IF_ERROR(check_format(c, o.format));
   SB_ASSIGN_OR_RETURN(auto ck, Checkpoint::open(hf_dir));
+  ExportFormat f = o.format;
+  if (c.mlx_quantized) {
+    SB_RETURN_IF_ERROR(mlx_format(*ck, c, &f));
+    SB_RETURN_IF_ERROR(check_format(c, f));
+  }
   Fetch fetch = [&](const std::string& logical, const Shape& want) { return hf_fetch(*ck, c, logical, want); };
-  SB_ASSIGN_OR_RETURN(auto weights, materialize(c, o.format, fetch, o.progress));
+  RawFetch raw = [&](const std::string& base, const WeightSpec& w, const WeightSpec& s,
+                     std::vector<std::pair<std::string, Tensor>>* out) -> Result<bool> {
+    const std::string name = tensor_name(*ck, c, base);
+    if (!c.mlx_quantized || name.empty() || !ck->has(strip(name, ".weight") + ".scales")) return false;
+    const std::string stem = strip(name, ".weight");
+    SB_ASSIGN_OR_RETURN(Tensor codes, ck->raw(name));
+    auto shaped = codes.reshaped(w.shape);
+    if (!shaped) return shape_error(*ck, name, codes.shape(), w.shape);
+    out->emplace_back(w.name, *shaped);
+    for (const char* part : {".scales", ".biases"}) {
+      SB_ASSIGN_OR_RETURN(Tensor t, ck->raw(stem + part));
+      if (t.dtype() != f.scale_dtype) {
+        SB_ASSIGN_OR_RETURN(Tensor wide, widen(t));
+        SB_ASSIGN_OR_RETURN(t, to_dtype(wide, f.scale_dtype));
+      }
+      auto r = t.reshaped(s.shape);
+      if (!r) return shape_error(*ck, stem + part, t.shape(), s.shape);
+      out->emplace_back(strip(w.name, ".weight") + part, *r);
+    }
+    return true;
+  };
+  SB_ASSIGN_OR_RETURN(auto weights, materialize(c, f, fetch, o.progress, raw));
   if (auto extra = ck->unused(); !extra.empty())
     return make_error(StatusCode::kInvalidArgument, "%s: tensor '%s' is not used by a %s model (%zu unused in all)",
                       ck->file_of(extra[0]).c_str(), extra[0].c_str(), c.family.c_str(), extra.size());
-  return write_model(out_dir, c, o.format, weights);
+  return write_model(out_dir, c, f, weights);
 }
 
 }  // namespace switchboard::models

@@ -11,13 +11,22 @@
 
 namespace switchboard::models {
 
+// K (the input width) of a linear by its logical name ("layers.3.attn.o", "lm_head", ...).
+int64_t input_width(const ModelConfig& c, const std::string& linear);
+
 // A logical weight in f32 and our layout ([N, K] linears, [E, N, K] experts, [d] vectors).
 using Fetch = std::function<Result<Tensor>(const std::string& logical, const Shape& shape)>;
+
+// Codes already quantized in the checkpoint (MLX): appends weight/scales/biases for the
+// linear `base` with the specs' shapes and returns true, or returns false to quantize.
+using RawFetch = std::function<Result<bool>(const std::string& base, const WeightSpec& weight,
+                                            const WeightSpec& scales, std::vector<std::pair<std::string, Tensor>>* out)>;
 
 // Every constant of the program: RoPE tables computed, floats converted to their dtype,
 // quantized linears and experts packed (per-expert widths from the format's bit map).
 Result<std::vector<std::pair<std::string, Tensor>>> materialize(const ModelConfig& c, const ExportFormat& f,
                                                                 const Fetch& fetch,
-                                                                const std::function<void(size_t, size_t)>& progress);
+                                                                const std::function<void(size_t, size_t)>& progress,
+                                                                const RawFetch& raw = nullptr);
 
 }  // namespace switchboard::models

@@ -1,10 +1,12 @@
 // Hugging Face config.json -> ModelConfig, the checks the builder relies on, and the
 // RoPE tables the exporter writes next to the weights.
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "materialize.h"
 #include "quantize.h"
 #include "switchboard/model.h"
 #include "switchboard/tensor.h"
@@ -226,6 +228,18 @@ Result<ModelConfig> parse_hf_config_text(const std::string& text, const std::str
   SB_RETURN_IF_ERROR(parse_activation(r, &c));
   SB_RETURN_IF_ERROR(parse_moe_layers(r, &c));
   SB_RETURN_IF_ERROR(parse_family(r, &c));
+  if (const Json* q = r.find("quantization")) {  // mlx-lm's: {"group_size": G, "bits": B, per-path overrides}
+    if (!q->is_object()) return r.error("quantization", "must be an object");
+    Reader rq(*q, origin + ": quantization");
+    int64_t bits = 0, gs = 0;
+    SB_RETURN_IF_ERROR(rq.integer("bits", &bits));
+    SB_RETURN_IF_ERROR(rq.integer("group_size", &gs));
+    if (!quant_bits_allowed(static_cast<int>(bits)) || !quant_group_allowed(static_cast<int>(gs)))
+      return rq.error("bits", strformat("%lld-bit groups of %lld are not supported", (long long)bits, (long long)gs));
+    c.mlx_quantized = true;
+    c.mlx_bits = static_cast<int>(bits);
+    c.mlx_group_size = static_cast<int>(gs);
+  }
   if (c.experts <= 0) return r.error("num_experts", "missing or not positive (this is not an MoE model)");
   SB_RETURN_IF_ERROR(check_config(c));
   return c;
@@ -266,6 +280,18 @@ Status check_config(const ModelConfig& c) {
   return Status::ok();
 }
 
+int64_t input_width(const ModelConfig& c, const std::string& linear) {
+  auto ends = [&](const char* x) {
+    const size_t n = std::strlen(x);
+    return linear.size() >= n && linear.compare(linear.size() - n, n, x) == 0;
+  };
+  if (ends("attn.o")) return c.heads * c.head_dim;
+  if (!ends(".down")) return c.hidden;
+  return linear.find(".experts.") != std::string::npos ? c.expert_ffn
+         : linear.find(".shared.") != std::string::npos ? c.shared_ffn
+                                                        : c.dense_ffn;
+}
+
 Status check_format(const ModelConfig& c, const ExportFormat& f) {
   if (!dtype_is_float(f.dtype))
     return make_error(StatusCode::kInvalidArgument, "--dtype %s: must be f32, f16 or bf16", dtype_name(f.dtype));
@@ -281,6 +307,12 @@ Status check_format(const ModelConfig& c, const ExportFormat& f) {
     if (k > 0 && k % f.group_size != 0)
       return make_error(StatusCode::kInvalidArgument, "--group-size %d does not divide the input width %lld",
                         f.group_size, (long long)k);
+  for (const auto& [linear, q] : f.linear_quant) {
+    const int64_t k = input_width(c, linear);
+    if (q.first != 0 && (!quant_bits_allowed(q.first) || !quant_group_allowed(q.second) || k % q.second != 0))
+      return make_error(StatusCode::kInvalidArgument, "%s: %d-bit groups of %d do not fit its input width %lld",
+                        linear.c_str(), q.first, q.second, (long long)k);
+  }
   for (const auto& [layer, experts] : f.expert_bits) {
     if (layer < 0 || layer >= c.layers)
       return make_error(StatusCode::kInvalidArgument, "bit map: layer %lld does not exist (the model has %lld)",

@@ -94,8 +94,9 @@ Result<std::vector<std::pair<std::string, Tensor>>> synthetic_weights(const Mode
       // Scales about 0.25/sqrt(K) with biases centring the codes (weights of std ~1/sqrt(K));
       // floats: norms 1, the rest small.
       const bool scales = ends_with(s.name, ".scales"), biases = ends_with(s.name, ".biases");
-      const double k = static_cast<double>(scales || biases ? s.shape.back() * f.group_size : s.shape.back());
-      const double mid = (std::ldexp(1.0, f.bits) - 1) / 2;
+      const auto [width, gs] = f.quant_of(s.name.substr(0, s.name.rfind('.')));
+      const double k = static_cast<double>(scales || biases ? s.shape.back() * gs : s.shape.back());
+      const double mid = (std::ldexp(1.0, width) - 1) / 2;
       for (int64_t j = 0; j < n; ++j) {
         const double u = static_cast<double>(next() >> 11) * 0x1.0p-53;
         const double sc = 0.25 / std::sqrt(k) * (0.75 + 0.5 * u);

@@ -62,6 +62,9 @@ struct ModelConfig {
   float glu_alpha = 1.702f, glu_limit = 7.0f;
   bool expert_bias = false;     // gpt-oss
   bool tie_embeddings = false;
+  // An MLX-quantized checkpoint (config "quantization"): its default width and group.
+  bool mlx_quantized = false;
+  int mlx_bits = 0, mlx_group_size = 0;
 
   int64_t rotary_dims() const;
 };
@@ -81,7 +84,15 @@ struct ExportFormat {
   DType scale_dtype = DType::kBF16;
   // layer -> expert -> bits (0 = pruned); experts not named use `bits`.
   std::map<int64_t, std::map<int64_t, int>> expert_bits;
+  // Per linear (logical name, e.g. "layers.3.attn.q", "layers.3.experts.down", "lm_head"):
+  // {bits, group_size}, bits 0 = kept in float. MLX checkpoints mix widths this way.
+  std::map<std::string, std::pair<int, int>> linear_quant;
   bool quantized() const { return bits != 0; }
+  // {bits, group_size} of one linear (bits 0: float).
+  std::pair<int, int> quant_of(const std::string& linear) const {
+    auto it = linear_quant.find(linear);
+    return it != linear_quant.end() ? it->second : std::pair<int, int>{bits, group_size};
+  }
   DType activation_dtype() const { return bits != 0 ? DType::kF32 : dtype; }
 };
 Status check_format(const ModelConfig& c, const ExportFormat& f);
