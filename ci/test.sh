@@ -20,8 +20,8 @@ ctest --preset dev -j "$JOBS"
 FUZZ_SECONDS=${FUZZ_SECONDS:-60}
 if [ "$FUZZ_SECONDS" -gt 0 ]; then
   cmake --preset fuzz
-  cmake --build --preset fuzz -j "$JOBS" --target program_fuzz safetensors_fuzz
-  targets=(program_fuzz safetensors_fuzz)
+  cmake --build --preset fuzz -j "$JOBS" --target program_fuzz safetensors_fuzz model_config_fuzz
+  targets=(program_fuzz safetensors_fuzz model_config_fuzz)
   per=$(( FUZZ_SECONDS / ${#targets[@]} ))
   for t in "${targets[@]}"; do
     corpus_src="fuzz/corpus/${t%_fuzz}"

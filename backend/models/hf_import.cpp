@@ -393,7 +393,11 @@ Status read_bit_map(const std::string& path, ExportFormat* f) {
   if (!in) return make_error(StatusCode::kNotFound, "%s: cannot open", path.c_str());
   std::stringstream ss;
   ss << in.rdbuf();
-  const auto j = nlohmann::json::parse(ss.str(), nullptr, false);
+  return parse_bit_map(ss.str(), path, f);
+}
+
+Status parse_bit_map(const std::string& text, const std::string& path, ExportFormat* f) {
+  const auto j = nlohmann::json::parse(text, nullptr, false);
   if (j.is_discarded() || !j.is_object())
     return make_error(StatusCode::kInvalidArgument, "%s: must be a JSON object {\"layer\": {\"expert\": bits}}",
                       path.c_str());
@@ -417,7 +421,11 @@ Status read_bit_map(const std::string& path, ExportFormat* f) {
       if (!bits.is_number_integer())
         return make_error(StatusCode::kInvalidArgument, "%s: layer %s expert %s: bits must be an integer", path.c_str(),
                           lk.c_str(), ek.c_str());
-      f->expert_bits[layer][expert] = bits.get<int>();
+      if (layer > 1 << 20 || expert > 1 << 20)
+        return make_error(StatusCode::kInvalidArgument, "%s: layer %s expert %s: index too large", path.c_str(),
+                          lk.c_str(), ek.c_str());
+      const int64_t b = bits.get<int64_t>();
+      f->expert_bits[layer][expert] = b < -1 || b > 64 ? -1 : static_cast<int>(b);  // out of range: refused later
     }
   }
   return Status::ok();

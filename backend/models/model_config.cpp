@@ -16,6 +16,8 @@ namespace {
 
 using Json = nlohmann::json;
 
+constexpr int64_t kMaxLayers = 1024;
+
 // Typed reads of one config key with errors that name the file and the key.
 class Reader {
  public:
@@ -208,6 +210,8 @@ Result<ModelConfig> parse_hf_config_text(const std::string& text, const std::str
   SB_RETURN_IF_ERROR(r.integer("vocab_size", &c.vocab));
   SB_RETURN_IF_ERROR(r.integer("hidden_size", &c.hidden));
   SB_RETURN_IF_ERROR(r.integer("num_hidden_layers", &c.layers));
+  if (c.layers <= 0 || c.layers > kMaxLayers)  // before any per-layer table is sized by it
+    return r.error("num_hidden_layers", strformat("%lld is outside [1, %lld]", (long long)c.layers, (long long)kMaxLayers));
   SB_RETURN_IF_ERROR(r.integer("num_attention_heads", &c.heads));
   c.kv_heads = c.heads;
   SB_RETURN_IF_ERROR(r.integer("num_key_value_heads", &c.kv_heads, false));
@@ -257,6 +261,14 @@ Status check_config(const ModelConfig& c) {
   auto bad = [&](const char* what, int64_t v) {
     return make_error(StatusCode::kInvalidArgument, "model config: %s (%lld)", what, (long long)v);
   };
+  // Bounds far above any released model, so hostile sizes fail here instead of in an allocation.
+  if (c.layers > kMaxLayers) return bad("num_hidden_layers is too large", c.layers);
+  if (c.vocab > (int64_t{1} << 22) || c.hidden > (int64_t{1} << 16) || c.heads > 1024 || c.head_dim > 1024 ||
+      c.experts > 4096 || c.expert_ffn > (int64_t{1} << 18) || c.dense_ffn > (int64_t{1} << 18) ||
+      c.shared_ffn > (int64_t{1} << 18))
+    return bad("a size exceeds the supported bounds (vocab 2^22, hidden 2^16, heads 1024, head_dim 1024, "
+               "experts 4096, ffn 2^18)", 0);
+  if (c.shared_ffn < 0 || c.dense_ffn < 0 || c.expert_ffn < 0) return bad("an FFN size is negative", 0);
   if (c.vocab <= 0) return bad("vocab_size must be positive", c.vocab);
   if (c.hidden <= 0) return bad("hidden_size must be positive", c.hidden);
   if (c.layers <= 0) return bad("num_hidden_layers must be positive", c.layers);

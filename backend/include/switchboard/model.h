@@ -126,6 +126,7 @@ struct ExportOptions {
 
 // Reads a bit map JSON {"layer": {"expert": bits}} (0 = pruned) into f.expert_bits.
 Status read_bit_map(const std::string& path, ExportFormat* f);
+Status parse_bit_map(const std::string& text, const std::string& origin, ExportFormat* f);
 
 // A Hugging Face checkpoint directory (config.json + *.safetensors, f32/f16/bf16, or
 // MLX-quantized with a "quantization" entry) -> out_dir/program.sbp +
