@@ -1,6 +1,7 @@
 // Dense matmul / linear, exact: each output is dot32 (docs/numerics.md) over
 // f32-widened operands, plus the bias (one add), rounded once to the output dtype.
 
+#include <algorithm>
 #include <vector>
 
 #include "cpu_common.h"
@@ -31,13 +32,14 @@ Status matmul(KernelContext& ctx, const fb::OpNodeUnion& op) {
       for (int64_t j = 0; j < cols; ++j) bt[j * k + i] = braw[i * cols + j];
   }
   const float* bp = n->transpose_b ? braw.data() : bt.data();
-  parallel_for(rows, 1, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r)
-      for (int64_t j = 0; j < cols; ++j) {
-        float v = dot32(av.data() + r * k, bp + j * k, k);
-        if (n->bias) v = v + load_f32(bias.data(), bias.dtype(), j);
-        store_f32(out.mutable_data(), out.dtype(), r * cols + j, v);
-      }
+  // Split over outputs, not rows: a decode step has one row (e.g. a router's logits).
+  parallel_for(rows * cols, std::max<int64_t>(1, 4096 / std::max<int64_t>(k, 1)), [&](int64_t o0, int64_t o1) {
+    for (int64_t o = o0; o < o1; ++o) {
+      const int64_t r = o / cols, j = o % cols;
+      float v = dot32(av.data() + r * k, bp + j * k, k);
+      if (n->bias) v = v + load_f32(bias.data(), bias.dtype(), j);
+      store_f32(out.mutable_data(), out.dtype(), o, v);
+    }
   });
   return ctx.out(n->out.get(), std::move(out));
 }

@@ -3,6 +3,8 @@
 #include <cmath>
 #include <random>
 
+#include "cpu_common.h"
+#include "gather_qmm.h"
 #include "test_util.h"
 
 namespace switchboard {
@@ -60,6 +62,30 @@ Result<Tensor> execute(const Case& r, std::vector<int32_t> rhs, std::vector<int3
     SB_RETURN_IF_ERROR(s->set_input("lhs", Tensor::from_vector<int32_t>(DType::kI32, {(int64_t)lhs.size()}, lhs).value()));
   SB_RETURN_IF_ERROR(s->execute());
   return s->output("y");
+}
+
+// Every SIMD dot32 keeps the contract's order: bitwise equal to the portable loop for every
+// length (full blocks and tails), with -0, subnormal, huge and infinite operands mixed in.
+TEST(Dot32, EverySimdPathMatchesThePortableOrder) {
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(-2.f, 2.f);
+  const float specials[] = {-0.0f, 1e-40f, -3e38f, 3e38f, 1e-30f, 0.0f};
+  for (int64_t k : {0, 1, 5, 15, 16, 17, 31, 32, 33, 47, 63, 64, 65, 100, 128, 257, 2048}) {
+    std::vector<float> x(static_cast<size_t>(k)), w(static_cast<size_t>(k));
+    for (int64_t i = 0; i < k; ++i) {
+      x[i] = i % 7 == 3 ? specials[i % 6] : u(rng);
+      w[i] = i % 11 == 5 ? specials[(i / 11) % 6] : u(rng);
+    }
+    cpu::set_cpu_path_limit(cpu::CpuPath::kPortable);
+    const float want = cpu::dot32(x.data(), w.data(), k);
+    for (cpu::CpuPath p : {cpu::CpuPath::kAvx2, cpu::CpuPath::kAvx512Vnni}) {
+      cpu::set_cpu_path_limit(p);
+      const float got = cpu::dot32(x.data(), w.data(), k);
+      EXPECT_TRUE(f32_bits(got) == f32_bits(want) || (std::isnan(got) && std::isnan(want)))
+          << "k " << k << " path " << cpu::cpu_path_name(cpu::active_cpu_path()) << ": " << got << " vs " << want;
+    }
+  }
+  cpu::set_cpu_path_limit(cpu::CpuPath::kAmx);
 }
 
 TEST(GatherMm, BitwiseDot32AndWithinTheFp64Bound) {
