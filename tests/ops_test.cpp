@@ -917,6 +917,32 @@ TEST(SliceUpdate, DynamicStartOnInnerAxis) {
   check_op(b, {{"u", make(kBF16, {2, 2}, {1.5, 2.5, -3.5, 1e-3})}}, ref, Tolerance::exact());
 }
 
+// In place on every device (no copy per step), yet tensors a caller holds never change:
+// earlier outputs that share the buffer's storage, and a snapshot from mutable_buffer().
+TEST(SliceUpdate, CallersTensorsNeverChangeOnAnyDevice) {
+  ProgramBuilder b;
+  TensorRef row = b.input("row", kF32, {1, 2});
+  IntOrValue pos = b.input_value("pos");
+  TensorRef cache = b.mutable_buffer("cache", kF32, {3, 2});
+  b.slice_update(cache, row, 0, pos);
+  b.output("cache_out", b.copy(cache));
+  detail::for_each_device(b, {}, [&](const Program&, Session& s, const std::string& dev) {
+    std::vector<Tensor> seen;
+    Tensor snapshot;
+    for (int64_t p = 0; p < 3; ++p) {
+      ASSERT_TRUE(s.set_input("row", make(kF32, {1, 2}, {double(p + 1), double(-p - 1)})).is_ok());
+      ASSERT_TRUE(s.set_input_value("pos", p).is_ok());
+      ASSERT_TRUE(s.execute().is_ok()) << dev;
+      seen.push_back(*s.output("cache_out"));
+      if (p == 0) snapshot = *s.mutable_buffer("cache");
+    }
+    EXPECT_EQ(seen[0].to_doubles(), (std::vector<double>{1, -1, 0, 0, 0, 0})) << dev;
+    EXPECT_EQ(seen[1].to_doubles(), (std::vector<double>{1, -1, 2, -2, 0, 0})) << dev;
+    EXPECT_EQ(seen[2].to_doubles(), (std::vector<double>{1, -1, 2, -2, 3, -3})) << dev;
+    EXPECT_EQ(snapshot.to_doubles(), (std::vector<double>{1, -1, 0, 0, 0, 0})) << dev;
+  });
+}
+
 TEST(SliceUpdate, OutOfRangeStartFails) {
   for (int64_t start : {3, -1, 100}) {
     SCOPED_TRACE("start " + std::to_string(start));

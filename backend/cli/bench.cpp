@@ -150,8 +150,6 @@ double measure_dram_gbps() {
   return best;
 }
 
-namespace {
-
 // Device memory bandwidth from the device's own timestamps: a 96 MiB f32 -> f32 Cast
 // (96 MiB read + 96 MiB written, beyond any GPU's L2), best of 5. -1 without a timer.
 double measure_device_gbps(const std::string& device) {
@@ -174,6 +172,8 @@ double measure_device_gbps(const std::string& device) {
   }
   return best;
 }
+
+namespace {
 
 int fail(const Status& st) {
   std::fprintf(stderr, "switchboard bench: %s\n", st.to_string().c_str());

@@ -82,6 +82,15 @@ int run_bench_model(const BenchModelOptions& o) {
                       {"decode_roofline_tok_s", roofline_tps},
                       {"decode_roofline_ratio", steps > 0 ? decode_tps / roofline_tps : 0.0},
                       {"peak_rss_mib", peak_rss_mib()}};
+  if ((*session)->device_name() != "cpu" && g->decode_device_us > 0 && steps > 0) {
+    // On a GPU the roofline is its own memory; the time, its kernels' (timestamps).
+    const double gbps = measure_device_gbps(o.device);
+    const double gpu_tps = static_cast<double>(steps) / (g->decode_device_us * 1e-6);
+    j["device_gbps"] = gbps;
+    j["prefill_gpu_tok_s"] = static_cast<double>(o.prompt_len) / (g->prefill_device_us * 1e-6);
+    j["decode_gpu_tok_s"] = gpu_tps;
+    if (gbps > 0) j["gpu_decode_roofline_ratio"] = gpu_tps / (gbps * 1e9 / bytes_per_token);
+  }
   std::printf("%s\n", o.json ? j.dump().c_str() : j.dump(2).c_str());
   return 0;
 }

@@ -62,6 +62,8 @@ int run_bench_model(const BenchModelOptions& o);
 Result<std::shared_ptr<const Program>> load_model(const std::string& path);
 // Streaming read bandwidth of this machine with every kernel thread (GB/s, best of 5).
 double measure_dram_gbps();
+// A GPU's memory bandwidth from its own timestamps (a 96 MiB copy, best of 5); -1 without.
+double measure_device_gbps(const std::string& device);
 int run_inspect(const std::string& path);
 
 }  // namespace switchboard::cli

@@ -28,6 +28,9 @@ Result<Generation> generate(Session& session, const std::vector<int32_t>& prompt
     }
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     (step == 0 ? g.prefill_seconds : g.decode_seconds) += s;
+    const double us = session.last_device_time_us();
+    double& dev = step == 0 ? g.prefill_device_us : g.decode_device_us;
+    dev = us < 0 || dev < 0 ? -1 : dev + us;
     g.tokens.push_back(next.data_as<int32_t>()[0]);
     pos += static_cast<int64_t>(feed.size());
     feed.assign(1, forced ? (*forced)[static_cast<size_t>(step)] : g.tokens.back());

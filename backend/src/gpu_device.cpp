@@ -27,6 +27,7 @@ class GpuDevice final : public Device {
   Status can_run(const fb::OpNodeUnion& op, const KernelContext& ctx) const override;
   Status sync() override { return rt_->sync(); }
   double last_device_us() const override { return rt_->last_gpu_us(); }
+  long queued_refs(const Tensor& t) const override { return rt_->queued_refs(t); }
   Runtime& rt() { return *rt_; }
 
  private:

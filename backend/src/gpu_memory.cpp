@@ -146,6 +146,12 @@ Status MappedRuntime::probe_numerics() {
   return check_probe(description(), in, y.data_as<float>(), exact_division_);
 }
 
+long MappedRuntime::queued_refs(const Tensor& t) const {
+  long n = 0;
+  for (const Tensor& k : keep_) n += k.shares_storage(t);
+  return n;
+}
+
 uint32_t MappedRuntime::finish_submission() {
   keep_.clear();
   auto* err = error_.mutable_data_as<uint32_t>();

@@ -54,6 +54,7 @@ class MappedRuntime : public GpuRuntime {
   Result<BufferRef> scratch(size_t bytes, uint32_t fill_word) override;
   Result<Tensor> device_tensor(const Tensor& t) override;
   BufferRef error_word() const override;
+  long queued_refs(const Tensor& t) const override;
 
  protected:
   Status init(std::shared_ptr<MemoryPool> pool, uint64_t max_range, uint64_t alignment);

@@ -49,6 +49,8 @@ class GpuRuntime {
   // GPU time of the last submission, first dispatch start to last dispatch end (us);
   // -1 when the device has no timer.
   virtual double last_gpu_us() const { return -1; }
+  // References to t's storage held by recorded, unfinished dispatches.
+  virtual long queued_refs(const Tensor& t) const { return 0; }
   // Whether kernels that divide (gpu_kernel_table.h `divides`) may run: set by the probe.
   bool exact_division() const { return exact_division_; }
   // Whether kernels on 64-bit integers (gpu_kernel_table.h `int64`) may run.

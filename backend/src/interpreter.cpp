@@ -192,8 +192,10 @@ Result<Tensor> Interpreter::inplace(const fb::Tid* tid) {
   tensors_[tid->idx()] = Tensor();  // drop our reference so use_count reflects other holders
   // Copy-on-write: the storage may be shared with a caller's tensor or a view. The host
   // copy reads the bytes, so queued device work that writes them must finish first.
-  if (!cur.storage_unique()) SB_RETURN_IF_ERROR(device_->sync());
-  Tensor t = cur.storage_unique() ? std::move(cur) : cur.clone();
+  // References held only by the device's queue need neither (the write is queued after).
+  auto others = [&] { return cur.storage_use_count() - 1 - device_->queued_refs(cur); };
+  if (others() > 0) SB_RETURN_IF_ERROR(device_->sync());
+  Tensor t = others() == 0 ? std::move(cur) : cur.clone();
   tensors_[tid->idx()] = t;
   return t;
 }

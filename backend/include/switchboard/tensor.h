@@ -53,6 +53,9 @@ class Tensor {
   Result<Tensor> reshaped(Shape shape) const;
   // True when no other tensor shares this storage (safe to write in place).
   bool storage_unique() const { return storage_.use_count() == 1; }
+  // Tensors sharing this storage, this one included.
+  long storage_use_count() const { return storage_.use_count(); }
+  bool shares_storage(const Tensor& o) const { return storage_ && storage_ == o.storage_; }
   // A deep copy into fresh storage.
   Tensor clone() const;
   // Values converted to double (for tests and printing).
