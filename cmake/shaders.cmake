@@ -25,9 +25,12 @@ set(SB_KERNEL_VARIANTS
   matmul:MATMUL:matmul
   norm:SOFTMAX:softmax
   norm:RMS_NORM:rms_norm
+  norm:SOFTMAX_ROW:softmax_row
+  norm:RMS_NORM_ROW:rms_norm_row
   reduce:REDUCE:reduce
   reduce:REDUCE_MEAN:reduce_mean
   reduce:ARGMAX:argmax
+  reduce:ARGMAX_ROW:argmax_row
   reduce:ARGMAX_INT:argmax_int
   probe:PROBE:numerics_probe)
 

@@ -90,6 +90,7 @@
   uint batch; uint group; uint pad0; uint pad1;
 
 // norm.comp: x viewed as [rows, d] (SOFTMAX; RMS_NORM with weight [d], inv_d = f32(1/d)).
+#define SB_NORM_ROW_MAX 4096  // longest row the workgroup-per-row variants stage in shared memory
 #define SB_NORM_ARGS uint rows; uint d; uint dtype; float inv_d; float eps; uint out_dtype; uint pad0; uint pad1;
 
 // probe.comp: the start-up check of a device's arithmetic against the contract.

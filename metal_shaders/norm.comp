@@ -5,7 +5,19 @@
 // over d: running max / sums in index order) and writes its words; rows are whole
 // words when d is even for 16-bit dtypes, else two adjacent rows' threads would share
 // a word, so the host runs 16-bit odd-d rows through an f32 temporary.
+// SOFTMAX_ROW / RMS_NORM_ROW (d <= SB_NORM_ROW_MAX): workgroup g computes row g; its
+// threads stage the row's terms (exps, squares) in shared memory and write the outputs,
+// invocation t the row's words t, t + 64, ...; thread 0 alone adds the terms, in index
+// order, so the bits are the sequential kernel's.
 #include "common.glsl"
+#ifdef SOFTMAX_ROW
+#define SOFTMAX
+#define SB_ROW
+#endif
+#ifdef RMS_NORM_ROW
+#define RMS_NORM
+#define SB_ROW
+#endif
 
 layout(local_size_x = 64) in;
 layout(std430, binding = 0) readonly buffer X { uint x[]; };
@@ -30,6 +42,78 @@ void put(uint i, float v) {
   o[i >> 1] = (o[i >> 1] & ~(0xffffu << sh)) | (sb_encode16(v, args.out_dtype) << sh);
 }
 
+#ifdef SB_ROW
+shared float terms[SB_NORM_ROW_MAX];
+shared float part[64];
+
+// Word w of row r: one f32, or two 16-bit elements (the host sends odd-d 16-bit rows
+// through f32, so a row's words are its own).
+void put_word(uint r, uint k, float lo, float hi) {
+  if (args.out_dtype == SB_DT_F32) {
+    o[r * args.d + k] = floatBitsToUint(lo);
+    return;
+  }
+  o[(r * args.d) / 2u + k] = sb_encode16(lo, args.out_dtype) | (sb_encode16(hi, args.out_dtype) << 16);
+}
+
+void main() {
+  uint r = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
+  if (r >= args.rows) return;  // uniform across the workgroup
+  uint t = gl_LocalInvocationID.x;
+  uint per = args.out_dtype == SB_DT_F32 ? 1u : 2u, words = args.d / per;
+#ifdef SOFTMAX
+  float m = xin(r, 0u);  // max is order-free: any grouping gives the sequential result
+  for (uint i = t; i < args.d; i += 64u) m = sb_max(m, xin(r, i));
+  part[t] = m;
+  barrier();
+  if (t == 0u) {
+    for (uint j = 1u; j < 64u; ++j) m = sb_max(m, part[j]);
+    part[0] = m;
+  }
+  barrier();
+  m = part[0];
+  for (uint i = t; i < args.d; i += 64u) {
+    precise float d = xin(r, i) - m;
+    terms[i] = sb_exp(d);
+  }
+  barrier();
+  if (t == 0u) {
+    precise float sum = 0.0;
+    for (uint i = 0u; i < args.d; ++i) sum = sum + terms[i];
+    part[0] = sb_rcp(sum);
+  }
+  barrier();
+  float inv = part[0];
+  for (uint k = t; k < words; k += 64u) {
+    precise float lo = terms[k * per] * inv;
+    precise float hi = per == 2u ? terms[k * per + 1u] * inv : 0.0;
+    put_word(r, k, lo, hi);
+  }
+#endif
+#ifdef RMS_NORM
+  for (uint i = t; i < args.d; i += 64u) {
+    float v = xin(r, i);
+    precise float sq = v * v;
+    terms[i] = sq;
+  }
+  barrier();
+  if (t == 0u) {
+    precise float ss = 0.0;
+    for (uint i = 0u; i < args.d; ++i) ss = ss + terms[i];
+    precise float ms = ss * args.inv_d + args.eps;
+    part[0] = sb_rsqrt(ms);
+  }
+  barrier();
+  float inv = part[0];
+  for (uint k = t; k < words; k += 64u) {
+    uint i = k * per;
+    precise float lo = (xin(r, i) * inv) * SB_LOAD(w, args.dtype, i);
+    precise float hi = per == 2u ? (xin(r, i + 1u) * inv) * SB_LOAD(w, args.dtype, i + 1u) : 0.0;
+    put_word(r, k, lo, hi);
+  }
+#endif
+}
+#else
 void main() {
   uint r = sb_linear_id();
   if (r >= args.rows) return;
@@ -62,3 +146,4 @@ void main() {
   }
 #endif
 }
+#endif

@@ -6,8 +6,14 @@
 // Reduce Sum/Max/Min and Argmax along one axis, in index order 0..d-1; twin of
 // cpu_fallback/reduce.cpp. x is viewed as [outer, d, inner].
 // Thread -> output: REDUCE: invocation w writes word w of out [outer, inner] (1 or 2
-// elements); ARGMAX: invocation i writes i32 element i.
+// elements); ARGMAX: invocation i writes i32 element i; ARGMAX_ROW (inner == 1, long
+// rows such as logits): workgroup g writes element g, its 256 threads scanning strided
+// positions and combining in shared memory (the winner is order-free: the first NaN,
+// else the largest value at its lowest index).
 #include "common.glsl"
+#ifdef ARGMAX_ROW
+#define ARGMAX
+#endif
 #ifdef REDUCE_MEAN
 #define REDUCE  // reduce_mean: Sum, then one IEEE division by d (see gpu_kernel_table.h)
 #endif
@@ -70,7 +76,45 @@ void main() {  // integer dtypes: strictly greater wins, so the lowest index amo
 }
 #endif
 
-#ifdef ARGMAX
+#ifdef ARGMAX_ROW
+shared float best_v[256];
+shared uint best_j[256];
+const uint kNone = 0xffffffffu;
+
+// Whether value v at j wins over bv at bj under the sequential rule.
+bool beats(float v, uint j, float bv, uint bj) {
+  if (bj == kNone) return j != kNone;
+  if (j == kNone) return false;
+  if (sb_isnan(bv)) return sb_isnan(v) && j < bj;
+  if (sb_isnan(v) || sb_gt(v, bv)) return true;
+  return sb_eq(v, bv) && j < bj;
+}
+
+void main() {
+  uint i = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x, t = gl_LocalInvocationID.x;
+  if (i >= args.outer) return;  // uniform across the workgroup
+  float bv = 0.0;
+  uint bj = kNone;
+  for (uint j = t; j < args.d; j += 256u) {
+    float v = at(i, j);
+    if (beats(v, j, bv, bj)) {
+      bv = v;
+      bj = j;
+    }
+  }
+  best_v[t] = bv;
+  best_j[t] = bj;
+  barrier();
+  for (uint s = 128u; s > 0u; s >>= 1) {
+    if (t < s && beats(best_v[t + s], best_j[t + s], best_v[t], best_j[t])) {
+      best_v[t] = best_v[t + s];
+      best_j[t] = best_j[t + s];
+    }
+    barrier();
+  }
+  if (t == 0u) o[i] = best_j[0];
+}
+#elif defined(ARGMAX)
 void main() {
   uint i = sb_linear_id();
   if (i >= args.outer * args.inner) return;

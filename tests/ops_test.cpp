@@ -858,6 +858,26 @@ TEST(Argmax, TiesTakeLowestIndexAndNaNIsLargest) {
   check_argmax(make(kF32, {1, 3}, {1, 1 + 0x1p-9, 0.5}));
 }
 
+// Rows of >= 1024 take the GPU's workgroup-per-row kernel: the same rule at every position
+// of the 256-thread grouping (a tie across threads, NaN late, -0 vs +0, the max last).
+TEST(Argmax, LongRowsCombineAcrossThreads) {
+  const int64_t d = 3000;
+  std::vector<double> v(static_cast<size_t>(5 * d));
+  for (int64_t i = 0; i < 5 * d; ++i) v[size_t(i)] = std::sin(0.37 * double(i)) * 100.0;
+  v[size_t(0 * d + 700)] = 500, v[size_t(0 * d + 2900)] = 500, v[size_t(0 * d + 300)] = 499;  // tie: 700
+  v[size_t(1 * d + 2999)] = kNaN, v[size_t(1 * d + 1234)] = kNaN;                             // first NaN: 1234
+  for (int64_t i = 0; i < d; ++i) v[size_t(2 * d + i)] = i % 2 ? -0.0 : 0.0;                  // all zero: 0
+  v[size_t(3 * d + d - 1)] = 1e6;                                                             // last: 2999
+  for (int64_t i = 0; i < d; ++i) v[size_t(4 * d + i)] = -kInf;                                // all equal: 0
+  for (DType t : kFloats) {
+    SCOPED_TRACE(dtype_name(t));
+    ProgramBuilder b;
+    b.output("a", b.argmax(b.input("x", t, {5, d}), 1));
+    check_op(b, {{"x", make(t, {5, d}, v)}}, [&](const Inputs& in) { return Expected{{"a", argmax_ref(in.at("x"), 1, false)}}; },
+             Tolerance::exact());
+  }
+}
+
 TEST(Argmax, IntegerInputs) {
   check_argmax(make_ints(kI32, {2, 4}, {-5, 7, 7, -9, INT32_MIN, INT32_MIN, INT32_MAX, 0}));
   // Adjacent values above 2^53 differ by 1: a detour through f32 or double would tie them.

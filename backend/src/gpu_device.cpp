@@ -493,7 +493,10 @@ Status norm_rows(KernelContext& ctx, const char* kernel, const fb::Tid* x_tid, c
                    d ? static_cast<float>(1.0 / static_cast<double>(d)) : 0.0f, eps, static_cast<uint32_t>(out.dtype()),
                    0, 0};
   const std::vector<BufferRef> binds = w_tid ? std::vector<BufferRef>{bx, bw, bo} : std::vector<BufferRef>{bx, bo};
-  SB_RETURN_IF_ERROR(rt.dispatch(kernel, binds, &args, sizeof(args), static_cast<uint64_t>(rows)));
+  // Rows that fit in shared memory: a workgroup each (terms staged, one thread adds them).
+  const bool per_row = d > 0 && d <= SB_NORM_ROW_MAX;
+  const std::string name = std::string(kernel) + (per_row ? "_row" : "");
+  SB_RETURN_IF_ERROR(rt.dispatch(name.c_str(), binds, &args, sizeof(args), static_cast<uint64_t>(rows) * (per_row ? 64 : 1)));
   if (via_f32) {
     SB_ASSIGN_OR_RETURN(Tensor narrow, rt.alloc(x.dtype(), x.shape()));
     SB_ASSIGN_OR_RETURN(BufferRef bn, rt.bind(narrow, false));
@@ -553,6 +556,12 @@ Status reduce_like(KernelContext& ctx, const fb::Tid* x_tid, const fb::Tid* out_
   SB_ASSIGN_OR_RETURN(BufferRef bo, rt.bind(out, false));
   k::ReduceArgs args{static_cast<uint32_t>(s.outer), static_cast<uint32_t>(s.dim), static_cast<uint32_t>(s.inner),
                      op, static_cast<uint32_t>(x.dtype()), 0, 0, 0};
+  // Long contiguous float rows (logits): a workgroup of 256 per output.
+  const bool wide = is_argmax && dtype_is_float(x.dtype()) && s.inner == 1 && s.dim >= 1024;
+  if (wide) {
+    SB_RETURN_IF_ERROR(rt.dispatch("argmax_row", {bx, bo}, &args, sizeof(args), static_cast<uint64_t>(s.outer) * 256));
+    return ctx.out(out_tid, std::move(out));
+  }
   const char* kernel = is_argmax ? (dtype_is_float(x.dtype()) ? "argmax" : "argmax_int")
                                  : op == static_cast<uint32_t>(fb::ReduceOp::Mean) ? "reduce_mean" : "reduce";
   SB_RETURN_IF_ERROR(rt.dispatch(kernel, {bx, bo}, &args, sizeof(args),

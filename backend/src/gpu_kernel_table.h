@@ -74,6 +74,7 @@ inline constexpr KernelInfo kKernels[] = {
     {"reduce", "reduce", 2, {A::kRead, A::kWrite}, sizeof(ReduceArgs), SB_STR(SB_REDUCE_ARGS), 256, true},
     {"reduce_mean", "reduce", 2, {A::kRead, A::kWrite}, sizeof(ReduceArgs), SB_STR(SB_REDUCE_ARGS), 256, true, true},
     {"argmax", "reduce", 2, {A::kRead, A::kWrite}, sizeof(ReduceArgs), SB_STR(SB_REDUCE_ARGS), 256, true},
+    {"argmax_row", "reduce", 2, {A::kRead, A::kWrite}, sizeof(ReduceArgs), SB_STR(SB_REDUCE_ARGS), 256, true},
     {"region", "shape_ops", 2, {A::kRead, A::kReadWrite}, sizeof(RegionArgs), SB_STR(SB_REGION_ARGS), 256, true},
     {"transpose", "shape_ops", 2, {A::kRead, A::kWrite}, sizeof(TransposeArgs), SB_STR(SB_TRANSPOSE_ARGS), 256,
      true},
@@ -81,6 +82,8 @@ inline constexpr KernelInfo kKernels[] = {
      true},
     {"softmax", "norm", 2, {A::kRead, A::kReadWrite}, sizeof(NormArgs), SB_STR(SB_NORM_ARGS), 64, true},
     {"rms_norm", "norm", 3, {A::kRead, A::kRead, A::kReadWrite}, sizeof(NormArgs), SB_STR(SB_NORM_ARGS), 64, true},
+    {"softmax_row", "norm", 2, {A::kRead, A::kReadWrite}, sizeof(NormArgs), SB_STR(SB_NORM_ARGS), 64, true},
+    {"rms_norm_row", "norm", 3, {A::kRead, A::kRead, A::kReadWrite}, sizeof(NormArgs), SB_STR(SB_NORM_ARGS), 64, true},
     {"numerics_probe", "probe", 2, {A::kRead, A::kWrite}, sizeof(ProbeArgs), SB_STR(SB_PROBE_ARGS), 64, true, true},
 };
 inline constexpr size_t kNumKernels = sizeof(kKernels) / sizeof(kKernels[0]);
