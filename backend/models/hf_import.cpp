@@ -44,10 +44,6 @@ Result<Tensor> widen(const Tensor& t) {
   return out;
 }
 
-bool ends_with(const std::string& s, const char* suffix) {
-  const size_t n = std::strlen(suffix);
-  return s.size() >= n && s.compare(s.size() - n, n, suffix) == 0;
-}
 std::string strip(const std::string& s, const char* suffix) { return s.substr(0, s.size() - std::strlen(suffix)); }
 
 // Quantizes x [rows.., K] (f32) per expert with its width; pruned experts get no codes.

@@ -11,6 +11,11 @@
 
 namespace switchboard::models {
 
+inline bool ends_with(const std::string& s, const char* suffix) {
+  const size_t n = std::char_traits<char>::length(suffix);
+  return s.size() >= n && s.compare(s.size() - n, n, suffix) == 0;
+}
+
 // K (the input width) of a linear by its logical name ("layers.3.attn.o", "lm_head", ...).
 int64_t input_width(const ModelConfig& c, const std::string& linear);
 

@@ -293,10 +293,7 @@ Status check_config(const ModelConfig& c) {
 }
 
 int64_t input_width(const ModelConfig& c, const std::string& linear) {
-  auto ends = [&](const char* x) {
-    const size_t n = std::strlen(x);
-    return linear.size() >= n && linear.compare(linear.size() - n, n, x) == 0;
-  };
+  auto ends = [&](const char* x) { return ends_with(linear, x); };
   if (ends("attn.o")) return c.heads * c.head_dim;
   if (!ends(".down")) return c.hidden;
   return linear.find(".experts.") != std::string::npos ? c.expert_ffn

@@ -8,15 +8,6 @@
 #include "materialize.h"
 
 namespace switchboard::models {
-namespace {
-
-bool ends_with(const std::string& s, const char* suffix) {
-  const size_t n = std::strlen(suffix);
-  return s.size() >= n && s.compare(s.size() - n, n, suffix) == 0;
-}
-
-}  // namespace
-
 ModelConfig tiny_test_config() {
   ModelConfig c;
   c.family = "qwen2_moe";

@@ -495,8 +495,8 @@ Status norm_rows(KernelContext& ctx, const char* kernel, const fb::Tid* x_tid, c
   const std::vector<BufferRef> binds = w_tid ? std::vector<BufferRef>{bx, bw, bo} : std::vector<BufferRef>{bx, bo};
   // Rows that fit in shared memory: a workgroup each (terms staged, one thread adds them).
   const bool per_row = d > 0 && d <= SB_NORM_ROW_MAX;
-  const std::string name = std::string(kernel) + (per_row ? "_row" : "");
-  SB_RETURN_IF_ERROR(rt.dispatch(name.c_str(), binds, &args, sizeof(args), static_cast<uint64_t>(rows) * (per_row ? 64 : 1)));
+  const char* name = !per_row ? kernel : w_tid ? "rms_norm_row" : "softmax_row";
+  SB_RETURN_IF_ERROR(rt.dispatch(name, binds, &args, sizeof(args), static_cast<uint64_t>(rows) * (per_row ? 64 : 1)));
   if (via_f32) {
     SB_ASSIGN_OR_RETURN(Tensor narrow, rt.alloc(x.dtype(), x.shape()));
     SB_ASSIGN_OR_RETURN(BufferRef bn, rt.bind(narrow, false));

@@ -61,8 +61,9 @@ struct Context {
   VkPhysicalDeviceLimits limits{};
   bool int64 = false;
   VkCommandPool pool = VK_NULL_HANDLE;
-  VkCommandBuffer cmd = VK_NULL_HANDLE;
-  VkFence fence = VK_NULL_HANDLE;
+  // One command buffer + fence per slice of an execute; grown on demand, reused.
+  std::vector<VkCommandBuffer> cmds;
+  std::vector<VkFence> fences;
   // GPU timestamps around each dispatch while SWITCHBOARD_OP_LOG is on.
   VkQueryPool timestamps = VK_NULL_HANDLE;
   uint32_t max_timed = 0;
@@ -77,7 +78,7 @@ struct Context {
         vkDestroyPipelineLayout(device, p.layout, nullptr);
         vkDestroyDescriptorSetLayout(device, p.set_layout, nullptr);
       }
-      if (fence) vkDestroyFence(device, fence, nullptr);
+      for (VkFence f : fences) vkDestroyFence(device, f, nullptr);
       if (timestamps) vkDestroyQueryPool(device, timestamps, nullptr);
       if (pool) vkDestroyCommandPool(device, pool, nullptr);
       vkDestroyDevice(device, nullptr);
@@ -264,13 +265,6 @@ Status create_device(Context& c, const std::string& description) {
   pi.flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT;
   pi.queueFamilyIndex = c.queue_family;
   SB_VK_CHECK(c.vkCreateCommandPool(c.device, &pi, nullptr, &c.pool), "vkCreateCommandPool");
-  VkCommandBufferAllocateInfo ai{VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO};
-  ai.commandPool = c.pool;
-  ai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
-  ai.commandBufferCount = 1;
-  SB_VK_CHECK(c.vkAllocateCommandBuffers(c.device, &ai, &c.cmd), "vkAllocateCommandBuffers");
-  VkFenceCreateInfo fi{VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
-  SB_VK_CHECK(c.vkCreateFence(c.device, &fi, nullptr, &c.fence), "vkCreateFence");
   if (fams[c.queue_family].timestampValidBits > 0 && c.limits.timestampComputeAndGraphics) {
     VkQueryPoolCreateInfo qp{VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO};
     qp.queryType = VK_QUERY_TYPE_TIMESTAMP;
@@ -395,15 +389,48 @@ VulkanRuntime::~VulkanRuntime() {
   if (recording_) (void)sync();
 }
 
-Status VulkanRuntime::begin_if_needed() {
-  if (recording_) return Status::ok();
+// A command buffer (and its fence) for slice `slice_`, begun; the first slice of an
+// execute also resets the timestamp queries.
+Status VulkanRuntime::begin_slice() {
   Context& c = *ctx_;
+  if (slice_ == c.cmds.size()) {
+    VkCommandBufferAllocateInfo ai{VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO};
+    ai.commandPool = c.pool;
+    ai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
+    ai.commandBufferCount = 1;
+    VkCommandBuffer cmd = VK_NULL_HANDLE;
+    SB_VK_CHECK(c.vkAllocateCommandBuffers(c.device, &ai, &cmd), "vkAllocateCommandBuffers");
+    c.cmds.push_back(cmd);
+    VkFenceCreateInfo fi{VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
+    VkFence fence = VK_NULL_HANDLE;
+    SB_VK_CHECK(c.vkCreateFence(c.device, &fi, nullptr, &fence), "vkCreateFence");
+    c.fences.push_back(fence);
+  }
   VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
   bi.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
-  SB_VK_CHECK(c.vkBeginCommandBuffer(c.cmd, &bi), "vkBeginCommandBuffer");
-  if (c.timestamps) c.vkCmdResetQueryPool(c.cmd, c.timestamps, 0, 2 * c.max_timed);
+  SB_VK_CHECK(c.vkBeginCommandBuffer(c.cmds[slice_], &bi), "vkBeginCommandBuffer");
+  if (slice_ == 0 && c.timestamps) c.vkCmdResetQueryPool(c.cmds[0], c.timestamps, 0, 2 * c.max_timed);
+  slice_dispatches_ = 0;
+  return Status::ok();
+}
+
+Status VulkanRuntime::begin_if_needed() {
+  if (recording_) return Status::ok();
+  slice_ = 0;
+  SB_RETURN_IF_ERROR(begin_slice());
   timed_.clear();
   recording_ = true;
+  return Status::ok();
+}
+
+// Ends and submits the current slice without waiting for it.
+Status VulkanRuntime::submit_slice() {
+  Context& c = *ctx_;
+  SB_VK_CHECK(c.vkEndCommandBuffer(c.cmds[slice_]), "vkEndCommandBuffer");
+  VkSubmitInfo si{VK_STRUCTURE_TYPE_SUBMIT_INFO};
+  si.commandBufferCount = 1;
+  si.pCommandBuffers = &c.cmds[slice_];
+  SB_VK_CHECK(c.vkQueueSubmit(c.queue, 1, &si, c.fences[slice_]), "vkQueueSubmit");
   return Status::ok();
 }
 
@@ -420,6 +447,7 @@ Status VulkanRuntime::dispatch(const char* kernel, const std::vector<gpu::Buffer
   SB_CHECK_OR_RETURN(gy <= 65535, StatusCode::kResourceExhausted, "kernel %s: %llu invocations are too many", kernel,
                      (unsigned long long)invocations);
   SB_RETURN_IF_ERROR(begin_if_needed());
+  VkCommandBuffer cmd = c.cmds[slice_];
   std::vector<VkDescriptorBufferInfo> infos(bindings.size());
   std::vector<VkWriteDescriptorSet> writes(bindings.size());
   for (size_t i = 0; i < bindings.size(); ++i) {
@@ -432,25 +460,32 @@ Status VulkanRuntime::dispatch(const char* kernel, const std::vector<gpu::Buffer
   }
   const bool timed = c.timestamps && timed_.size() < c.max_timed;
   if (timed) {
-    c.vkCmdWriteTimestamp(c.cmd, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, c.timestamps, static_cast<uint32_t>(2 * timed_.size()));
+    c.vkCmdWriteTimestamp(cmd, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, c.timestamps, static_cast<uint32_t>(2 * timed_.size()));
   }
-  c.vkCmdBindPipeline(c.cmd, VK_PIPELINE_BIND_POINT_COMPUTE, p->pipeline);
-  c.vkCmdPushDescriptorSetKHR(c.cmd, VK_PIPELINE_BIND_POINT_COMPUTE, p->layout, 0,
+  c.vkCmdBindPipeline(cmd, VK_PIPELINE_BIND_POINT_COMPUTE, p->pipeline);
+  c.vkCmdPushDescriptorSetKHR(cmd, VK_PIPELINE_BIND_POINT_COMPUTE, p->layout, 0,
                               static_cast<uint32_t>(writes.size()), writes.data());
-  c.vkCmdPushConstants(c.cmd, p->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, static_cast<uint32_t>(args_size), args);
-  c.vkCmdDispatch(c.cmd, static_cast<uint32_t>(gx), static_cast<uint32_t>(gy), 1);
+  c.vkCmdPushConstants(cmd, p->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, static_cast<uint32_t>(args_size), args);
+  c.vkCmdDispatch(cmd, static_cast<uint32_t>(gx), static_cast<uint32_t>(gy), 1);
   if (timed) {
-    c.vkCmdWriteTimestamp(c.cmd, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, c.timestamps,
+    c.vkCmdWriteTimestamp(cmd, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, c.timestamps,
                           static_cast<uint32_t>(2 * timed_.size() + 1));
-    timed_.push_back(kernel);
+    timed_.push_back(p->info->name);  // the table's name: `kernel` may not outlive the call
   }
   // Every dispatch sees the writes of the ones before it.
   VkMemoryBarrier mb{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
   mb.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT;
   mb.dstAccessMask = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_HOST_READ_BIT;
-  c.vkCmdPipelineBarrier(c.cmd, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
+  c.vkCmdPipelineBarrier(cmd, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
                          VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &mb, 0, nullptr, 0,
                          nullptr);
+  // Hand full slices to the GPU while recording goes on, so the two overlap. Barriers order
+  // dispatches across command buffers too: their scopes follow the queue's submission order.
+  if (++slice_dispatches_ >= kSliceDispatches) {
+    SB_RETURN_IF_ERROR(submit_slice());
+    ++slice_;
+    SB_RETURN_IF_ERROR(begin_slice());
+  }
   return Status::ok();
 }
 
@@ -458,14 +493,11 @@ Status VulkanRuntime::sync() {
   if (!recording_) return Status::ok();
   Context& c = *ctx_;
   recording_ = false;
-  SB_VK_CHECK(c.vkEndCommandBuffer(c.cmd), "vkEndCommandBuffer");
-  VkSubmitInfo si{VK_STRUCTURE_TYPE_SUBMIT_INFO};
-  si.commandBufferCount = 1;
-  si.pCommandBuffers = &c.cmd;
-  SB_VK_CHECK(c.vkQueueSubmit(c.queue, 1, &si, c.fence), "vkQueueSubmit");
-  SB_VK_CHECK(c.vkWaitForFences(c.device, 1, &c.fence, VK_TRUE, UINT64_MAX), "vkWaitForFences");
-  c.vkResetFences(c.device, 1, &c.fence);
-  c.vkResetCommandBuffer(c.cmd, 0);
+  SB_RETURN_IF_ERROR(submit_slice());
+  const uint32_t n = static_cast<uint32_t>(slice_ + 1);
+  SB_VK_CHECK(c.vkWaitForFences(c.device, n, c.fences.data(), VK_TRUE, UINT64_MAX), "vkWaitForFences");
+  c.vkResetFences(c.device, n, c.fences.data());
+  for (uint32_t i = 0; i < n; ++i) c.vkResetCommandBuffer(c.cmds[i], 0);
   log_timestamps();
   return gpu::status_from_error_bits(finish_submission());
 }

@@ -31,11 +31,17 @@ class VulkanRuntime final : public gpu::MappedRuntime {
  private:
   VulkanRuntime() = default;
   Status begin_if_needed();
+  Status begin_slice();
+  Status submit_slice();
   void log_timestamps();
 
   std::shared_ptr<Context> ctx_;
   std::string description_;
   bool recording_ = false;
+  // An execute is recorded in slices of kSliceDispatches, each submitted when full.
+  static constexpr uint32_t kSliceDispatches = 128;
+  size_t slice_ = 0;
+  uint32_t slice_dispatches_ = 0;
   std::vector<const char*> timed_;  // kernels of the timed dispatches, in order
   double last_gpu_us_ = -1;
 };
