@@ -46,6 +46,27 @@ void put(uint i, float v) {
 shared float terms[SB_NORM_ROW_MAX];
 shared float part[64];
 
+// terms[0] + terms[1] + ... + terms[d-1], left to right. Eight loads are issued before
+// their adds, so the one thread waits on shared memory once per eight terms, not each.
+float sum_in_order(uint d) {
+  precise float s = 0.0;
+  uint i = 0u;
+  for (; i + 8u <= d; i += 8u) {
+    float t0 = terms[i], t1 = terms[i + 1u], t2 = terms[i + 2u], t3 = terms[i + 3u];
+    float t4 = terms[i + 4u], t5 = terms[i + 5u], t6 = terms[i + 6u], t7 = terms[i + 7u];
+    s = s + t0;
+    s = s + t1;
+    s = s + t2;
+    s = s + t3;
+    s = s + t4;
+    s = s + t5;
+    s = s + t6;
+    s = s + t7;
+  }
+  for (; i < d; ++i) s = s + terms[i];
+  return s;
+}
+
 // Word w of row r: one f32, or two 16-bit elements (the host sends odd-d 16-bit rows
 // through f32, so a row's words are its own).
 void put_word(uint r, uint k, float lo, float hi) {
@@ -77,11 +98,7 @@ void main() {
     terms[i] = sb_exp(d);
   }
   barrier();
-  if (t == 0u) {
-    precise float sum = 0.0;
-    for (uint i = 0u; i < args.d; ++i) sum = sum + terms[i];
-    part[0] = sb_rcp(sum);
-  }
+  if (t == 0u) part[0] = sb_rcp(sum_in_order(args.d));
   barrier();
   float inv = part[0];
   for (uint k = t; k < words; k += 64u) {
@@ -98,9 +115,7 @@ void main() {
   }
   barrier();
   if (t == 0u) {
-    precise float ss = 0.0;
-    for (uint i = 0u; i < args.d; ++i) ss = ss + terms[i];
-    precise float ms = ss * args.inv_d + args.eps;
+    precise float ms = sum_in_order(args.d) * args.inv_d + args.eps;
     part[0] = sb_rsqrt(ms);
   }
   barrier();
