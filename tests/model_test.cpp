@@ -115,6 +115,9 @@ models::Generation run_everywhere(const fs::path& out, const std::vector<int32_t
     auto g = models::generate(*session, prompt, steps, true, forced);
     EXPECT_TRUE(g.is_ok()) << dev << ": " << g.status().to_string();
     if (!g.is_ok()) continue;
+    // GPUs time each execute with their own timestamps; the CPU reports none.
+    if (dev == "cpu") EXPECT_LT(g->prefill_device_us, 0);
+    else EXPECT_GT(g->prefill_device_us, 0) << dev;
     if (first.logits.empty()) {
       first = std::move(g).value();
       continue;

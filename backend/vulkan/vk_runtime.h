@@ -41,6 +41,7 @@ class VulkanRuntime final : public gpu::MappedRuntime {
   // An execute is recorded in slices of kSliceDispatches, each submitted when full.
   static constexpr uint32_t kSliceDispatches = 128;
   size_t slice_ = 0;
+  bool per_dispatch_timing_ = false;  // SWITCHBOARD_OP_LOG: a timestamp pair per dispatch
   uint32_t slice_dispatches_ = 0;
   std::vector<const char*> timed_;  // kernels of the timed dispatches, in order
   double last_gpu_us_ = -1;
