@@ -355,6 +355,32 @@ TEST(ExportErrors, TruncatedSafetensors) {
   expect_export_error(d, {"model.safetensors"});
 }
 
+TEST(ExportErrors, ConfigValuesOutOfRange) {
+  fs::path d = copy_fixture("glm4_moe", "cfg_range");
+  edit_config(d, "\"n_shared_experts\": 1", "\"n_shared_experts\": 4611686018427387904");
+  expect_export_error(d, {"n_shared_experts", "outside [0, 64]"});
+  fs::path e = copy_fixture("mixtral", "cfg_theta");
+  edit_config(e, "\"rope_theta\": 10000.0", "\"rope_theta\": 0.5");
+  expect_export_error(e, {"rope_theta must be a finite number > 1"});
+}
+
+// A sharded checkpoint's index says which files hold the weights; others beside them are ignored,
+// and an index may not point outside the directory.
+TEST(ExportErrors, ShardIndexChoosesTheFiles) {
+  fs::path d = copy_fixture("mixtral", "indexed");
+  fs::copy_file(d / "model.safetensors", d / "consolidated.safetensors");  // a duplicate copy
+  std::ofstream(d / "model.safetensors.index.json") << R"({"weight_map": {"model.norm.weight": "model.safetensors"}})";
+  const fs::path out = scratch("indexed_out");
+  models::ExportOptions o;
+  o.max_seq = 32;
+  Status st = models::export_hf(d.string(), out.string() + "/", o);  // a trailing separator names the directory
+  EXPECT_TRUE(st.is_ok()) << st.to_string();
+  EXPECT_TRUE(fs::exists(out / "program.sbp"));
+  EXPECT_FALSE(fs::exists(out.string() + ".partial"));
+  std::ofstream(d / "model.safetensors.index.json") << R"({"weight_map": {"a": "../model.safetensors"}})";
+  expect_export_error(d, {"model.safetensors.index.json", "outside the model directory"});
+}
+
 TEST(ExportErrors, BadBitMapFile) {
   const fs::path map = scratch("bad_map.json");
   std::ofstream(map) << R"({"0": {"x": 4}})";

@@ -51,8 +51,7 @@ struct ValidateOptions {
 int run_validate(const ValidateOptions& o);
 
 struct BenchModelOptions {
-  std::string program, synthetic, device = "cpu";
-  int bits = 4, group_size = 64;
+  std::string program, device = "cpu";
   int64_t prompt_len = 512, gen = 64;
   int threads = 0;
   bool json = false;

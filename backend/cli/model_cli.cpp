@@ -98,7 +98,8 @@ int run_export(const ExportCliOptions& o) {
   if (o.tiny_test) {
     models::ModelConfig c = models::tiny_test_config();
     if (o.max_seq > 0) c.max_seq = o.max_seq;
-    st = models::check_format(c, e.format);
+    st = models::check_config(c);
+    if (st.is_ok()) st = models::check_format(c, e.format);
     if (st.is_ok()) {
       auto w = models::random_weights(c, e.format, 2026);
       st = w ? models::write_model(o.out, c, e.format, *w) : w.status();
@@ -108,6 +109,7 @@ int run_export(const ExportCliOptions& o) {
     st = c ? Status::ok() : c.status();
     if (st.is_ok() && o.max_seq > 0) c->max_seq = o.max_seq;
     if (st.is_ok() && o.bits == 0) st = make_error(StatusCode::kInvalidArgument, "--synthetic needs --bits");
+    if (st.is_ok()) st = models::check_config(*c);
     if (st.is_ok()) st = models::check_format(*c, e.format);
     if (st.is_ok()) {
       auto w = models::synthetic_weights(*c, e.format, 2026, progress_bar);
@@ -176,6 +178,9 @@ int run_validate(const ValidateOptions& o) {
     if (diverge < 0 && a.tokens[i] != b.tokens[i]) diverge = static_cast<int64_t>(i);
     if (diverge >= 0) continue;  // after a divergence the inputs differ: nothing to compare
     const Tensor &la = a.logits[i], &lb = b.logits[i];
+    if (la.shape() != lb.shape())
+      return fail("validate", make_error(StatusCode::kInvalidArgument, "the programs' logits differ in shape: %s vs %s",
+                                         shape_str(la.shape()).c_str(), shape_str(lb.shape()).c_str()));
     bitwise += std::memcmp(la.data(), lb.data(), la.nbytes()) == 0;
     for (int64_t v = 0; v < la.numel(); ++v)
       worst = std::max(worst, std::fabs(static_cast<double>(la.data_as<float>()[v]) - lb.data_as<float>()[v]));

@@ -128,6 +128,29 @@ namespace {
 
 // --- Hugging Face checkpoints ----------------------------------------------------------
 
+// The shard files a model.safetensors.index.json's weight_map names (each once).
+Status index_files(const fs::path& index, std::vector<std::string>* paths) {
+  std::ifstream in(index, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const auto j = nlohmann::json::parse(ss.str(), nullptr, false);
+  const auto bad = [&](const char* what) {
+    return make_error(StatusCode::kInvalidArgument, "%s: %s", index.c_str(), what);
+  };
+  if (j.is_discarded() || !j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
+    return bad("needs a \"weight_map\" object");
+  std::set<std::string> files;
+  for (const auto& [tensor, file] : j["weight_map"].items()) {
+    if (!file.is_string()) return bad("weight_map values must be file names");
+    const fs::path name = file.get<std::string>();
+    if (name.has_parent_path() || name.filename() != name || name.extension() != ".safetensors")
+      return bad("weight_map names a file outside the model directory");
+    files.insert((index.parent_path() / name).string());
+  }
+  paths->assign(files.begin(), files.end());
+  return Status::ok();
+}
+
 class Checkpoint {
  public:
   static Result<std::unique_ptr<Checkpoint>> open(const std::string& dir) {
@@ -135,8 +158,13 @@ class Checkpoint {
     ck->dir_ = dir;
     std::vector<std::string> paths;
     std::error_code ec;
-    for (const auto& entry : fs::directory_iterator(dir, ec))
-      if (entry.path().extension() == ".safetensors") paths.push_back(entry.path().string());
+    const fs::path index = fs::path(dir) / "model.safetensors.index.json";
+    if (fs::exists(index)) {  // sharded: exactly the files its weight_map names
+      SB_RETURN_IF_ERROR(index_files(index, &paths));
+    } else {
+      for (const auto& entry : fs::directory_iterator(dir, ec))
+        if (entry.path().extension() == ".safetensors") paths.push_back(entry.path().string());
+    }
     if (ec) return make_error(StatusCode::kNotFound, "%s: %s", dir.c_str(), ec.message().c_str());
     if (paths.empty()) return make_error(StatusCode::kNotFound, "%s: no *.safetensors files", dir.c_str());
     std::sort(paths.begin(), paths.end());
@@ -206,12 +234,15 @@ Result<std::pair<int, int>> mlx_quant(const Checkpoint& ck, const std::string& w
 // The tensor in f32 with the wanted shape; MLX codes (a .weight with .scales beside it)
 // are dequantized, e.g. an 8-bit router read into a float program.
 Result<Tensor> get_shaped(Checkpoint& ck, const std::string& name, const Shape& want) {
-  if (ck.has(name) && ck.entry(name).dtype == DType::kU32 && !want.empty()) {
+  if (ck.has(name) && ck.entry(name).dtype == DType::kU32 && !want.empty() && ends_with(name, ".weight")) {
     SB_ASSIGN_OR_RETURN(auto q, mlx_quant(ck, name, want.back()));
     const std::string stem = strip(name, ".weight");
     SB_ASSIGN_OR_RETURN(Tensor w, ck.raw(name));
     SB_ASSIGN_OR_RETURN(Tensor sc, ck.raw(stem + ".scales"));
     SB_ASSIGN_OR_RETURN(Tensor bi, ck.raw(stem + ".biases"));
+    if (!dtype_is_float(sc.dtype()) || !dtype_is_float(bi.dtype()))
+      return make_error(StatusCode::kInvalidArgument, "%s: tensor '%s.scales' / '.biases': must be float, are %s / %s",
+                        ck.file_of(name).c_str(), stem.c_str(), dtype_name(sc.dtype()), dtype_name(bi.dtype()));
     const int64_t k = want.back(), rows = k > 0 ? shape_numel(want).value() / k : 0;
     auto fit = [&](const Tensor& t, int64_t cols) { return t.reshaped({rows, cols}); };
     auto w2 = fit(w, k * q.first / 32), s2 = fit(sc, k / q.second), b2 = fit(bi, k / q.second);
@@ -347,6 +378,9 @@ Result<std::pair<int, int>> mlx_quant(const Checkpoint& ck, const std::string& w
   if (w.dtype != DType::kU32 || w.shape.empty() || s.shape.empty() || s.shape.back() <= 0 || k % s.shape.back() != 0)
     return make_error(StatusCode::kInvalidArgument, "%s: tensor '%s': not MLX-quantized codes for width %lld",
                       ck.file_of(weight).c_str(), weight.c_str(), (long long)k);
+  if (w.shape.back() > k)  // more than 32 bits per value: refused before any product can overflow
+    return make_error(StatusCode::kInvalidArgument, "%s: tensor '%s': %lld words for width %lld", ck.file_of(weight).c_str(),
+                      weight.c_str(), (long long)w.shape.back(), (long long)k);
   const int64_t bits = w.shape.back() * 32 / k, gs = k / s.shape.back();
   if (!quant_bits_allowed(static_cast<int>(bits)) || !quant_group_allowed(static_cast<int>(gs)) || w.shape.back() * 32 != bits * k)
     return make_error(StatusCode::kInvalidArgument, "%s: tensor '%s': %lld-bit groups of %lld are not supported",
@@ -431,7 +465,9 @@ Status write_model(const std::string& out_dir, const ModelConfig& c, const Expor
                    const std::vector<std::pair<std::string, Tensor>>& weights) {
   ProgramBuilder b;
   SB_RETURN_IF_ERROR(build_decoder(c, f, b));
-  const fs::path out(out_dir), tmp = fs::path(out_dir + ".partial");
+  fs::path out = fs::path(out_dir).lexically_normal();
+  if (!out.has_filename()) out = out.parent_path();  // "dir/" names dir: the temporary is its sibling
+  const fs::path tmp = fs::path(out.string() + ".partial");
   std::error_code ec;
   remove_all_quiet(tmp);
   fs::create_directories(tmp, ec);
@@ -446,9 +482,13 @@ Status write_model(const std::string& out_dir, const ModelConfig& c, const Expor
     remove_all_quiet(tmp);
     return st;
   }
-  fs::create_directories(out, ec);
-  for (const char* name : {"weights.safetensors", "program.sbp"}) {
-    if (!ec) fs::rename(tmp / name, out / name, ec);
+  if (!fs::exists(out)) {
+    fs::rename(tmp, out, ec);  // one step: OUT appears complete or not at all
+  } else {
+    // An existing OUT keeps its other files; the program goes last, so a reader that finds
+    // the new program.sbp also finds its weights.
+    for (const char* name : {"weights.safetensors", "program.sbp"})
+      if (!ec) fs::rename(tmp / name, out / name, ec);
   }
   remove_all_quiet(tmp);
   if (ec) return make_error(StatusCode::kIoError, "%s: %s", out_dir.c_str(), ec.message().c_str());

@@ -71,7 +71,7 @@ class Reader {
   std::string origin_;
 };
 
-Status parse_rope(const Reader& r, const Json& j, ModelConfig* c) {
+Status parse_rope(const Reader& r, int64_t max_pos, ModelConfig* c) {
   // transformers 5 nests the RoPE settings in rope_parameters; 4.x has rope_theta and rope_scaling.
   const Json* nested = r.find("rope_parameters");
   if (!nested) nested = r.find("rope_scaling");
@@ -91,7 +91,7 @@ Status parse_rope(const Reader& r, const Json& j, ModelConfig* c) {
   SB_RETURN_IF_ERROR(rp.number("factor", &c->yarn_factor, true));
   SB_RETURN_IF_ERROR(rp.number("beta_fast", &c->yarn_beta_fast));
   SB_RETURN_IF_ERROR(rp.number("beta_slow", &c->yarn_beta_slow));
-  c->yarn_original_max = c->max_seq;
+  c->yarn_original_max = max_pos;  // HF's default: the unclamped max_position_embeddings
   SB_RETURN_IF_ERROR(rp.integer("original_max_position_embeddings", &c->yarn_original_max, false));
   SB_RETURN_IF_ERROR(rp.boolean("truncate", &c->yarn_truncate));
   double mscale = 0, mscale_all = 0;
@@ -100,7 +100,6 @@ Status parse_rope(const Reader& r, const Json& j, ModelConfig* c) {
   auto get_mscale = [&](double m) { return c->yarn_factor <= 1 ? 1.0 : 0.1 * m * std::log(c->yarn_factor) + 1.0; };
   c->yarn_attention_factor = mscale != 0 && mscale_all != 0 ? get_mscale(mscale) / get_mscale(mscale_all) : get_mscale(1);
   SB_RETURN_IF_ERROR(rp.number("attention_factor", &c->yarn_attention_factor));
-  (void)j;
   return Status::ok();
 }
 
@@ -170,6 +169,12 @@ Status parse_family(const Reader& r, ModelConfig* c) {
     SB_RETURN_IF_ERROR(r.integer("topk_group", &topk_group, false));
     SB_RETURN_IF_ERROR(r.number("routed_scaling_factor", &c->routed_scaling_factor));
     SB_RETURN_IF_ERROR(r.integer("n_shared_experts", &n_shared, false));
+    if (n_group < 1 || n_group > 4096) return r.error("n_group", strformat("%lld is outside [1, 4096]", (long long)n_group));
+    if (topk_group < 1 || topk_group > n_group)
+      return r.error("topk_group", strformat("%lld is outside [1, n_group]", (long long)topk_group));
+    if (n_shared < 0 || n_shared > 64) return r.error("n_shared_experts", strformat("%lld is outside [0, 64]", (long long)n_shared));
+    if (c->expert_ffn < 0 || c->expert_ffn > (int64_t{1} << 18))
+      return r.error("moe_intermediate_size", strformat("%lld is outside [0, 2^18]", (long long)c->expert_ffn));
     c->n_group = static_cast<int>(n_group);
     c->topk_group = static_cast<int>(topk_group);
     c->shared_ffn = n_shared * c->expert_ffn;
@@ -228,7 +233,7 @@ Result<ModelConfig> parse_hf_config_text(const std::string& text, const std::str
   SB_RETURN_IF_ERROR(r.integer("intermediate_size", &c.dense_ffn, false));
   c.expert_ffn = c.dense_ffn;
   SB_RETURN_IF_ERROR(r.integer("moe_intermediate_size", &c.expert_ffn, false));
-  SB_RETURN_IF_ERROR(parse_rope(r, j, &c));
+  SB_RETURN_IF_ERROR(parse_rope(r, max_pos, &c));
   SB_RETURN_IF_ERROR(parse_activation(r, &c));
   SB_RETURN_IF_ERROR(parse_moe_layers(r, &c));
   SB_RETURN_IF_ERROR(parse_family(r, &c));
@@ -238,7 +243,8 @@ Result<ModelConfig> parse_hf_config_text(const std::string& text, const std::str
     int64_t bits = 0, gs = 0;
     SB_RETURN_IF_ERROR(rq.integer("bits", &bits));
     SB_RETURN_IF_ERROR(rq.integer("group_size", &gs));
-    if (!quant_bits_allowed(static_cast<int>(bits)) || !quant_group_allowed(static_cast<int>(gs)))
+    if (bits < 0 || bits > 64 || gs < 0 || gs > 4096 || !quant_bits_allowed(static_cast<int>(bits)) ||
+        !quant_group_allowed(static_cast<int>(gs)))
       return rq.error("bits", strformat("%lld-bit groups of %lld are not supported", (long long)bits, (long long)gs));
     c.mlx_quantized = true;
     c.mlx_bits = static_cast<int>(bits);
@@ -275,7 +281,13 @@ Status check_config(const ModelConfig& c) {
   if (c.heads <= 0 || c.kv_heads <= 0 || c.heads % c.kv_heads != 0)
     return bad("num_attention_heads must be a positive multiple of num_key_value_heads", c.heads);
   if (c.head_dim <= 0 || c.head_dim % 2 != 0) return bad("head_dim must be positive and even", c.head_dim);
-  if (c.rotary_dims() <= 0 || c.partial_rotary > 1.0) return bad("partial_rotary_factor leaves no rotary dims", 0);
+  if (!(c.partial_rotary > 0.0 && c.partial_rotary <= 1.0) || c.rotary_dims() <= 0)
+    return bad("partial_rotary_factor must lie in (0, 1] and leave rotary dims", 0);
+  if (!(c.rope_theta > 1.0 && c.rope_theta < 1e30)) return bad("rope_theta must be a finite number > 1", 0);
+  if (!(c.rms_eps >= 0.0f && c.rms_eps < 1.0f)) return bad("rms_norm_eps must lie in [0, 1)", 0);
+  if (c.yarn && !(c.yarn_factor > 0 && c.yarn_factor < 1e6 && c.yarn_beta_fast > 0 && c.yarn_beta_slow > 0 &&
+                  c.yarn_original_max > 0 && c.yarn_attention_factor > 0 && c.yarn_attention_factor < 1e6))
+    return bad("YaRN factor, betas, original_max_position_embeddings and attention_factor must be positive", 0);
   if (c.max_seq <= 0 || c.max_seq > (int64_t{1} << 24)) return bad("max_seq must be in [1, 2^24]", c.max_seq);
   if (static_cast<int64_t>(c.moe_layer.size()) != c.layers) return bad("moe_layer needs one entry per layer", c.layers);
   if (!c.sliding_window.empty() && static_cast<int64_t>(c.sliding_window.size()) != c.layers)
