@@ -86,6 +86,9 @@ float dot32(const float* x, const float* w, int64_t k);
 
 // Every element widened to f32 (f32, f16 or bf16 sources).
 std::vector<float> widen_f32(const Tensor& t);
+// t's elements as f32: its own data when it is f32 (no copy: weights are read every
+// step), else widened into *storage.
+const float* f32_data(const Tensor& t, std::vector<float>* storage);
 
 // An optional i32 index tensor read into int64, every entry checked to lie in
 // [0, limit); empty when the slot is absent. Errors name `field` and the entry.

@@ -29,6 +29,12 @@ std::vector<float> widen_f32(const Tensor& t) {
   return v;
 }
 
+const float* f32_data(const Tensor& t, std::vector<float>* storage) {
+  if (t.dtype() == DType::kF32) return t.data_as<float>();
+  *storage = widen_f32(t);
+  return storage->data();
+}
+
 Result<std::vector<int64_t>> read_indices(KernelContext& ctx, const std::unique_ptr<fb::Tid>& tid, const char* field,
                                           int64_t limit) {
   std::vector<int64_t> v;

@@ -95,13 +95,14 @@ Status gather_mm(KernelContext& ctx, const fb::OpNodeUnion& op) {
                          (n->lhs_indices || rows == 0 || pairs % rows == 0),
                      StatusCode::kInvalidArgument, "index lengths do not match (%lld pairs, %lld rows)",
                      (long long)pairs, (long long)rows);
-  const std::vector<float> xf = widen_f32(x), wf = widen_f32(w);
+  std::vector<float> x_store, w_store;
+  const float *xf = f32_data(x, &x_store), *wf = f32_data(w, &w_store);
   SB_ASSIGN_OR_RETURN(Tensor out, Tensor::zeros(x.dtype(), {pairs, nout}));
   parallel_for(pairs, 1, [&](int64_t b, int64_t e) {
     for (int64_t p = b; p < e; ++p) {
       const int64_t r = n->lhs_indices ? lhs[p] : (rows ? p * rows / pairs : 0), ex = n->rhs_indices ? rhs[p] : 0;
       for (int64_t j = 0; j < nout; ++j)
-        store_f32(out.mutable_data(), out.dtype(), p * nout + j, dot32(xf.data() + r * k, wf.data() + (ex * nout + j) * k, k));
+        store_f32(out.mutable_data(), out.dtype(), p * nout + j, dot32(xf + r * k, wf + (ex * nout + j) * k, k));
     }
   });
   return ctx.out(n->out.get(), std::move(out));

@@ -14,6 +14,7 @@
 #include "safetensors.h"
 #include "switchboard/model.h"
 #include "switchboard/switchboard.h"
+#include "cpu_common.h"
 #include "materialize.h"
 
 namespace switchboard::models {
@@ -31,17 +32,9 @@ Result<Tensor> to_dtype(const Tensor& f32, DType t) {
 }
 
 Result<Tensor> widen(const Tensor& t) {
-  SB_ASSIGN_OR_RETURN(Tensor out, Tensor::uninitialized(DType::kF32, t.shape()));
-  float* dst = out.mutable_data_as<float>();
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    switch (t.dtype()) {
-      case DType::kF32: dst[i] = t.data_as<float>()[i]; break;
-      case DType::kF16: dst[i] = f16_to_f32(t.data_as<uint16_t>()[i]); break;
-      case DType::kBF16: dst[i] = bf16_to_f32(t.data_as<uint16_t>()[i]); break;
-      default: return make_error(StatusCode::kInvalidArgument, "dtype %s is not a float", dtype_name(t.dtype()));
-    }
-  }
-  return out;
+  if (!dtype_is_float(t.dtype()))
+    return make_error(StatusCode::kInvalidArgument, "dtype %s is not a float", dtype_name(t.dtype()));
+  return Tensor::from_vector(DType::kF32, t.shape(), cpu::widen_f32(t));
 }
 
 std::string strip(const std::string& s, const char* suffix) { return s.substr(0, s.size() - std::strlen(suffix)); }
@@ -183,14 +176,9 @@ class Checkpoint {
   bool has(const std::string& name) const { return where_.count(name) != 0; }
   // The tensor widened to f32; marks it used.
   Result<Tensor> get(const std::string& name) {
-    auto it = where_.find(name);
-    if (it == where_.end())
-      return make_error(StatusCode::kNotFound, "%s: tensor '%s' is missing", dir_.c_str(), name.c_str());
-    used_.insert(name);
-    const SafetensorsFile& file = *files_[it->second];
-    SB_ASSIGN_OR_RETURN(Tensor t, file.tensor(name));
+    SB_ASSIGN_OR_RETURN(Tensor t, raw(name));
     auto w = widen(t);
-    if (!w) return make_error(StatusCode::kInvalidArgument, "%s: tensor '%s': %s", file.path().c_str(), name.c_str(),
+    if (!w) return make_error(StatusCode::kInvalidArgument, "%s: tensor '%s': %s", file_of(name).c_str(), name.c_str(),
                               w.status().message().c_str());
     return w;
   }
