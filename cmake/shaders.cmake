@@ -19,6 +19,7 @@ set(SB_KERNEL_VARIANTS
   permute:INVERT:invert_permutation
   gather_qmm:QUANTIZE:quantize_q8
   gather_qmm:QMM:qmm
+  gather_qmm:QMM_ROW:qmm_row
   permute:ARGSORT:argsort
   router:ROUTER:router
   gather_mm:GATHER_MM:gather_mm

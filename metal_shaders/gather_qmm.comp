@@ -6,7 +6,61 @@
 // run in the contract's fixed order.
 #include "common.glsl"
 
+#ifdef QMM_ROW
+layout(local_size_x = 256) in;
+#else
 layout(local_size_x = 64) in;
+#endif
+
+// The Q8 steps of docs/numerics.md for one 32-block from the bits of its amax (|x| as
+// bits orders non-negative floats, NaN above inf): the scale 2^sh for the codes and
+// d = 2^-sh; `zero` when every code is 0 (amax < 2^-100: d = 0; not finite: d = NaN).
+void q8_params(uint amax_bits, out float scale, out float d, out bool zero) {
+  bool finite = amax_bits <= 0x7f7fffffu;
+  zero = !finite || amax_bits < 0x0d800000u;  // 2^-100
+  scale = 0.0;
+  d = finite ? 0.0 : uintBitsToFloat(0x7fc00000u);
+  if (zero) return;
+  int sh = 6 - (int(amax_bits >> 23) - 127);
+  precise float top = uintBitsToFloat(amax_bits) * sb_pow2i(sh);
+  if (sb_gt(sb_round_even(top), 127.0)) --sh;
+  scale = sb_pow2i(sh);
+  d = sb_pow2i(-sh);
+}
+
+int q8_code(float x, float scale) {
+  precise float v = x * scale;
+  return int(sb_round_even(v));
+}
+
+// Exact int dot of a 32-block of codes (exactly `bits` words from codes[base]) with
+// the int8 activation block at word qb of QBUF; codes of 2, 4 and 8 bits never
+// straddle words. Defined per activation buffer (global or shared).
+#define SB_BLOCK_DOT(NAME, QBUF)                                                     \
+  int NAME(uint base, uint bits, uint qb) {                                          \
+    int iq = 0;                                                                      \
+    uint mask = (1u << bits) - 1u;                                                   \
+    if (bits == 4u || bits == 2u || bits == 8u) {                                    \
+      uint per_word = 32u / bits;                                                    \
+      for (uint w = 0u; w < bits; ++w) {                                             \
+        uint cw = codes[base + w];                                                   \
+        for (uint i = 0u; i < per_word; ++i) {                                       \
+          uint idx = w * per_word + i;                                               \
+          int xv = bitfieldExtract(int(QBUF[qb + (idx >> 2)]), int(8u * (idx & 3u)), 8); \
+          iq += int((cw >> (i * bits)) & mask) * xv;                                 \
+        }                                                                            \
+      }                                                                              \
+      return iq;                                                                     \
+    }                                                                                \
+    for (uint i = 0u; i < 32u; ++i) {                                                \
+      uint bit = i * bits;                                                           \
+      uint sh = bit & 31u;                                                           \
+      uint v = codes[base + (bit >> 5)] >> sh;                                       \
+      if (sh + bits > 32u) v |= codes[base + (bit >> 5) + 1u] << (32u - sh);         \
+      iq += int(v & mask) * bitfieldExtract(int(QBUF[qb + (i >> 2)]), int(8u * (i & 3u)), 8); \
+    }                                                                                \
+    return iq;                                                                       \
+  }
 
 #ifdef QUANTIZE
 // Thread -> output: invocation b quantizes 32-block b (row b / (k/32)): 8 words of
@@ -22,34 +76,22 @@ void main() {
   uint blocks = args.k / 32u;
   if (blk >= args.rows * blocks) return;
   uint base = blk * 32u;  // element index: row-major [rows, k] and blocks are contiguous
-  float amax = 0.0;
-  bool finite = true;
-  for (uint i = 0u; i < 32u; ++i) {
-    float a = uintBitsToFloat(floatBitsToUint(SB_LOAD(x, args.dtype, base + i)) & 0x7fffffffu);
-    finite = finite && sb_le(a, 3.4028235e38);
-    amax = sb_gt(a, amax) ? a : amax;
-  }
+  uint amax = 0u;
+  for (uint i = 0u; i < 32u; ++i) amax = max(amax, floatBitsToUint(SB_LOAD(x, args.dtype, base + i)) & 0x7fffffffu);
+  float scale, d;
+  bool zero;
+  q8_params(amax, scale, d, zero);
   int s = 0;
-  if (!finite || sb_lt(amax, 7.8886090522101181e-31)) {  // 2^-100
-    for (uint w = 0u; w < 8u; ++w) q[blk * 8u + w] = 0u;
-    dq[blk] = finite ? 0.0 : uintBitsToFloat(0x7fc00000u);
-  } else {
-    int sh = 6 - (int((floatBitsToUint(amax) >> 23) & 0xffu) - 127);
-    precise float top = amax * sb_pow2i(sh);
-    if (sb_gt(sb_round_even(top), 127.0)) --sh;
-    float scale = sb_pow2i(sh);
-    for (uint w = 0u; w < 8u; ++w) {
-      uint word = 0u;
-      for (uint j = 0u; j < 4u; ++j) {
-        precise float v = SB_LOAD(x, args.dtype, base + w * 4u + j) * scale;
-        int c = int(sb_round_even(v));
-        s += c;
-        word |= (uint(c) & 0xffu) << (8u * j);
-      }
-      q[blk * 8u + w] = word;
+  for (uint w = 0u; w < 8u; ++w) {
+    uint word = 0u;
+    for (uint j = 0u; !zero && j < 4u; ++j) {
+      int c = q8_code(SB_LOAD(x, args.dtype, base + w * 4u + j), scale);
+      s += c;
+      word |= (uint(c) & 0xffu) << (8u * j);
     }
-    dq[blk] = sb_pow2i(-sh);
+    q[blk * 8u + w] = word;
   }
+  dq[blk] = d;
   sq[blk] = s;
 }
 #endif
@@ -78,32 +120,7 @@ const uint kMaxPerWg = 64u;
 shared float s_term[kMaxTerms];
 shared float s_out[kMaxPerWg];
 
-// Exact int dot of 32-block j of a code row (a block is exactly `bits` words) with
-// the activation block at word qb.
-int block_dot(uint base, uint bits, uint qb) {
-  int iq = 0;
-  if (bits == 4u || bits == 2u || bits == 8u) {  // codes never straddle words
-    uint per_word = 32u / bits, mask = (1u << bits) - 1u;
-    for (uint w = 0u; w < bits; ++w) {
-      uint cw = codes[base + w];
-      for (uint i = 0u; i < per_word; ++i) {
-        uint idx = w * per_word + i;
-        int xv = bitfieldExtract(int(q[qb + (idx >> 2)]), int(8u * (idx & 3u)), 8);
-        iq += int((cw >> (i * bits)) & mask) * xv;
-      }
-    }
-    return iq;
-  }
-  uint mask = (1u << bits) - 1u;
-  for (uint i = 0u; i < 32u; ++i) {
-    uint bit = i * bits;
-    uint sh = bit & 31u;
-    uint v = codes[base + (bit >> 5)] >> sh;
-    if (sh + bits > 32u) v |= codes[base + (bit >> 5) + 1u] << (32u - sh);
-    iq += int(v & mask) * bitfieldExtract(int(q[qb + (i >> 2)]), int(8u * (i & 3u)), 8);
-  }
-  return iq;
-}
+SB_BLOCK_DOT(block_dot, q)
 
 // Group g's term of output e (0 on bad data, which raises an error bit).
 float group_term(uint e, uint g) {
@@ -163,6 +180,139 @@ void main() {
       bool two = per == 2u && i + 1u < count;
       o[i / per] = sb_encode_word(s_out[tid * per], two ? s_out[tid * per + 1u] : 0.0, args.out_dtype);
     }
+  }
+}
+#endif
+
+#ifdef QMM_ROW
+// Few-row GatherQmm (decode) in one dispatch: workgroup (pair p, tile t) quantizes
+// its pair's row of x into shared memory (the QUANTIZE steps: same codes, d and
+// sums), then computes outputs [t*per_wg, t*per_wg + per_wg) of pair p.
+// Thread -> output: task (output o, group g) -> threads tid, tid + 256, ...; each
+// forms group g's term s*P + b*X of output o, blocks in order; then thread o adds
+// output o's terms in group order.
+layout(std430, binding = 0) readonly buffer X { uint x[]; };
+layout(std430, binding = 1) readonly buffer Wt { uint codes[]; };
+layout(std430, binding = 2) readonly buffer Sc { uint scales[]; };
+layout(std430, binding = 3) readonly buffer Bi { uint biases[]; };
+layout(std430, binding = 4) readonly buffer L { int lhs[]; };
+layout(std430, binding = 5) readonly buffer R { int rhs[]; };
+layout(std430, binding = 6) readonly buffer Ex { uint expert_info[]; };  // [E] bits, then [E] word offsets
+layout(std430, binding = 7) writeonly buffer O { uint o[]; };
+layout(std430, binding = 8) buffer Er { uint err[]; };
+layout(push_constant) uniform Args { SB_QMM_ARGS } args;
+
+const uint kThreads = 256u;
+const uint kMaxTerms = 1024u;  // per_wg * groups (the host checks)
+const uint kMaxPerWg = 256u;
+const uint kBlocks = SB_QMM_STAGE_K / 32u;
+shared uint s_q[SB_QMM_STAGE_K / 4u];
+shared uint s_amax[kBlocks];
+shared int s_sum[kBlocks];
+shared float s_d[kBlocks];
+shared float s_term[kMaxTerms];
+shared float s_out[kMaxPerWg];
+
+SB_BLOCK_DOT(staged_dot, s_q)
+
+// 4-bit block: 4 code words against 8 staged activation words.
+int staged_dot4(uint base, uint qb) {
+  uint c0 = codes[base], c1 = codes[base + 1u], c2 = codes[base + 2u], c3 = codes[base + 3u];
+  uint cw[4] = uint[4](c0, c1, c2, c3);
+  int iq = 0;
+  for (uint w = 0u; w < 4u; ++w) {
+    int xa = int(s_q[qb + 2u * w]), xb = int(s_q[qb + 2u * w + 1u]);
+    uint c = cw[w];
+    iq += int(c & 15u) * bitfieldExtract(xa, 0, 8) + int((c >> 4u) & 15u) * bitfieldExtract(xa, 8, 8) +
+          int((c >> 8u) & 15u) * bitfieldExtract(xa, 16, 8) + int((c >> 12u) & 15u) * bitfieldExtract(xa, 24, 8) +
+          int((c >> 16u) & 15u) * bitfieldExtract(xb, 0, 8) + int((c >> 20u) & 15u) * bitfieldExtract(xb, 8, 8) +
+          int((c >> 24u) & 15u) * bitfieldExtract(xb, 16, 8) + int(c >> 28u) * bitfieldExtract(xb, 24, 8);
+  }
+  return iq;
+}
+
+// Row r of x -> s_q (int8 codes), s_d, s_sum: unit u = elements [8u, 8u + 8) of block u / 4.
+void stage_row(uint r, uint tid) {
+  uint blocks = args.k / 32u, units = args.k / 8u, xbase = r * args.k;
+  for (uint b = tid; b < blocks; b += kThreads) {
+    s_amax[b] = 0u;
+    s_sum[b] = 0;
+  }
+  barrier();
+  for (uint u = tid; u < units; u += kThreads) {
+    uint m = 0u;
+    for (uint i = 0u; i < 8u; ++i) m = max(m, floatBitsToUint(SB_LOAD(x, args.x_dtype, xbase + u * 8u + i)) & 0x7fffffffu);
+    atomicMax(s_amax[u >> 2u], m);
+  }
+  barrier();
+  for (uint u = tid; u < units; u += kThreads) {
+    float scale, d;
+    bool zero;
+    q8_params(s_amax[u >> 2u], scale, d, zero);
+    uint w[2] = uint[2](0u, 0u);
+    int s = 0;
+    for (uint i = 0u; !zero && i < 8u; ++i) {
+      int c = q8_code(SB_LOAD(x, args.x_dtype, xbase + u * 8u + i), scale);
+      s += c;
+      w[i >> 2u] |= (uint(c) & 0xffu) << (8u * (i & 3u));
+    }
+    s_q[2u * u] = w[0];
+    s_q[2u * u + 1u] = w[1];
+    if (s != 0) atomicAdd(s_sum[u >> 2u], s);
+    if ((u & 3u) == 0u) s_d[u >> 2u] = d;
+  }
+  barrier();
+}
+
+void main() {
+  uint wg = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
+  uint tid = gl_LocalInvocationID.x;
+  if (wg >= args.pairs * args.tiles) return;  // uniform over the workgroup
+  uint p = wg / args.tiles, n0 = (wg % args.tiles) * args.per_wg;
+  uint cnt = min(args.per_wg, args.n - n0);
+  int ex = args.has_rhs != 0u ? rhs[p] : 0;
+  int r = args.has_lhs != 0u ? lhs[p] : int(p * args.rows / args.pairs);
+  bool bad = ex < 0 || uint(ex) >= args.experts || r < 0 || uint(r) >= args.rows;
+  uint bits = bad ? 0u : expert_info[ex];
+  if (bits == 0u) {  // uniform: one pair per workgroup
+    if (tid == 0u) atomicOr(err[0], bad ? SB_ERR_INDEX : SB_ERR_PRUNED);
+    return;
+  }
+  if (tid == 0u && n0 == 0u && args.sorted != 0u && p > 0u && rhs[p - 1u] > ex) atomicOr(err[0], SB_ERR_UNSORTED);
+  stage_row(uint(r), tid);
+
+  uint row_words = args.k * bits / 32u, per_group = args.group_size / 32u;
+  uint wbase = expert_info[args.experts + uint(ex)] + n0 * row_words;
+  uint tasks = cnt * args.groups;
+  for (uint t = tid; t < tasks; t += kThreads) {
+    uint oi = t / args.groups, g = t - oi * args.groups;
+    uint sidx = (uint(ex) * args.n + n0 + oi) * args.groups + g;
+    float sc = SB_LOAD(scales, args.scale_dtype, sidx);
+    float bc = SB_LOAD(biases, args.scale_dtype, sidx);
+    uint row = wbase + oi * row_words;
+    precise float pg = 0.0, xg = 0.0;
+    for (uint j = g * per_group; j < (g + 1u) * per_group; ++j) {
+      int iq = bits == 4u ? staged_dot4(row + j * 4u, j * 8u) : staged_dot(row + j * bits, bits, j * 8u);
+      float d = s_d[j];
+      pg = pg + float(iq) * d;
+      xg = xg + float(s_sum[j]) * d;
+    }
+    precise float term = sc * pg + bc * xg;
+    s_term[t] = term;
+  }
+  barrier();
+  if (tid < cnt) {
+    precise float acc = 0.0;
+    for (uint g = 0u; g < args.groups; ++g) acc = acc + s_term[tid * args.groups + g];
+    s_out[tid] = acc;
+  }
+  barrier();
+  uint per = sb_per_word(args.out_dtype);
+  uint e0 = p * args.n + n0;  // even when per == 2 (the host checks n and per_wg)
+  if (tid * per < cnt) {
+    uint i = tid * per;
+    bool two = per == 2u && i + 1u < cnt;
+    o[(e0 + i) / per] = sb_encode_word(s_out[i], two ? s_out[i + 1u] : 0.0, args.out_dtype);
   }
 }
 #endif

@@ -43,12 +43,15 @@
 // gather_qmm.comp QUANTIZE: x [rows, k] -> q (int8 in words), d, sum per 32-block.
 #define SB_Q8_ARGS uint rows; uint k; uint dtype; uint pad0;
 // gather_qmm.comp QMM: out [pairs, n] (x's dtype), experts of per-expert bits.
-// `per_wg` consecutive outputs per workgroup (even: whole f16/bf16 words).
+// QMM: `per_wg` consecutive outputs per workgroup (even: whole f16/bf16 words).
+// QMM_ROW: workgroup (pair p, tile t) computes outputs [t*per_wg, t*per_wg + per_wg)
+// of pair p (`tiles` tiles per pair) from x itself (of x_dtype), quantized in-kernel.
+#define SB_QMM_STAGE_K 8192  // longest K whose Q8 row QMM_ROW stages in shared memory
 #define SB_QMM_ARGS \
   uint pairs; uint n; uint k; uint groups; \
   uint group_size; uint rows; uint experts; uint scale_dtype; \
   uint out_dtype; uint has_lhs; uint has_rhs; uint sorted; \
-  uint per_wg; uint pad0; uint pad1; uint pad2;
+  uint per_wg; uint x_dtype; uint tiles; uint pad0;
 // permute.comp GATHER_ROWS: out [rows] of x [src_rows], rows of `row_units` units of
 // `unit_bytes` (1, 2 or 4). INVERT: inv[idx[p]] = p for p < rows (inv prefilled with ~0).
 #define SB_PERMUTE_ARGS uint rows; uint src_rows; uint row_units; uint unit_bytes; uint out_words; uint pad0; uint pad1; uint pad2;

@@ -21,6 +21,7 @@ struct Case {
   DType x_dtype = DType::kF32, scale_dtype = DType::kF16;
   std::vector<int64_t> lhs, rhs;  // empty: absent
   bool sorted = false;
+  bool special_x = false;  // blocks of zeros, of values below 2^-100 and near f32's top
   uint32_t seed = 1;
 };
 
@@ -37,6 +38,12 @@ Built make_inputs(const Case& c) {
   std::vector<double> w(static_cast<size_t>(out.words)), x(static_cast<size_t>(c.tokens * c.k));
   for (auto& v : w) v = rng();  // any bit pattern is a valid code stream
   for (auto& v : x) v = normal(rng);
+  for (size_t i = 0; c.special_x && i < x.size(); ++i) {
+    const size_t block = i / 32 % 4;
+    if (block == 1) x[i] = 0;
+    if (block == 2) x[i] *= 1e-31;  // amax < 2^-100: codes and d are 0
+    if (block == 3 && i / 128 % 2 == 1) x[i] *= 1e37;
+  }
   const int64_t g = c.k / c.group, sn = c.experts * c.n * g;
   std::vector<double> s(static_cast<size_t>(sn)), bi(static_cast<size_t>(sn));
   for (auto& v : s) v = 0.02 * normal(rng);
@@ -125,6 +132,57 @@ TEST(GatherQmmDevices, EveryWidthGroupAndScaleDtype) {
                    dtype_name(c.scale_dtype) + ", x " + dtype_name(c.x_dtype));
       run(c);
     }
+}
+
+// GPUs run few pair rows (decode) through one kernel that quantizes each row in its
+// workgroup and many (prefill) through a Q8 pass and a second kernel: cover both, the
+// longest row the first stages, tile widening and the Q8 edge blocks.
+TEST(GatherQmmDevices, RowAndBatchSchedules) {
+  std::mt19937 rng(5);
+  Case many;  // 40 pairs: past the row kernel's limit
+  many.bits.assign(4, 4);
+  many.tokens = 5;
+  for (int i = 0; i < 40; ++i) {
+    many.lhs.push_back(static_cast<int64_t>(rng() % 5));
+    many.rhs.push_back(static_cast<int64_t>(rng() % 4));
+  }
+  Case longest;  // K = 8192: each thread stages four 8-element units
+  longest.bits = {4, 3};
+  longest.experts = 2;
+  longest.uniform = false;
+  longest.k = 8192;
+  longest.n = 6;
+  longest.tokens = 2;
+  longest.lhs = {1, 0, 1};
+  longest.rhs = {1, 0, 0};
+  longest.x_dtype = DType::kBF16;
+  Case too_long = longest;  // K past the staging limit: the two-pass schedule
+  too_long.k = 8192 + 64;
+  Case wide;  // 4224 outputs of 128 groups: the tiles widen
+  wide.bits.assign(1, 4);
+  wide.experts = 1;
+  wide.k = 4096;
+  wide.group = 32;
+  wide.n = 4224;
+  wide.tokens = 1;
+  Case special;  // zero, tiny and huge blocks, f16 activations, every width
+  special.bits = {2, 4, 8, 5};
+  special.uniform = false;
+  special.k = 512;
+  special.special_x = true;
+  special.x_dtype = DType::kF16;
+  special.lhs = {0, 1, 2, 0};
+  special.rhs = {0, 1, 2, 3};
+  Case special_many = special;
+  for (int i = 0; i < 36; ++i) {
+    special_many.lhs.push_back(i % 3);
+    special_many.rhs.push_back(i % 4);
+  }
+  special_many.x_dtype = DType::kF32;
+  for (const Case* c : {&many, &longest, &too_long, &wide, &special, &special_many}) {
+    SCOPED_TRACE("k " + std::to_string(c->k) + ", n " + std::to_string(c->n));
+    run(*c);
+  }
 }
 
 TEST(GatherQmmDevices, MixedBitsWithPrunedExpertSortedPairs) {

@@ -337,6 +337,12 @@ Status bind_indices(KernelContext& ctx, const std::unique_ptr<fb::Tid>& lhs_tid,
   return Status::ok();
 }
 
+// GatherQmm takes the one-dispatch row kernel (qmm_row) up to this many (pair) rows:
+// each of its workgroups quantizes a row of x, cheap while rows are few (decode).
+constexpr int64_t kQmmRowMaxPairs = 32;
+// Workgroups qmm_row keeps at least, widening its tiles only above it (fills a large GPU).
+constexpr int64_t kQmmRowMinWorkgroups = 1056;
+
 Status gather_qmm(KernelContext& ctx, const fb::OpNodeUnion& op) {
   const auto* n = op.AsGatherQmmNode();
   Runtime& rt = rt_of(ctx);
@@ -373,18 +379,7 @@ Status gather_qmm(KernelContext& ctx, const fb::OpNodeUnion& op) {
   }
   SB_ASSIGN_OR_RETURN(Tensor info_t, Tensor::from_vector(DType::kU32, {2 * experts}, info));
   SB_ASSIGN_OR_RETURN(BufferRef bi, rt.bind(info_t, false));
-
-  // Q8 activation blocks.
-  const int64_t blocks = rows * (kdim / 32);
-  SB_ASSIGN_OR_RETURN(Tensor q, rt.alloc(DType::kI32, {rows * kdim / 4}));
-  SB_ASSIGN_OR_RETURN(Tensor d, rt.alloc(DType::kF32, {blocks}));
-  SB_ASSIGN_OR_RETURN(Tensor s, rt.alloc(DType::kI32, {blocks}));
-  SB_ASSIGN_OR_RETURN(BufferRef bq, rt.bind(q, false));
-  SB_ASSIGN_OR_RETURN(BufferRef bd, rt.bind(d, false));
-  SB_ASSIGN_OR_RETURN(BufferRef bsum, rt.bind(s, false));
-  k::Q8Args qa{static_cast<uint32_t>(rows), static_cast<uint32_t>(kdim), static_cast<uint32_t>(x.dtype()), 0};
   SB_RETURN_IF_ERROR(u32_count(rows * kdim, "GatherQmm x").status());
-  SB_RETURN_IF_ERROR(rt.dispatch("quantize_q8", {bx, bq, bd, bsum}, &qa, sizeof(qa), static_cast<uint64_t>(blocks)));
 
   SB_ASSIGN_OR_RETURN(Tensor out, rt.alloc(x.dtype(), {pairs, nout}));
   SB_ASSIGN_OR_RETURN(BufferRef bo, rt.bind(out, false));
@@ -398,19 +393,44 @@ Status gather_qmm(KernelContext& ctx, const fb::OpNodeUnion& op) {
   args.experts = static_cast<uint32_t>(experts);
   args.scale_dtype = static_cast<uint32_t>(scales.dtype());
   args.out_dtype = static_cast<uint32_t>(x.dtype());
+  args.x_dtype = static_cast<uint32_t>(x.dtype());
   args.has_lhs = lhs.defined();
   args.has_rhs = rhs.defined();
   args.sorted = sorted != 0;
-  // Outputs per workgroup: enough (output, group) tasks for its 64 threads, even so
-  // f16/bf16 words are whole, within the shader's shared arrays (gather_qmm.comp).
   const int64_t groups = scales.dim(2);
-  int64_t per_wg = std::clamp<int64_t>(64 / std::max<int64_t>(groups, 1), 2, 64) & ~int64_t{1};
-  SB_CHECK_OR_RETURN(per_wg * groups <= 1024, StatusCode::kUnimplemented,
-                     "GatherQmm on Vulkan: %lld groups per row exceed 512", (long long)groups);
-  args.per_wg = static_cast<uint32_t>(per_wg);
-  const uint64_t workgroups = static_cast<uint64_t>((pairs * nout + per_wg - 1) / per_wg);
-  SB_RETURN_IF_ERROR(rt.dispatch("qmm", {bq, bd, bsum, bw, bs, bb, bl, br, bi, bo, rt.error_word()}, &args,
-                                 sizeof(args), 64 * workgroups));
+  const bool row_path = pairs <= kQmmRowMaxPairs && kdim <= SB_QMM_STAGE_K && groups <= 512 &&
+                        (x.dtype() == DType::kF32 || nout % 2 == 0);
+  if (row_path) {
+    // One workgroup per (pair, tile of outputs) quantizes its row itself: no Q8 dispatch.
+    int64_t per_wg = std::max<int64_t>(2, 256 / groups) & ~int64_t{1};
+    auto tiles = [&](int64_t t) { return (nout + t - 1) / t; };
+    while (2 * per_wg * groups <= 1024 && 2 * per_wg <= 256 && pairs * tiles(2 * per_wg) >= kQmmRowMinWorkgroups)
+      per_wg *= 2;
+    args.per_wg = static_cast<uint32_t>(per_wg);
+    args.tiles = static_cast<uint32_t>(tiles(per_wg));
+    SB_RETURN_IF_ERROR(rt.dispatch("qmm_row", {bx, bw, bs, bb, bl, br, bi, bo, rt.error_word()}, &args, sizeof(args),
+                                   256 * static_cast<uint64_t>(pairs * tiles(per_wg))));
+  } else {
+    // Q8 activation blocks, then the matmul.
+    const int64_t blocks = rows * (kdim / 32);
+    SB_ASSIGN_OR_RETURN(Tensor q, rt.alloc(DType::kI32, {rows * kdim / 4}));
+    SB_ASSIGN_OR_RETURN(Tensor d, rt.alloc(DType::kF32, {blocks}));
+    SB_ASSIGN_OR_RETURN(Tensor s, rt.alloc(DType::kI32, {blocks}));
+    SB_ASSIGN_OR_RETURN(BufferRef bq, rt.bind(q, false));
+    SB_ASSIGN_OR_RETURN(BufferRef bd, rt.bind(d, false));
+    SB_ASSIGN_OR_RETURN(BufferRef bsum, rt.bind(s, false));
+    k::Q8Args qa{static_cast<uint32_t>(rows), static_cast<uint32_t>(kdim), static_cast<uint32_t>(x.dtype()), 0};
+    SB_RETURN_IF_ERROR(rt.dispatch("quantize_q8", {bx, bq, bd, bsum}, &qa, sizeof(qa), static_cast<uint64_t>(blocks)));
+    // Outputs per workgroup: enough (output, group) tasks for its 64 threads, even so
+    // f16/bf16 words are whole, within the shader's shared arrays (gather_qmm.comp).
+    int64_t per_wg = std::clamp<int64_t>(64 / std::max<int64_t>(groups, 1), 2, 64) & ~int64_t{1};
+    SB_CHECK_OR_RETURN(per_wg * groups <= 1024, StatusCode::kUnimplemented,
+                       "GatherQmm on Vulkan: %lld groups per row exceed 512", (long long)groups);
+    args.per_wg = static_cast<uint32_t>(per_wg);
+    const uint64_t workgroups = static_cast<uint64_t>((pairs * nout + per_wg - 1) / per_wg);
+    SB_RETURN_IF_ERROR(rt.dispatch("qmm", {bq, bd, bsum, bw, bs, bb, bl, br, bi, bo, rt.error_word()}, &args,
+                                   sizeof(args), 64 * workgroups));
+  }
   if (!n->combine_weights) return ctx.out(n->out.get(), std::move(out));
   // Fused down-projection + combine: by the contract its bits are those of the stored
   // (rounded) product followed by Combine, which is what the device runs.
