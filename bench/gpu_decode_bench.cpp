@@ -1,0 +1,190 @@
+// Per-op cost of the decode-step kernels on a device: a program of R copies of one op
+// (distinct weights per copy, so weights are not cache-resident across copies), device
+// time from the device's timestamps divided by R. That is the op's kernel time plus
+// its share of launch and barrier cost, which is what a decode step pays per op.
+// Run: build/release/bin/gpu_decode_bench --device vulkan [--reps 16] [--iters 20]
+// Prints one JSON object per case.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "switchboard/builder.h"
+#include "switchboard/switchboard.h"
+
+using namespace switchboard;
+
+namespace {
+
+Tensor random_words(int64_t n, uint64_t seed) {
+  Tensor t = Tensor::zeros(DType::kU32, {n}).value();
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (int64_t i = 0; i < n; ++i) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    t.mutable_data_as<uint32_t>()[i] = static_cast<uint32_t>(x);
+  }
+  return t;
+}
+
+// Normal values of `scale`, f32 or bf16 (truncated: any values do for timing).
+Tensor filled(DType dt, Shape s, uint64_t seed, float scale) {
+  Tensor t = Tensor::zeros(dt, s).value();
+  std::mt19937 rng(static_cast<uint32_t>(seed));
+  std::normal_distribution<float> d(0.f, scale);
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    const float v = d(rng);
+    uint32_t bits;
+    std::memcpy(&bits, &v, 4);
+    if (dt == DType::kF32) t.mutable_data_as<float>()[i] = v;
+    else t.mutable_data_as<uint16_t>()[i] = static_cast<uint16_t>(bits >> 16);
+  }
+  return t;
+}
+
+// The program's inputs: x [1, width], and for the expert ops rhs [8] (8 random experts
+// of 64) and lhs [8] (pair p reads row p of the down projection's [8, 768] input).
+struct In {
+  TensorRef x, rhs, lhs;
+};
+
+struct Case {
+  std::string name;
+  double bytes_per_op = 0;  // weight bytes one op reads
+  // Adds op copy r to b (its constants into `c`, named per copy), returns its output.
+  std::function<TensorRef(ProgramBuilder&, int, const In&, std::map<std::string, Tensor>&)> op;
+  bool chained = false;  // op r consumes op r-1's output (else every op reads the inputs)
+  bool indices = false;  // the program has rhs/lhs inputs
+  Shape x_shape = {1, 2048};
+};
+
+// Quantized 4-bit, group-64 experts [E, N, K] as constants named <p>w/s/b<r>.
+QuantizedExperts experts(ProgramBuilder& b, std::map<std::string, Tensor>& c, const std::string& p, int r, int64_t e,
+                         int64_t n, int64_t k) {
+  const std::string id = std::to_string(r);
+  c[p + "w" + id] = random_words(e * n * k / 8, 7 + r).reshaped({e, n, k / 8}).value();
+  c[p + "s" + id] = filled(DType::kBF16, {e, n, k / 64}, 11 + r, 0.01f);
+  c[p + "b" + id] = filled(DType::kBF16, {e, n, k / 64}, 13 + r, 0.01f);
+  return {b.constant(p + "w" + id, DType::kU32, {e, n, k / 8}), b.constant(p + "s" + id, DType::kBF16, {e, n, k / 64}),
+          b.constant(p + "b" + id, DType::kBF16, {e, n, k / 64}), 4, 64, {}};
+}
+
+std::vector<Case> cases() {
+  std::vector<Case> v;
+  v.push_back({"add_1x2048 (dispatch cost)", 0,
+               [](ProgramBuilder& b, int r, const In& in, std::map<std::string, Tensor>& c) {
+                 return b.add(in.x, in.x);
+               },
+               true});
+  v.push_back({"rms_norm_1x2048", 0,
+               [](ProgramBuilder& b, int r, const In& in, std::map<std::string, Tensor>& c) {
+                 c["nw" + std::to_string(r)] = filled(DType::kF32, {2048}, r, 1.f);
+                 return b.rms_norm(in.x, b.constant("nw" + std::to_string(r), DType::kF32, {2048}));
+               },
+               true});
+  v.push_back({"router_softmax_top8_of_128", 0,
+               [](ProgramBuilder& b, int r, const In& in, std::map<std::string, Tensor>& c) {
+                 RouterSpec spec;
+                 spec.k = 8;
+                 spec.renormalize = true;
+                 c["lg" + std::to_string(r)] = filled(DType::kF32, {1, 128}, 17 + r, 1.f);
+                 return b.router(b.constant("lg" + std::to_string(r), DType::kF32, {1, 128}), spec).weights;
+               }});
+  // Qwen3-30B-A3B decode: 8 of 64 experts (distinct per copy), gate/up and down shapes.
+  const double gate_bytes = 8.0 * 768 * 2048 * (0.5 + 4.0 / 64);
+  v.push_back({"qmm_gate_8x768x2048_4bit", gate_bytes,
+               [](ProgramBuilder& b, int r, const In& in, std::map<std::string, Tensor>& c) {
+                 GatherOptions o;
+                 o.rhs_indices = in.rhs;
+                 return b.gather_qmm(in.x, experts(b, c, "g", r, 64, 768, 2048), o);
+               },
+               false, true});
+  v.push_back({"qmm_down_8x2048x768_4bit", gate_bytes,
+               [](ProgramBuilder& b, int r, const In& in, std::map<std::string, Tensor>& c) {
+                 GatherOptions o;
+                 o.rhs_indices = in.rhs;
+                 o.lhs_indices = in.lhs;
+                 return b.gather_qmm(in.x, experts(b, c, "d", r, 64, 2048, 768), o);
+               },
+               false, true, {8, 768}});
+  v.push_back({"qmm_qproj_4096x2048_4bit", 4096.0 * 2048 * (0.5 + 4.0 / 64),
+               [](ProgramBuilder& b, int r, const In& in, std::map<std::string, Tensor>& c) {
+                 return b.gather_qmm(in.x, experts(b, c, "q", r, 1, 4096, 2048));
+               }});
+  return v;
+}
+
+int run(const std::string& device, int reps, int iters) {
+  for (const Case& cs : cases()) {
+    ProgramBuilder b;
+    std::map<std::string, Tensor> consts;
+    In in{b.input("x", DType::kF32, {cs.x_shape[0], cs.x_shape[1]}), {}, {}};
+    if (cs.indices) in.rhs = b.input("rhs", DType::kI32, {8}), in.lhs = b.input("lhs", DType::kI32, {8});
+    TensorRef cur = in.x;
+    for (int r = 0; r < reps; ++r) {
+      In ri = in;
+      if (cs.chained) ri.x = cur;
+      TensorRef y = cs.op(b, r, ri, consts);
+      if (cs.chained) cur = y;
+      else b.output("y" + std::to_string(r), y);
+    }
+    if (cs.chained) b.output("y", cur);
+    auto bytes = b.serialize();
+    if (!bytes) return std::fprintf(stderr, "%s: %s\n", cs.name.c_str(), bytes.status().to_string().c_str()), 1;
+    LoadOptions lo;
+    lo.constants.assign(consts.begin(), consts.end());
+    auto program = Program::from_bytes(std::move(bytes).value(), "gpu_decode_bench", lo);
+    if (!program) return std::fprintf(stderr, "%s\n", program.status().to_string().c_str()), 1;
+    auto session = Session::create(*program, SessionOptions{device, false});
+    if (!session) return std::fprintf(stderr, "%s\n", session.status().to_string().c_str()), 1;
+    Session& s = **session;
+    (void)s.set_input("x", filled(DType::kF32, cs.x_shape, 3, 1.f));
+    std::mt19937 rng(5);
+    std::vector<double> device_us, wall_us;
+    for (int i = 0; i < iters + 1; ++i) {
+      std::vector<int32_t> rhs(8), lhs(8);
+      for (int j = 0; j < 8; ++j) rhs[j] = static_cast<int32_t>(rng() % 64), lhs[j] = j;
+      if (cs.indices) {
+        (void)s.set_input("rhs", Tensor::from_vector<int32_t>(DType::kI32, {8}, rhs).value());
+        (void)s.set_input("lhs", Tensor::from_vector<int32_t>(DType::kI32, {8}, lhs).value());
+      }
+      auto t0 = std::chrono::steady_clock::now();
+      if (Status st = s.execute(); !st) return std::fprintf(stderr, "%s\n", st.to_string().c_str()), 1;
+      const double wall = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+      if (i == 0) continue;  // warm-up: uploads, pipelines
+      device_us.push_back(s.last_device_time_us() / reps);
+      wall_us.push_back(wall / reps);
+    }
+    std::sort(device_us.begin(), device_us.end());
+    std::sort(wall_us.begin(), wall_us.end());
+    const double dev = device_us[device_us.size() / 2], wall = wall_us[wall_us.size() / 2];
+    nlohmann::json j = {{"benchmark", "gpu_decode"}, {"case", cs.name}, {"device", s.device_name()},
+                        {"ops_per_execute", reps}, {"wall_us_per_op", wall}};
+    if (dev > 0) {
+      j["device_us_per_op"] = dev;
+      if (cs.bytes_per_op > 0) j["weight_gbps"] = cs.bytes_per_op / (dev * 1e-6) / 1e9;
+    }
+    std::printf("%s\n", j.dump().c_str());
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string device = "vulkan";
+  int reps = 16, iters = 20;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (!std::strcmp(argv[i], "--device")) device = argv[i + 1];
+    else if (!std::strcmp(argv[i], "--reps")) reps = std::max(1, std::atoi(argv[i + 1]));
+    else if (!std::strcmp(argv[i], "--iters")) iters = std::max(1, std::atoi(argv[i + 1]));
+  }
+  return run(device, reps, iters);
+}
