@@ -2,7 +2,7 @@
 // (distinct weights per copy, so weights are not cache-resident across copies), device
 // time from the device's timestamps divided by R. That is the op's kernel time plus
 // its share of launch and barrier cost, which is what a decode step pays per op.
-// Run: build/release/bin/gpu_decode_bench --device vulkan [--reps 16] [--iters 20]
+// Run: build/release/bin/gpu_decode_bench --device vulkan [--reps 16] [--iters 20] [--case NAME-PART]
 // Prints one JSON object per case.
 #include <algorithm>
 #include <chrono>
@@ -120,8 +120,9 @@ std::vector<Case> cases() {
   return v;
 }
 
-int run(const std::string& device, int reps, int iters) {
+int run(const std::string& device, int reps, int iters, const std::string& only) {
   for (const Case& cs : cases()) {
+    if (cs.name.find(only) == std::string::npos) continue;
     ProgramBuilder b;
     std::map<std::string, Tensor> consts;
     In in{b.input("x", DType::kF32, {cs.x_shape[0], cs.x_shape[1]}), {}, {}};
@@ -181,10 +182,12 @@ int run(const std::string& device, int reps, int iters) {
 int main(int argc, char** argv) {
   std::string device = "vulkan";
   int reps = 16, iters = 20;
+  std::string only;  // --case: run the cases whose name contains it
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--device")) device = argv[i + 1];
     else if (!std::strcmp(argv[i], "--reps")) reps = std::max(1, std::atoi(argv[i + 1]));
     else if (!std::strcmp(argv[i], "--iters")) iters = std::max(1, std::atoi(argv[i + 1]));
+    else if (!std::strcmp(argv[i], "--case")) only = argv[i + 1];
   }
-  return run(device, reps, iters);
+  return run(device, reps, iters, only);
 }

@@ -43,27 +43,42 @@ void put(uint i, float v) {
 }
 
 #ifdef SB_ROW
-shared float terms[SB_NORM_ROW_MAX];
+shared vec4 terms4[SB_NORM_ROW_MAX / 4];  // vec4: the adding thread loads 16 bytes at a time
 shared float part[64];
+#define TERM(i) terms4[(i) >> 2u][(i)&3u]
 
-// terms[0] + terms[1] + ... + terms[d-1], left to right. Eight loads are issued before
-// their adds, so the one thread waits on shared memory once per eight terms, not each.
+#define SB_ADD4(s, v) \
+  s = s + v.x;        \
+  s = s + v.y;        \
+  s = s + v.z;        \
+  s = s + v.w;
+
+// terms 0, 1, ..., d-1 added left to right. Software-pipelined: the next 16 terms load
+// while these 16 add, so the one thread waits on the adds' latency, not on shared memory.
 float sum_in_order(uint d) {
   precise float s = 0.0;
   uint i = 0u;
-  for (; i + 8u <= d; i += 8u) {
-    float t0 = terms[i], t1 = terms[i + 1u], t2 = terms[i + 2u], t3 = terms[i + 3u];
-    float t4 = terms[i + 4u], t5 = terms[i + 5u], t6 = terms[i + 6u], t7 = terms[i + 7u];
-    s = s + t0;
-    s = s + t1;
-    s = s + t2;
-    s = s + t3;
-    s = s + t4;
-    s = s + t5;
-    s = s + t6;
-    s = s + t7;
+  if (d >= 16u) {
+    vec4 a0 = terms4[0], a1 = terms4[1], a2 = terms4[2], a3 = terms4[3];
+    for (; i + 32u <= d; i += 16u) {
+      uint q = (i + 16u) >> 2u;
+      vec4 b0 = terms4[q], b1 = terms4[q + 1u], b2 = terms4[q + 2u], b3 = terms4[q + 3u];
+      SB_ADD4(s, a0)
+      SB_ADD4(s, a1)
+      SB_ADD4(s, a2)
+      SB_ADD4(s, a3)
+      a0 = b0;
+      a1 = b1;
+      a2 = b2;
+      a3 = b3;
+    }
+    SB_ADD4(s, a0)
+    SB_ADD4(s, a1)
+    SB_ADD4(s, a2)
+    SB_ADD4(s, a3)
+    i += 16u;
   }
-  for (; i < d; ++i) s = s + terms[i];
+  for (; i < d; ++i) s = s + TERM(i);
   return s;
 }
 
@@ -95,15 +110,15 @@ void main() {
   m = part[0];
   for (uint i = t; i < args.d; i += 64u) {
     precise float d = xin(r, i) - m;
-    terms[i] = sb_exp(d);
+    TERM(i) = sb_exp(d);
   }
   barrier();
   if (t == 0u) part[0] = sb_rcp(sum_in_order(args.d));
   barrier();
   float inv = part[0];
   for (uint k = t; k < words; k += 64u) {
-    precise float lo = terms[k * per] * inv;
-    precise float hi = per == 2u ? terms[k * per + 1u] * inv : 0.0;
+    precise float lo = TERM(k * per) * inv;
+    precise float hi = per == 2u ? TERM(k * per + 1u) * inv : 0.0;
     put_word(r, k, lo, hi);
   }
 #endif
@@ -111,7 +126,7 @@ void main() {
   for (uint i = t; i < args.d; i += 64u) {
     float v = xin(r, i);
     precise float sq = v * v;
-    terms[i] = sq;
+    TERM(i) = sq;
   }
   barrier();
   if (t == 0u) {

@@ -3,8 +3,9 @@
 // Fused MoE routers (softmax -> top-k, top-k -> softmax, sigmoid + bias + grouped
 // top-k); twin of cpu_fallback/router.cpp. Thread -> output: workgroup t routes
 // token t. Elementwise steps run in parallel; sums run on thread 0 in index (or slot)
-// order as docs/numerics.md fixes; each selection is a tree over the threads'
-// candidates, exact because "better" is a strict total order (value, then id).
+// order as docs/numerics.md fixes; top-k is a rank count per expert (grouped routers:
+// rounds of a tree over the threads' candidates), exact because "better" is a strict
+// total order (value, then id).
 #include "common.glsl"
 
 layout(local_size_x = 64) in;
@@ -66,6 +67,36 @@ uint pick(bool use_c, uint lo, uint hi) {
   uint r = r_i[0];
   barrier();
   return r;
+}
+
+// Top-k without rounds: an allowed expert's slot is the number of allowed experts
+// better than it ("better" is a strict total order, so slots are distinct); slots
+// left empty (fewer than k allowed) raise SB_ERR_ROUTER and hold expert 0, as pick() does.
+void select_by_rank(bool use_c, uint e) {
+  uint tid = gl_LocalInvocationID.x;
+  for (uint j = tid; j < args.k; j += kThreads) s_id[j] = NONE;
+  barrier();
+  for (uint i = tid; i < e; i += kThreads) {
+    if ((s_f[i] & ALLOWED) == 0u) continue;
+    float v = use_c ? s_c[i] : s_v[i];
+    uint rank = 0u;
+    for (uint j = 0u; j < e && rank < args.k; ++j)
+      if ((s_f[j] & ALLOWED) != 0u && better(use_c ? s_c[j] : s_v[j], j, v, i)) ++rank;
+    if (rank < args.k) {
+      s_id[rank] = i;
+      s_w[rank] = s_v[i];
+    }
+  }
+  barrier();
+  if (tid == 0u) {
+    for (uint j = 0u; j < args.k; ++j) {
+      if (s_id[j] != NONE) continue;
+      atomicOr(err[0], SB_ERR_ROUTER);
+      s_id[j] = 0u;
+      s_w[j] = s_v[0];
+    }
+  }
+  barrier();
 }
 
 // Softmax over s_w[0..k) in slot order (thread 0).
@@ -162,16 +193,20 @@ void main() {
     for (uint i = tid; i < e; i += kThreads) s_f[i] &= (ALLOWED | TAKEN);
     barrier();
   }
-  for (uint j = 0u; j < args.k; ++j) {
-    uint best = pick(args.kind == 2u, 0u, e);
-    if (tid == 0u) {
-      if (best == NONE) atomicOr(err[0], SB_ERR_ROUTER);
-      uint id = best == NONE ? 0u : best;
-      s_f[id] |= TAKEN;
-      s_id[j] = id;
-      s_w[j] = s_v[id];
+  if (args.kind == 2u && args.n_group > 1u) {
+    for (uint j = 0u; j < args.k; ++j) {
+      uint best = pick(true, 0u, e);
+      if (tid == 0u) {
+        if (best == NONE) atomicOr(err[0], SB_ERR_ROUTER);
+        uint id = best == NONE ? 0u : best;
+        s_f[id] |= TAKEN;
+        s_id[j] = id;
+        s_w[j] = s_v[id];
+      }
+      barrier();
     }
-    barrier();
+  } else {
+    select_by_rank(args.kind == 2u, e);
   }
   if (tid != 0u) return;
   if (args.kind == 1u) {

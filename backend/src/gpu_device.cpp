@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <unordered_map>
 
 #include "cpu_common.h"
 #include "exact_math.h"
@@ -29,8 +30,19 @@ class GpuDevice final : public Device {
   double last_device_us() const override { return rt_->last_gpu_us(); }
   long queued_refs(const Tensor& t) const override { return rt_->queued_refs(t); }
   Runtime& rt() { return *rt_; }
+  // A per-node table of words computed on the host (GatherQmm's expert table), kept
+  // and bound as a constant: uploaded on the node's first run only.
+  Result<BufferRef> node_table(const void* node, const std::vector<uint32_t>& words) {
+    auto it = node_tables_.find(node);
+    if (it == node_tables_.end()) {
+      SB_ASSIGN_OR_RETURN(Tensor t, Tensor::from_vector(DType::kU32, {static_cast<int64_t>(words.size())}, words));
+      it = node_tables_.emplace(node, std::move(t)).first;
+    }
+    return rt_->bind(it->second, true);
+  }
 
  private:
+  std::unordered_map<const void*, Tensor> node_tables_;
   std::unique_ptr<Runtime> rt_;
   std::string name_;
   KernelRegistry registry_;
@@ -377,8 +389,7 @@ Status gather_qmm(KernelContext& ctx, const fb::OpNodeUnion& op) {
   if (n->sorted_indices) {
     SB_ASSIGN_OR_RETURN(sorted, ctx.resolve(n->sorted_indices.get()));
   }
-  SB_ASSIGN_OR_RETURN(Tensor info_t, Tensor::from_vector(DType::kU32, {2 * experts}, info));
-  SB_ASSIGN_OR_RETURN(BufferRef bi, rt.bind(info_t, false));
+  SB_ASSIGN_OR_RETURN(BufferRef bi, static_cast<GpuDevice&>(ctx.device()).node_table(n, info));
   SB_RETURN_IF_ERROR(u32_count(rows * kdim, "GatherQmm x").status());
 
   SB_ASSIGN_OR_RETURN(Tensor out, rt.alloc(x.dtype(), {pairs, nout}));

@@ -92,17 +92,17 @@ Result<BufferRef> MappedRuntime::bind(const Tensor& t, bool constant) {
   bool inside = false;
   if (pool_->find(t.data(), t.nbytes(), b, off, inside) && off % alignment_ == 0) {
     keep_.push_back(t);
+    if (t.storage_id()) ++kept_[t.storage_id()];
     return BufferRef{b.handle, off, std::min(bytes, b.size - off)};
   }
   if (constant)
-    for (auto& [key, dev] : constants_)
-      if (key.first == t.data() && key.second == t.nbytes()) return bind(dev, false);
+    if (auto it = constants_.find({t.data(), t.nbytes()}); it != constants_.end()) return bind(it->second, false);
   // A host tensor is copied in now (its bytes are final). A misaligned view of device
   // memory is copied too, after the queued work that may write it has finished.
   if (inside) SB_RETURN_IF_ERROR(sync());
   SB_ASSIGN_OR_RETURN(Tensor dev, alloc(t.dtype(), t.shape()));
   if (t.nbytes()) std::memcpy(dev.mutable_data(), t.data(), t.nbytes());
-  if (constant) constants_.push_back({{t.data(), t.nbytes()}, dev});
+  if (constant) constants_.emplace(std::make_pair(t.data(), t.nbytes()), dev);
   return bind(dev, false);
 }
 
@@ -147,13 +147,13 @@ Status MappedRuntime::probe_numerics() {
 }
 
 long MappedRuntime::queued_refs(const Tensor& t) const {
-  long n = 0;
-  for (const Tensor& k : keep_) n += k.shares_storage(t);
-  return n;
+  auto it = t.storage_id() ? kept_.find(t.storage_id()) : kept_.end();
+  return it == kept_.end() ? 0 : it->second;
 }
 
 uint32_t MappedRuntime::finish_submission() {
   keep_.clear();
+  kept_.clear();
   auto* err = error_.mutable_data_as<uint32_t>();
   const uint32_t bits = err[0];
   err[0] = 0;

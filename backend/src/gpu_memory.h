@@ -6,6 +6,7 @@
 #pragma once
 
 #include <map>
+#include <unordered_map>
 #include <memory>
 #include <mutex>
 #include <utility>
@@ -68,8 +69,16 @@ class MappedRuntime : public GpuRuntime {
 
  private:
   uint64_t max_range_ = 0, alignment_ = 16;
-  std::vector<Tensor> keep_;  // operands of recorded dispatches
-  std::vector<std::pair<std::pair<const void*, size_t>, Tensor>> constants_;  // host bytes -> device copy
+  // Operands of recorded dispatches, and how many of them hold each storage.
+  std::vector<Tensor> keep_;
+  std::unordered_map<const void*, long> kept_;
+  struct KeyHash {
+    size_t operator()(const std::pair<const void*, size_t>& k) const {
+      return std::hash<const void*>()(k.first) ^ (k.second * 0x9E3779B97F4A7C15ull);
+    }
+  };
+  // Host bytes (address, size) -> their device copy: looked up on every bind of a weight.
+  std::unordered_map<std::pair<const void*, size_t>, Tensor, KeyHash> constants_;
   Tensor error_;
 };
 

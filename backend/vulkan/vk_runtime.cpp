@@ -4,6 +4,7 @@
 #include <dlfcn.h>
 #include <vulkan/vulkan.h>
 
+#include <array>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -417,6 +418,7 @@ Status VulkanRuntime::begin_slice() {
     if (!per_dispatch_timing_) c.vkCmdWriteTimestamp(c.cmds[0], VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, c.timestamps, 0);
   }
   slice_dispatches_ = 0;
+  bound_ = nullptr;  // a new command buffer has no pipeline bound
   return Status::ok();
 }
 
@@ -454,8 +456,9 @@ Status VulkanRuntime::dispatch(const char* kernel, const std::vector<gpu::Buffer
                      (unsigned long long)invocations);
   SB_RETURN_IF_ERROR(begin_if_needed());
   VkCommandBuffer cmd = c.cmds[slice_];
-  std::vector<VkDescriptorBufferInfo> infos(bindings.size());
-  std::vector<VkWriteDescriptorSet> writes(bindings.size());
+  // Fixed arrays: this runs thousands of times per decode step.
+  std::array<VkDescriptorBufferInfo, kernels::kMaxBindings> infos;
+  std::array<VkWriteDescriptorSet, kernels::kMaxBindings> writes;
   for (size_t i = 0; i < bindings.size(); ++i) {
     infos[i] = {reinterpret_cast<VkBuffer>(bindings[i].buffer), bindings[i].offset, bindings[i].range};
     writes[i] = {VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET};
@@ -468,9 +471,13 @@ Status VulkanRuntime::dispatch(const char* kernel, const std::vector<gpu::Buffer
   if (timed) {
     c.vkCmdWriteTimestamp(cmd, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, c.timestamps, static_cast<uint32_t>(2 * timed_.size()));
   }
-  c.vkCmdBindPipeline(cmd, VK_PIPELINE_BIND_POINT_COMPUTE, p->pipeline);
+  // A dispatch waits for the earlier ones only where it touches what they write, or
+  // writes what they read; independent neighbours (q/k/v projections) may overlap.
+  if (per_dispatch_timing_ || hazard(bindings, p->info->access)) barrier();
+  if (p != bound_) c.vkCmdBindPipeline(cmd, VK_PIPELINE_BIND_POINT_COMPUTE, p->pipeline);
+  bound_ = p;
   c.vkCmdPushDescriptorSetKHR(cmd, VK_PIPELINE_BIND_POINT_COMPUTE, p->layout, 0,
-                              static_cast<uint32_t>(writes.size()), writes.data());
+                              static_cast<uint32_t>(bindings.size()), writes.data());
   c.vkCmdPushConstants(cmd, p->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, static_cast<uint32_t>(args_size), args);
   c.vkCmdDispatch(cmd, static_cast<uint32_t>(gx), static_cast<uint32_t>(gy), 1);
   if (timed) {
@@ -478,13 +485,7 @@ Status VulkanRuntime::dispatch(const char* kernel, const std::vector<gpu::Buffer
                           static_cast<uint32_t>(2 * timed_.size() + 1));
     timed_.push_back(p->info->name);  // the table's name: `kernel` may not outlive the call
   }
-  // Every dispatch sees the writes of the ones before it.
-  VkMemoryBarrier mb{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
-  mb.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT;
-  mb.dstAccessMask = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_HOST_READ_BIT;
-  c.vkCmdPipelineBarrier(cmd, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
-                         VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &mb, 0, nullptr, 0,
-                         nullptr);
+  track(bindings, p->info->access);
   // Hand full slices to the GPU while recording goes on, so the two overlap. Barriers order
   // dispatches across command buffers too: their scopes follow the queue's submission order.
   if (++slice_dispatches_ >= kSliceDispatches) {
@@ -495,10 +496,60 @@ Status VulkanRuntime::dispatch(const char* kernel, const std::vector<gpu::Buffer
   return Status::ok();
 }
 
+// Device writes so far -> later dispatches and the host; forgets the pending accesses.
+void VulkanRuntime::barrier() {
+  Context& c = *ctx_;
+  VkCommandBuffer cmd = c.cmds[slice_];
+  VkMemoryBarrier mb{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
+  mb.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT;
+  mb.dstAccessMask = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_HOST_READ_BIT;
+  c.vkCmdPipelineBarrier(cmd, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
+                         VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &mb, 0, nullptr, 0,
+                         nullptr);
+  reads_.clear();
+  writes_.clear();
+}
+
+namespace {
+bool overlaps(const gpu::BufferRef& a, const gpu::BufferRef& b) {
+  return a.buffer == b.buffer && a.offset < b.offset + b.range && b.offset < a.offset + a.range;
+}
+bool overlaps_any(const gpu::BufferRef& a, const std::vector<gpu::BufferRef>& v) {
+  for (const gpu::BufferRef& b : v)
+    if (overlaps(a, b)) return true;
+  return false;
+}
+}  // namespace
+
+// Whether a dispatch with these bindings must wait for the dispatches since the last
+// barrier: it reads or writes what they write, or writes what they read. The status
+// word is exempt: kernels only atomicOr into it, in any order.
+bool VulkanRuntime::hazard(const std::vector<gpu::BufferRef>& bindings, const kernels::Access* access) {
+  if (!err_.buffer) err_ = error_word();
+  const gpu::BufferRef& err = err_;
+  for (size_t i = 0; i < bindings.size(); ++i) {
+    const gpu::BufferRef& b = bindings[i];
+    if (b.buffer == err.buffer && b.offset == err.offset) continue;
+    if (overlaps_any(b, writes_)) return true;
+    if (access[i] != kernels::Access::kRead && overlaps_any(b, reads_)) return true;
+  }
+  return false;
+}
+
+void VulkanRuntime::track(const std::vector<gpu::BufferRef>& bindings, const kernels::Access* access) {
+  if (!err_.buffer) err_ = error_word();
+  const gpu::BufferRef& err = err_;
+  for (size_t i = 0; i < bindings.size(); ++i) {
+    if (bindings[i].buffer == err.buffer && bindings[i].offset == err.offset) continue;
+    (access[i] == kernels::Access::kRead ? reads_ : writes_).push_back(bindings[i]);
+  }
+}
+
 Status VulkanRuntime::sync() {
   if (!recording_) return Status::ok();
   Context& c = *ctx_;
   recording_ = false;
+  barrier();  // the host reads what the last dispatches wrote
   if (c.timestamps && !per_dispatch_timing_)
     c.vkCmdWriteTimestamp(c.cmds[slice_], VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, c.timestamps, 1);
   SB_RETURN_IF_ERROR(submit_slice());

@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "gpu_kernel_table.h"
 #include "gpu_memory.h"
 
 namespace switchboard::vulkan {
@@ -34,6 +35,9 @@ class VulkanRuntime final : public gpu::MappedRuntime {
   Status begin_slice();
   Status submit_slice();
   void log_timestamps();
+  void barrier();  // into the current slice
+  bool hazard(const std::vector<gpu::BufferRef>& bindings, const kernels::Access* access);
+  void track(const std::vector<gpu::BufferRef>& bindings, const kernels::Access* access);
 
   std::shared_ptr<Context> ctx_;
   std::string description_;
@@ -45,6 +49,10 @@ class VulkanRuntime final : public gpu::MappedRuntime {
   uint32_t slice_dispatches_ = 0;
   std::vector<const char*> timed_;  // kernels of the timed dispatches, in order
   double last_gpu_us_ = -1;
+  const void* bound_ = nullptr;
+  // Device memory the dispatches since the last barrier read and write.
+  std::vector<gpu::BufferRef> reads_, writes_;
+  gpu::BufferRef err_;  // the status word (fixed for the runtime's life)  // the pipeline bound in the current slice's command buffer
 };
 
 }  // namespace switchboard::vulkan

@@ -56,6 +56,8 @@ class Tensor {
   // Tensors sharing this storage, this one included.
   long storage_use_count() const { return storage_.use_count(); }
   bool shares_storage(const Tensor& o) const { return storage_ && storage_ == o.storage_; }
+  // Identifies the storage (equal for tensors that share it; null without storage).
+  const void* storage_id() const { return storage_.get(); }
   // A deep copy into fresh storage.
   Tensor clone() const;
   // Values converted to double (for tests and printing).
