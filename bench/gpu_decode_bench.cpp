@@ -96,6 +96,11 @@ std::vector<Case> cases() {
                  c["lg" + std::to_string(r)] = filled(DType::kF32, {1, 128}, 17 + r, 1.f);
                  return b.router(b.constant("lg" + std::to_string(r), DType::kF32, {1, 128}), spec).weights;
                }});
+  v.push_back({"matmul_router_1x2048x128_f32", 128.0 * 2048 * 4,
+               [](ProgramBuilder& b, int r, const In& in, std::map<std::string, Tensor>& c) {
+                 c["rw" + std::to_string(r)] = filled(DType::kF32, {128, 2048}, 19 + r, 0.02f);
+                 return b.matmul(in.x, b.constant("rw" + std::to_string(r), DType::kF32, {128, 2048}));
+               }});
   // Qwen3-30B-A3B decode: 8 of 64 experts (distinct per copy), gate/up and down shapes.
   const double gate_bytes = 8.0 * 768 * 2048 * (0.5 + 4.0 / 64);
   v.push_back({"qmm_gate_8x768x2048_4bit", gate_bytes,

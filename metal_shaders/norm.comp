@@ -6,9 +6,9 @@
 // words when d is even for 16-bit dtypes, else two adjacent rows' threads would share
 // a word, so the host runs 16-bit odd-d rows through an f32 temporary.
 // SOFTMAX_ROW / RMS_NORM_ROW (d <= SB_NORM_ROW_MAX): workgroup g computes row g; its
-// threads stage the row's terms (exps, squares) in shared memory and write the outputs,
-// invocation t the row's words t, t + 64, ...; thread 0 alone adds the terms, in index
-// order, so the bits are the sequential kernel's.
+// 256 threads stage the row's terms (exps, squares) in shared memory and write the
+// outputs, invocation t the row's words t, t + 256, ...; thread 0 alone adds the terms,
+// in index order, so the bits are the sequential kernel's.
 #include "common.glsl"
 #ifdef SOFTMAX_ROW
 #define SOFTMAX
@@ -19,7 +19,12 @@
 #define SB_ROW
 #endif
 
+#ifdef SB_ROW
+const uint kRow = 256u;  // threads per row (the kernel table's local size)
+layout(local_size_x = 256) in;
+#else
 layout(local_size_x = 64) in;
+#endif
 layout(std430, binding = 0) readonly buffer X { uint x[]; };
 #ifdef RMS_NORM
 layout(std430, binding = 1) readonly buffer W { uint w[]; };
@@ -44,7 +49,7 @@ void put(uint i, float v) {
 
 #ifdef SB_ROW
 shared vec4 terms4[SB_NORM_ROW_MAX / 4];  // vec4: the adding thread loads 16 bytes at a time
-shared float part[64];
+shared float part[kRow];
 #define TERM(i) terms4[(i) >> 2u][(i)&3u]
 
 #define SB_ADD4(s, v) \
@@ -92,41 +97,61 @@ void put_word(uint r, uint k, float lo, float hi) {
   o[(r * args.d) / 2u + k] = sb_encode16(lo, args.out_dtype) | (sb_encode16(hi, args.out_dtype) << 16);
 }
 
+// x[r, i0 + j*kRow] for j < 8 (0 past the row): eight loads in flight per thread.
+void load8(uint r, uint i0, out float v[8]) {
+  for (uint j = 0u; j < 8u; ++j) {
+    uint i = i0 + j * kRow;
+    v[j] = i < args.d ? xin(r, i) : 0.0;
+  }
+}
+
 void main() {
   uint r = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
   if (r >= args.rows) return;  // uniform across the workgroup
   uint t = gl_LocalInvocationID.x;
   uint per = args.out_dtype == SB_DT_F32 ? 1u : 2u, words = args.d / per;
+  float v[8];
 #ifdef SOFTMAX
   float m = xin(r, 0u);  // max is order-free: any grouping gives the sequential result
-  for (uint i = t; i < args.d; i += 64u) m = sb_max(m, xin(r, i));
+  for (uint i0 = t; i0 < args.d; i0 += 8u * kRow) {
+    load8(r, i0, v);
+    for (uint j = 0u; j < 8u; ++j)
+      if (i0 + j * kRow < args.d) m = sb_max(m, v[j]);
+  }
   part[t] = m;
   barrier();
   if (t == 0u) {
-    for (uint j = 1u; j < 64u; ++j) m = sb_max(m, part[j]);
+    for (uint j = 1u; j < kRow; ++j) m = sb_max(m, part[j]);
     part[0] = m;
   }
   barrier();
   m = part[0];
-  for (uint i = t; i < args.d; i += 64u) {
-    precise float d = xin(r, i) - m;
-    TERM(i) = sb_exp(d);
+  for (uint i0 = t; i0 < args.d; i0 += 8u * kRow) {
+    load8(r, i0, v);
+    for (uint j = 0u; j < 8u; ++j) {
+      uint i = i0 + j * kRow;
+      precise float d = v[j] - m;
+      if (i < args.d) TERM(i) = sb_exp(d);
+    }
   }
   barrier();
   if (t == 0u) part[0] = sb_rcp(sum_in_order(args.d));
   barrier();
   float inv = part[0];
-  for (uint k = t; k < words; k += 64u) {
+  for (uint k = t; k < words; k += kRow) {
     precise float lo = TERM(k * per) * inv;
     precise float hi = per == 2u ? TERM(k * per + 1u) * inv : 0.0;
     put_word(r, k, lo, hi);
   }
 #endif
 #ifdef RMS_NORM
-  for (uint i = t; i < args.d; i += 64u) {
-    float v = xin(r, i);
-    precise float sq = v * v;
-    TERM(i) = sq;
+  for (uint i0 = t; i0 < args.d; i0 += 8u * kRow) {
+    load8(r, i0, v);
+    for (uint j = 0u; j < 8u; ++j) {
+      uint i = i0 + j * kRow;
+      precise float sq = v[j] * v[j];
+      if (i < args.d) TERM(i) = sq;
+    }
   }
   barrier();
   if (t == 0u) {
@@ -135,11 +160,23 @@ void main() {
   }
   barrier();
   float inv = part[0];
-  for (uint k = t; k < words; k += 64u) {
-    uint i = k * per;
-    precise float lo = (xin(r, i) * inv) * SB_LOAD(w, args.dtype, i);
-    precise float hi = per == 2u ? (xin(r, i + 1u) * inv) * SB_LOAD(w, args.dtype, i + 1u) : 0.0;
-    put_word(r, k, lo, hi);
+  // Four words per thread in flight: their x and weight loads issue before the math.
+  for (uint k0 = t; k0 < words; k0 += 4u * kRow) {
+    float xs[8], ws[8];
+    for (uint j = 0u; j < 4u; ++j) {
+      uint k = k0 + j * kRow, i = k * per;
+      bool in_row = k < words;
+      xs[2u * j] = in_row ? xin(r, i) : 0.0;
+      ws[2u * j] = in_row ? SB_LOAD(w, args.dtype, i) : 0.0;
+      xs[2u * j + 1u] = in_row && per == 2u ? xin(r, i + 1u) : 0.0;
+      ws[2u * j + 1u] = in_row && per == 2u ? SB_LOAD(w, args.dtype, i + 1u) : 0.0;
+    }
+    for (uint j = 0u; j < 4u; ++j) {
+      if (k0 + j * kRow >= words) continue;
+      precise float lo = (xs[2u * j] * inv) * ws[2u * j];
+      precise float hi = (xs[2u * j + 1u] * inv) * ws[2u * j + 1u];
+      put_word(r, k0 + j * kRow, lo, per == 2u ? hi : 0.0);
+    }
   }
 #endif
 }

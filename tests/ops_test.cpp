@@ -676,6 +676,12 @@ TEST(Matmul, BF16WithBias) {
   check_matmul(kBF16, {2, 2, 8}, {8, 5}, false, false, kBF16Matmul);
 }
 // Small integers: every partial sum is an integer below 2^24, exact in f32 in any order, so exact.
+// Rows past 256: each GPU lane loads its terms in several batches of eight.
+TEST(Matmul, LongRowsTakeSeveralLoadBatches) {
+  check_matmul(kF32, {2, 600}, {3, 600}, true, true, kF32Matmul);
+  check_matmul(kBF16, {1, 777}, {777, 4}, false, false, kBF16Matmul);
+}
+
 TEST(Matmul, SmallIntegersAreExactInAnyOrder) {
   check_matmul(kF32, {3, 16}, {5, 16}, true, true, Tolerance::exact(), true);
   check_matmul(kF32, {2, 3, 16}, {16, 5}, false, true, Tolerance::exact(), true);

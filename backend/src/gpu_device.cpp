@@ -527,7 +527,7 @@ Status norm_rows(KernelContext& ctx, const char* kernel, const fb::Tid* x_tid, c
   // Rows that fit in shared memory: a workgroup each (terms staged, one thread adds them).
   const bool per_row = d > 0 && d <= SB_NORM_ROW_MAX;
   const char* name = !per_row ? kernel : w_tid ? "rms_norm_row" : "softmax_row";
-  SB_RETURN_IF_ERROR(rt.dispatch(name, binds, &args, sizeof(args), static_cast<uint64_t>(rows) * (per_row ? 64 : 1)));
+  SB_RETURN_IF_ERROR(rt.dispatch(name, binds, &args, sizeof(args), static_cast<uint64_t>(rows) * (per_row ? 256 : 1)));
   if (via_f32) {
     SB_ASSIGN_OR_RETURN(Tensor narrow, rt.alloc(x.dtype(), x.shape()));
     SB_ASSIGN_OR_RETURN(BufferRef bn, rt.bind(narrow, false));

@@ -85,8 +85,9 @@ inline constexpr KernelInfo kKernels[] = {
      true},
     {"softmax", "norm", 2, {A::kRead, A::kReadWrite}, sizeof(NormArgs), SB_STR(SB_NORM_ARGS), 64, true},
     {"rms_norm", "norm", 3, {A::kRead, A::kRead, A::kReadWrite}, sizeof(NormArgs), SB_STR(SB_NORM_ARGS), 64, true},
-    {"softmax_row", "norm", 2, {A::kRead, A::kReadWrite}, sizeof(NormArgs), SB_STR(SB_NORM_ARGS), 64, true},
-    {"rms_norm_row", "norm", 3, {A::kRead, A::kRead, A::kReadWrite}, sizeof(NormArgs), SB_STR(SB_NORM_ARGS), 64, true},
+    {"softmax_row", "norm", 2, {A::kRead, A::kReadWrite}, sizeof(NormArgs), SB_STR(SB_NORM_ARGS), 256, true},
+    {"rms_norm_row", "norm", 3, {A::kRead, A::kRead, A::kReadWrite}, sizeof(NormArgs), SB_STR(SB_NORM_ARGS), 256,
+     true},
     {"numerics_probe", "probe", 2, {A::kRead, A::kWrite}, sizeof(ProbeArgs), SB_STR(SB_PROBE_ARGS), 64, true, true},
 };
 inline constexpr size_t kNumKernels = sizeof(kKernels) / sizeof(kKernels[0]);
