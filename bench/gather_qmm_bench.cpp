@@ -12,6 +12,7 @@
 #include <random>
 
 #include "gather_qmm.h"
+#include "bench_util.h"
 #include "switchboard/builder.h"
 #include "switchboard/switchboard.h"
 
@@ -19,15 +20,7 @@ using namespace switchboard;
 
 namespace {
 
-Tensor random_words(int64_t n, uint64_t seed) {
-  Tensor t = Tensor::zeros(DType::kU32, {n}).value();
-  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
-  for (int64_t i = 0; i < n; ++i) {
-    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-    t.mutable_data_as<uint32_t>()[i] = static_cast<uint32_t>(x);
-  }
-  return t;
-}
+using bench::random_words;
 
 Tensor small_f16(Shape s, float v) {
   Tensor t = Tensor::zeros(DType::kF16, s).value();

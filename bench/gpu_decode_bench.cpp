@@ -16,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench_util.h"
 #include "switchboard/builder.h"
 #include "switchboard/switchboard.h"
 
@@ -23,15 +24,7 @@ using namespace switchboard;
 
 namespace {
 
-Tensor random_words(int64_t n, uint64_t seed) {
-  Tensor t = Tensor::zeros(DType::kU32, {n}).value();
-  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
-  for (int64_t i = 0; i < n; ++i) {
-    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-    t.mutable_data_as<uint32_t>()[i] = static_cast<uint32_t>(x);
-  }
-  return t;
-}
+using bench::random_words;
 
 // Normal values of `scale`, f32 or bf16 (truncated: any values do for timing).
 Tensor filled(DType dt, Shape s, uint64_t seed, float scale) {
