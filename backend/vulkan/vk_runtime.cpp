@@ -524,12 +524,15 @@ bool overlaps_any(const gpu::BufferRef& a, const std::vector<gpu::BufferRef>& v)
 // Whether a dispatch with these bindings must wait for the dispatches since the last
 // barrier: it reads or writes what they write, or writes what they read. The status
 // word is exempt: kernels only atomicOr into it, in any order.
-bool VulkanRuntime::hazard(const std::vector<gpu::BufferRef>& bindings, const kernels::Access* access) {
+bool VulkanRuntime::status_word(const gpu::BufferRef& b) {
   if (!err_.buffer) err_ = error_word();
-  const gpu::BufferRef& err = err_;
+  return b.buffer == err_.buffer && b.offset == err_.offset;
+}
+
+bool VulkanRuntime::hazard(const std::vector<gpu::BufferRef>& bindings, const kernels::Access* access) {
   for (size_t i = 0; i < bindings.size(); ++i) {
     const gpu::BufferRef& b = bindings[i];
-    if (b.buffer == err.buffer && b.offset == err.offset) continue;
+    if (status_word(b)) continue;
     if (overlaps_any(b, writes_)) return true;
     if (access[i] != kernels::Access::kRead && overlaps_any(b, reads_)) return true;
   }
@@ -537,10 +540,8 @@ bool VulkanRuntime::hazard(const std::vector<gpu::BufferRef>& bindings, const ke
 }
 
 void VulkanRuntime::track(const std::vector<gpu::BufferRef>& bindings, const kernels::Access* access) {
-  if (!err_.buffer) err_ = error_word();
-  const gpu::BufferRef& err = err_;
   for (size_t i = 0; i < bindings.size(); ++i) {
-    if (bindings[i].buffer == err.buffer && bindings[i].offset == err.offset) continue;
+    if (status_word(bindings[i])) continue;
     (access[i] == kernels::Access::kRead ? reads_ : writes_).push_back(bindings[i]);
   }
 }

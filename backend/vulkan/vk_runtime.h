@@ -38,6 +38,7 @@ class VulkanRuntime final : public gpu::MappedRuntime {
   void barrier();  // into the current slice
   bool hazard(const std::vector<gpu::BufferRef>& bindings, const kernels::Access* access);
   void track(const std::vector<gpu::BufferRef>& bindings, const kernels::Access* access);
+  bool status_word(const gpu::BufferRef& b);  // the SB_ERR_* word every kernel may atomicOr
 
   std::shared_ptr<Context> ctx_;
   std::string description_;
