@@ -20,6 +20,8 @@ set(SB_KERNEL_VARIANTS
   gather_qmm:QUANTIZE:quantize_q8
   gather_qmm:QMM:qmm
   gather_qmm:QMM_ROW:qmm_row
+  gather_qmm:QMM_TILES:qmm_tiles
+  gather_qmm:QMM_TILE:qmm_tile
   permute:ARGSORT:argsort
   router:ROUTER:router
   gather_mm:GATHER_MM:gather_mm

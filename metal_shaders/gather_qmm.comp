@@ -6,7 +6,7 @@
 // run in the contract's fixed order.
 #include "common.glsl"
 
-#ifdef QMM_ROW
+#if defined(QMM_ROW) || defined(QMM_TILES) || defined(QMM_TILE)
 layout(local_size_x = 256) in;
 #else
 layout(local_size_x = 64) in;
@@ -313,6 +313,233 @@ void main() {
     uint i = tid * per;
     bool two = per == 2u && i + 1u < cnt;
     o[(e0 + i) / per] = sb_encode_word(s_out[i], two ? s_out[i + 1u] : 0.0, args.out_dtype);
+  }
+}
+#endif
+
+#ifdef QMM_TILES
+// The work list of QMM_TILE for pairs sorted by expert: one entry (first pair, pair
+// count, expert) per run of up to SB_QMM_TILE_PAIRS pairs of one expert, after the
+// count in word 0. One workgroup; thread -> experts tid, tid + 256, ...: it finds its
+// expert's run by binary search; thread 0 lays the runs' tiles out in expert order.
+// Also raises the error bits for bad, pruned or unsorted experts.
+layout(std430, binding = 0) readonly buffer R { int rhs[]; };
+layout(std430, binding = 1) readonly buffer Ex { uint expert_info[]; };  // [E] bits, then [E] word offsets
+layout(std430, binding = 2) writeonly buffer T { uint tiles[]; };
+layout(std430, binding = 3) buffer Er { uint err[]; };
+layout(push_constant) uniform Args { SB_QMM_ARGS } args;
+
+shared uint s_n[256];
+shared uint s_base[256];
+
+// First pair whose expert is > e (the pairs are sorted; anything else raised an error).
+uint runs_end(int e) {
+  uint lo = 0u, hi = args.pairs;
+  while (lo < hi) {
+    uint mid = (lo + hi) >> 1u;
+    if (rhs[mid] > e) hi = mid;
+    else lo = mid + 1u;
+  }
+  return lo;
+}
+
+void main() {
+  uint tid = gl_LocalInvocationID.x;
+  for (uint p = tid; p < args.pairs; p += 256u) {
+    int e = rhs[p];
+    if (e < 0 || uint(e) >= args.experts) atomicOr(err[0], SB_ERR_INDEX);
+    else if (expert_info[e] == 0u) atomicOr(err[0], SB_ERR_PRUNED);
+    if (p > 0u && rhs[p - 1u] > e) atomicOr(err[0], SB_ERR_UNSORTED);
+  }
+  uint max_tiles = args.tiles, total = 0u;
+  for (uint e0 = 0u; e0 < args.experts; e0 += 256u) {
+    uint e = e0 + tid, lo = 0u, n = 0u;
+    if (e < args.experts && expert_info[e] != 0u) {
+      lo = runs_end(int(e) - 1);
+      uint hi = runs_end(int(e));
+      n = hi > lo ? (hi - lo + SB_QMM_TILE_PAIRS - 1u) / SB_QMM_TILE_PAIRS : 0u;
+    }
+    s_n[tid] = n;
+    barrier();
+    if (tid == 0u) {
+      for (uint i = 0u; i < 256u; ++i) {
+        s_base[i] = total;
+        total += s_n[i];
+      }
+    }
+    barrier();
+    for (uint t = 0u; t < n; ++t) {
+      uint slot = s_base[tid] + t;
+      if (slot >= max_tiles) break;  // only on unsorted input, which raised an error
+      uint first = lo + t * SB_QMM_TILE_PAIRS;
+      tiles[1u + 3u * slot] = first;
+      tiles[2u + 3u * slot] = min(SB_QMM_TILE_PAIRS, runs_end(int(e)) - first);
+      tiles[3u + 3u * slot] = e;
+    }
+    barrier();
+  }
+  if (tid == 0u) tiles[0] = min(total, max_tiles);
+}
+#endif
+
+#ifdef QMM_TILE
+// Many-row GatherQmm on pairs sorted by expert: workgroup (tile t, column block c)
+// computes outputs [first, first + count) x [64c, 64c + 64) of tile t (QMM_TILES), so
+// each weight is read once per tile of up to 32 pairs. Per chunk of 64 K values the
+// Q8 codes of the tile's rows and the expert's weight codes are unpacked to shared ints.
+// Thread -> output: tid = 16*tn + tp computes pairs {tp, tp + 16} x columns
+// {2tn, 2tn + 1, 2tn + 32, 2tn + 33}; block dots are exact integers, then the float
+// steps of docs/numerics.md in block and group order per output.
+layout(std430, binding = 0) readonly buffer Q { uint q[]; };
+layout(std430, binding = 1) readonly buffer D { float dq[]; };
+layout(std430, binding = 2) readonly buffer S { int sq[]; };
+layout(std430, binding = 3) readonly buffer Wt { uint codes[]; };
+layout(std430, binding = 4) readonly buffer Sc { uint scales[]; };
+layout(std430, binding = 5) readonly buffer Bi { uint biases[]; };
+layout(std430, binding = 6) readonly buffer L { int lhs[]; };
+layout(std430, binding = 7) readonly buffer T { uint tiles[]; };
+layout(std430, binding = 8) readonly buffer Ex { uint expert_info[]; };  // [E] bits, then [E] word offsets
+layout(std430, binding = 9) writeonly buffer O { uint o[]; };
+layout(std430, binding = 10) buffer Er { uint err[]; };
+layout(push_constant) uniform Args { SB_QMM_ARGS } args;
+
+const uint kTp = SB_QMM_TILE_PAIRS, kTn = 64u;
+const uint kStride = 17u;  // ivec4 per shared row: 64 values + 4 of padding (bank spread)
+shared ivec4 s_x[kTp * kStride];
+shared ivec4 s_w[kTn * kStride];
+shared float s_d[kTp * 2u];
+shared int s_sx[kTp * 2u];
+shared int s_row[kTp];
+
+// Codes [c0, c0 + 16) of weight row `row` (from word `base`) as ints in s_w.
+void stage_codes(uint base, uint bits, uint c0, uint dst) {
+  uint v[16];
+  if (bits == 4u) {
+    uint a = codes[base + (c0 >> 3u)], b = codes[base + (c0 >> 3u) + 1u];
+    for (uint i = 0u; i < 8u; ++i) {
+      v[i] = (a >> (4u * i)) & 15u;
+      v[i + 8u] = (b >> (4u * i)) & 15u;
+    }
+  } else {
+    uint mask = (1u << bits) - 1u;
+    for (uint i = 0u; i < 16u; ++i) {
+      uint bit = (c0 + i) * bits, sh = bit & 31u;
+      uint x = codes[base + (bit >> 5u)] >> sh;
+      if (sh + bits > 32u) x |= codes[base + (bit >> 5u) + 1u] << (32u - sh);
+      v[i] = x & mask;
+    }
+  }
+  for (uint i = 0u; i < 4u; ++i) s_w[dst + i] = ivec4(v[4u * i], v[4u * i + 1u], v[4u * i + 2u], v[4u * i + 3u]);
+}
+
+int dot4(ivec4 a, ivec4 b) { return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w; }
+
+void main() {
+  uint wg = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
+  uint tid = gl_LocalInvocationID.x;
+  uint tile = wg / args.tiles, n0 = (wg % args.tiles) * kTn;
+  if (tile >= tiles[0]) return;  // uniform over the workgroup
+  uint first = tiles[1u + 3u * tile], count = tiles[2u + 3u * tile], ex = tiles[3u + 3u * tile];
+  uint bits = expert_info[ex], row_words = args.k * bits / 32u;
+  uint wbase = expert_info[args.experts + ex];
+  uint blocks = args.k / 32u, per_group = args.group_size / 32u;
+  if (tid < kTp) {
+    int r = -1;
+    if (tid < count) {
+      uint p = first + tid;
+      r = args.has_lhs != 0u ? lhs[p] : int(p * args.rows / args.pairs);
+      if (r < 0 || uint(r) >= args.rows) {
+        atomicOr(err[0], SB_ERR_INDEX);
+        r = -1;
+      }
+    }
+    s_row[tid] = r;
+  }
+  uint tp = tid & 15u, tn = tid >> 4u;
+  uint col[4] = uint[4](2u * tn, 2u * tn + 1u, 2u * tn + 32u, 2u * tn + 33u);
+  precise float acc[8], pg[8], xg[2];
+  for (uint i = 0u; i < 8u; ++i) acc[i] = pg[i] = 0.0;
+  xg[0] = xg[1] = 0.0;
+  barrier();
+  for (uint j0 = 0u; j0 < blocks; j0 += 2u) {
+    uint cb = min(2u, blocks - j0);
+    {  // activations: thread -> (pair tid / 8, word tid % 8) of each block
+      uint a = tid >> 3u, w = tid & 7u;
+      int r = s_row[a];
+      for (uint jb = 0u; jb < cb; ++jb) {
+        ivec4 v = ivec4(0);
+        if (r >= 0) {
+          int word = int(q[(uint(r) * blocks + j0 + jb) * 8u + w]);
+          v = ivec4(bitfieldExtract(word, 0, 8), bitfieldExtract(word, 8, 8), bitfieldExtract(word, 16, 8),
+                    bitfieldExtract(word, 24, 8));
+        }
+        s_x[a * kStride + jb * 8u + w] = v;
+      }
+      if (tid < 2u * kTp && (tid & 1u) < cb) {
+        int rr = s_row[tid >> 1u];
+        uint j = uint(rr) * blocks + j0 + (tid & 1u);
+        s_d[tid] = rr >= 0 ? dq[j] : 0.0;
+        s_sx[tid] = rr >= 0 ? sq[j] : 0;
+      }
+    }
+    {  // weights: thread -> (column tid / 4, codes [16 (tid % 4), +16) of the chunk)
+      uint c = tid >> 2u, part = tid & 3u;
+      if (part * 16u < cb * 32u) {
+        uint dst = c * kStride + part * 4u;
+        if (n0 + c < args.n) stage_codes(wbase + (n0 + c) * row_words, bits, j0 * 32u + part * 16u, dst);
+        else for (uint i = 0u; i < 4u; ++i) s_w[dst + i] = ivec4(0);
+      }
+    }
+    barrier();
+    for (uint jb = 0u; jb < cb; ++jb) {
+      int iq[8] = int[8](0, 0, 0, 0, 0, 0, 0, 0);
+      for (uint i = 0u; i < 8u; ++i) {
+        ivec4 xa = s_x[tp * kStride + jb * 8u + i], xb = s_x[(tp + 16u) * kStride + jb * 8u + i];
+        for (uint c = 0u; c < 4u; ++c) {
+          ivec4 wv = s_w[col[c] * kStride + jb * 8u + i];
+          iq[c] += dot4(xa, wv);
+          iq[4u + c] += dot4(xb, wv);
+        }
+      }
+      uint j = j0 + jb;
+      for (uint a = 0u; a < 2u; ++a) {
+        float d = s_d[(tp + 16u * a) * 2u + jb];
+        xg[a] = xg[a] + float(s_sx[(tp + 16u * a) * 2u + jb]) * d;
+        for (uint c = 0u; c < 4u; ++c) pg[4u * a + c] = pg[4u * a + c] + float(iq[4u * a + c]) * d;
+      }
+      if ((j + 1u) % per_group == 0u) {  // group g ends: acc += s*P + b*X per output
+        uint g = j / per_group;
+        for (uint c = 0u; c < 4u; ++c) {
+          uint n = n0 + col[c];
+          if (n >= args.n) continue;
+          uint sidx = (ex * args.n + n) * args.groups + g;
+          float sc = SB_LOAD(scales, args.scale_dtype, sidx), bc = SB_LOAD(biases, args.scale_dtype, sidx);
+          for (uint a = 0u; a < 2u; ++a) {
+            precise float term = sc * pg[4u * a + c] + bc * xg[a];
+            acc[4u * a + c] = acc[4u * a + c] + term;
+            pg[4u * a + c] = 0.0;
+          }
+        }
+        xg[0] = xg[1] = 0.0;
+      }
+    }
+    barrier();
+  }
+  for (uint a = 0u; a < 2u; ++a) {
+    uint pl = tp + 16u * a;
+    if (pl >= count) continue;
+    uint e0 = (first + pl) * args.n + n0;
+    for (uint h = 0u; h < 2u; ++h) {  // columns col[2h], col[2h] + 1 (even: a whole f16/bf16 word)
+      uint n = col[2u * h];
+      if (n0 + n >= args.n) continue;
+      float lo = acc[4u * a + 2u * h], hi = acc[4u * a + 2u * h + 1u];
+      if (sb_per_word(args.out_dtype) == 2u) {
+        o[(e0 + n) >> 1u] = sb_encode_word(lo, hi, args.out_dtype);
+      } else {
+        o[e0 + n] = floatBitsToUint(lo);
+        if (n0 + n + 1u < args.n) o[e0 + n + 1u] = floatBitsToUint(hi);
+      }
+    }
   }
 }
 #endif

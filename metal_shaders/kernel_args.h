@@ -46,7 +46,10 @@
 // QMM: `per_wg` consecutive outputs per workgroup (even: whole f16/bf16 words).
 // QMM_ROW: workgroup (pair p, tile t) computes outputs [t*per_wg, t*per_wg + per_wg)
 // of pair p (`tiles` tiles per pair) from x itself (of x_dtype), quantized in-kernel.
+// QMM_TILES: the work list of QMM_TILE (at most `tiles` entries). QMM_TILE: workgroup
+// (entry t, column block c of `tiles` blocks of 64) over pairs sorted by expert.
 #define SB_QMM_STAGE_K 8192  // longest K whose Q8 row QMM_ROW stages in shared memory
+#define SB_QMM_TILE_PAIRS 32u  // pairs per QMM_TILE work-list entry
 #define SB_QMM_ARGS \
   uint pairs; uint n; uint k; uint groups; \
   uint group_size; uint rows; uint experts; uint scale_dtype; \

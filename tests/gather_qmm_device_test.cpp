@@ -199,6 +199,89 @@ TEST(GatherQmmDevices, MixedBitsWithPrunedExpertSortedPairs) {
   run(c);
 }
 
+// Sorted pairs, 64 and more: the tiled schedule (work list of runs of <= 32 pairs of
+// one expert, 64 output columns per workgroup). Runs shorter and longer than a tile,
+// partial column blocks, chunks of one and two blocks, every width, x rows by lhs or
+// by pair, zero / tiny / huge activation blocks.
+TEST(GatherQmmDevices, TiledScheduleForSortedPairs) {
+  std::mt19937 rng(11);
+  auto sorted_pairs = [&](Case& c, const std::vector<int>& run_lengths, bool with_lhs) {
+    for (size_t e = 0; e < run_lengths.size(); ++e)
+      for (int i = 0; i < run_lengths[e]; ++i) {
+        c.rhs.push_back(static_cast<int64_t>(e));
+        if (with_lhs) c.lhs.push_back(static_cast<int64_t>(rng() % static_cast<uint32_t>(c.tokens)));
+      }
+    c.sorted = true;
+  };
+  Case mixed;  // 7 experts of every width (one pruned, unused), 70 columns of bf16
+  mixed.experts = 7;
+  mixed.bits = {4, 3, 0, 8, 2, 5, 6};
+  mixed.uniform = false;
+  mixed.n = 70;
+  mixed.k = 192;
+  mixed.tokens = 9;
+  mixed.x_dtype = DType::kBF16;
+  sorted_pairs(mixed, {70, 1, 0, 33, 32, 5, 31}, true);
+  Case odd = mixed;  // f32 outputs of an odd width, 3 blocks per row (a one-block chunk), groups of 32
+  odd.rhs.clear();
+  odd.lhs.clear();
+  odd.n = 67;
+  odd.k = 96;
+  odd.group = 32;
+  odd.x_dtype = DType::kF32;
+  odd.scale_dtype = DType::kBF16;
+  sorted_pairs(odd, {3, 40, 0, 0, 64, 1, 2}, true);
+  Case by_pair;  // no lhs: pair p reads row p (the down projection), groups of 128
+  by_pair.bits.assign(3, 4);
+  by_pair.experts = 3;
+  by_pair.n = 128;
+  by_pair.k = 384;
+  by_pair.group = 128;
+  by_pair.tokens = 96;
+  sorted_pairs(by_pair, {10, 50, 36}, false);
+  Case special = by_pair;  // zero, tiny and huge blocks in f16
+  special.rhs.clear();
+  special.k = 512;
+  special.group = 64;
+  special.special_x = true;
+  special.x_dtype = DType::kF16;
+  sorted_pairs(special, {64, 0, 32}, false);
+  special.tokens = 96;
+  for (const Case* c : {&mixed, &odd, &by_pair, &special}) {
+    SCOPED_TRACE("k " + std::to_string(c->k) + ", n " + std::to_string(c->n) + ", pairs " +
+                 std::to_string(c->rhs.size()));
+    run(*c);
+  }
+}
+
+// The tiled schedule finds bad data by itself too.
+TEST(GatherQmmDevices, TiledScheduleDataErrors) {
+  Case c;
+  c.bits = {4, 0, 4};
+  c.experts = 3;
+  c.uniform = false;
+  c.tokens = 4;
+  for (int i = 0; i < 80; ++i) {
+    c.lhs.push_back(i % 4);
+    c.rhs.push_back(i < 40 ? 0 : 2);
+  }
+  c.sorted = true;
+  auto expect = [&](const char* what) {
+    Built in = make_inputs(c);
+    ProgramBuilder b;
+    build(b, c, in);
+    check_op_error(b, in.inputs, what);
+  };
+  c.rhs[79] = 3;
+  expect("out of range");
+  c.rhs[79] = 2;
+  c.rhs[50] = 1;
+  expect("which is pruned (0 bits)");
+  c.rhs[50] = 2;
+  c.rhs[10] = 2;
+  expect("sorted_indices is set but rhs_indices");
+}
+
 TEST(GatherQmmDevices, AbsentIndicesUseExpertZeroAndRowOrder) {
   Case c;
   c.bits.assign(2, 4);

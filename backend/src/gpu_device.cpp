@@ -354,6 +354,9 @@ Status bind_indices(KernelContext& ctx, const std::unique_ptr<fb::Tid>& lhs_tid,
 constexpr int64_t kQmmRowMaxPairs = 32;
 // Workgroups qmm_row keeps at least, widening its tiles only above it (fills a large GPU).
 constexpr int64_t kQmmRowMinWorkgroups = 1056;
+// Sorted pairs from this many on take the tiled kernel (qmm_tile): weights read once per
+// tile of pairs instead of once per pair.
+constexpr int64_t kQmmTileMinPairs = 64;
 
 Status gather_qmm(KernelContext& ctx, const fb::OpNodeUnion& op) {
   const auto* n = op.AsGatherQmmNode();
@@ -432,15 +435,29 @@ Status gather_qmm(KernelContext& ctx, const fb::OpNodeUnion& op) {
     SB_ASSIGN_OR_RETURN(BufferRef bsum, rt.bind(s, false));
     k::Q8Args qa{static_cast<uint32_t>(rows), static_cast<uint32_t>(kdim), static_cast<uint32_t>(x.dtype()), 0};
     SB_RETURN_IF_ERROR(rt.dispatch("quantize_q8", {bx, bq, bd, bsum}, &qa, sizeof(qa), static_cast<uint64_t>(blocks)));
-    // Outputs per workgroup: enough (output, group) tasks for its 64 threads, even so
-    // f16/bf16 words are whole, within the shader's shared arrays (gather_qmm.comp).
-    int64_t per_wg = std::clamp<int64_t>(64 / std::max<int64_t>(groups, 1), 2, 64) & ~int64_t{1};
-    SB_CHECK_OR_RETURN(per_wg * groups <= 1024, StatusCode::kUnimplemented,
-                       "GatherQmm on Vulkan: %lld groups per row exceed 512", (long long)groups);
-    args.per_wg = static_cast<uint32_t>(per_wg);
-    const uint64_t workgroups = static_cast<uint64_t>((pairs * nout + per_wg - 1) / per_wg);
-    SB_RETURN_IF_ERROR(rt.dispatch("qmm", {bq, bd, bsum, bw, bs, bb, bl, br, bi, bo, rt.error_word()}, &args,
-                                   sizeof(args), 64 * workgroups));
+    if (sorted != 0 && rhs.defined() && pairs >= kQmmTileMinPairs && (x.dtype() == DType::kF32 || nout % 2 == 0)) {
+      // Pairs sorted by expert: a work list of (run of <= 32 pairs, expert), then tiles
+      // of 32 pairs x 64 outputs that read each weight once per tile.
+      const int64_t tp = SB_QMM_TILE_PAIRS;
+      const int64_t max_tiles = pairs / tp + std::min(experts, pairs);
+      SB_RETURN_IF_ERROR(u32_count(1 + 3 * max_tiles, "GatherQmm tiles").status());
+      SB_ASSIGN_OR_RETURN(BufferRef bt, rt.scratch(static_cast<size_t>(1 + 3 * max_tiles) * 4, 0));
+      args.tiles = static_cast<uint32_t>(max_tiles);
+      SB_RETURN_IF_ERROR(rt.dispatch("qmm_tiles", {br, bi, bt, rt.error_word()}, &args, sizeof(args), 256));
+      args.tiles = static_cast<uint32_t>((nout + 63) / 64);
+      SB_RETURN_IF_ERROR(rt.dispatch("qmm_tile", {bq, bd, bsum, bw, bs, bb, bl, bt, bi, bo, rt.error_word()}, &args,
+                                     sizeof(args), 256 * static_cast<uint64_t>(max_tiles) * args.tiles));
+    } else {
+      // Outputs per workgroup: enough (output, group) tasks for its 64 threads, even so
+      // f16/bf16 words are whole, within the shader's shared arrays (gather_qmm.comp).
+      int64_t per_wg = std::clamp<int64_t>(64 / std::max<int64_t>(groups, 1), 2, 64) & ~int64_t{1};
+      SB_CHECK_OR_RETURN(per_wg * groups <= 1024, StatusCode::kUnimplemented,
+                         "GatherQmm on Vulkan: %lld groups per row exceed 512", (long long)groups);
+      args.per_wg = static_cast<uint32_t>(per_wg);
+      const uint64_t workgroups = static_cast<uint64_t>((pairs * nout + per_wg - 1) / per_wg);
+      SB_RETURN_IF_ERROR(rt.dispatch("qmm", {bq, bd, bsum, bw, bs, bb, bl, br, bi, bo, rt.error_word()}, &args,
+                                     sizeof(args), 64 * workgroups));
+    }
   }
   if (!n->combine_weights) return ctx.out(n->out.get(), std::move(out));
   // Fused down-projection + combine: by the contract its bits are those of the stored

@@ -412,10 +412,11 @@ Status VulkanRuntime::begin_slice() {
   SB_VK_CHECK(c.vkBeginCommandBuffer(c.cmds[slice_], &bi), "vkBeginCommandBuffer");
   if (slice_ == 0 && c.timestamps) {
     c.vkCmdResetQueryPool(c.cmds[0], c.timestamps, 0, 2 * c.max_timed);
-    // Without the op log only the execute is bracketed: a timestamp pair around every
-    // dispatch costs recording time and GPU time for numbers nobody reads.
+    // Query 0 starts the execute. Without the op log query 1 ends it; with it, query i + 1
+    // is written when dispatch i completes (every dispatch then waits for the previous
+    // one), so consecutive stamps give each dispatch's own cost, launch included.
     per_dispatch_timing_ = log::op_log_enabled();
-    if (!per_dispatch_timing_) c.vkCmdWriteTimestamp(c.cmds[0], VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, c.timestamps, 0);
+    c.vkCmdWriteTimestamp(c.cmds[0], VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, c.timestamps, 0);
   }
   slice_dispatches_ = 0;
   bound_ = nullptr;  // a new command buffer has no pipeline bound
@@ -467,10 +468,7 @@ Status VulkanRuntime::dispatch(const char* kernel, const std::vector<gpu::Buffer
     writes[i].descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
     writes[i].pBufferInfo = &infos[i];
   }
-  const bool timed = c.timestamps && per_dispatch_timing_ && timed_.size() < c.max_timed;
-  if (timed) {
-    c.vkCmdWriteTimestamp(cmd, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, c.timestamps, static_cast<uint32_t>(2 * timed_.size()));
-  }
+  const bool timed = c.timestamps && per_dispatch_timing_ && timed_.size() + 1 < 2 * c.max_timed;
   // A dispatch waits for the earlier ones only where it touches what they write, or
   // writes what they read; independent neighbours (q/k/v projections) may overlap.
   if (per_dispatch_timing_ || hazard(bindings, p->info->access)) barrier();
@@ -482,7 +480,7 @@ Status VulkanRuntime::dispatch(const char* kernel, const std::vector<gpu::Buffer
   c.vkCmdDispatch(cmd, static_cast<uint32_t>(gx), static_cast<uint32_t>(gy), 1);
   if (timed) {
     c.vkCmdWriteTimestamp(cmd, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, c.timestamps,
-                          static_cast<uint32_t>(2 * timed_.size() + 1));
+                          static_cast<uint32_t>(timed_.size() + 1));
     timed_.push_back(p->info->name);  // the table's name: `kernel` may not outlive the call
   }
   track(bindings, p->info->access);
@@ -575,7 +573,7 @@ void VulkanRuntime::log_timestamps() {
     return;
   }
   if (!c.timestamps || timed_.empty()) return;
-  std::vector<uint64_t> ticks(2 * timed_.size());
+  std::vector<uint64_t> ticks(timed_.size() + 1);
   VkResult r = c.vkGetQueryPoolResults(c.device, c.timestamps, 0, static_cast<uint32_t>(ticks.size()),
                                        ticks.size() * 8, ticks.data(), 8, VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT);
   if (r != VK_SUCCESS) return;
@@ -583,7 +581,7 @@ void VulkanRuntime::log_timestamps() {
   if (!log::op_log_enabled()) return;
   double total = 0;
   for (size_t i = 0; i < timed_.size(); ++i) {
-    const double us = static_cast<double>(ticks[2 * i + 1] - ticks[2 * i]) * c.ns_per_tick * 1e-3;
+    const double us = static_cast<double>(ticks[i + 1] - ticks[i]) * c.ns_per_tick * 1e-3;
     total += us;
     log::logger().info("gpu {} {:.2f} us on {}", timed_[i], us, description_);
   }
