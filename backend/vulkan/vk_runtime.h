@@ -45,6 +45,8 @@ class VulkanRuntime final : public gpu::MappedRuntime {
   bool recording_ = false;
   // An execute is recorded in slices of kSliceDispatches, each submitted when full.
   static constexpr uint32_t kSliceDispatches = 128;
+  // Timestamp queries are reset in chunks of this many, as they are used.
+  static constexpr uint32_t kQueryChunk = 256;
   size_t slice_ = 0;
   bool per_dispatch_timing_ = false;  // SWITCHBOARD_OP_LOG: a timestamp pair per dispatch
   uint32_t slice_dispatches_ = 0;
