@@ -20,6 +20,7 @@ set(SB_KERNEL_VARIANTS
   gather_qmm:QUANTIZE:quantize_q8
   gather_qmm:QMM:qmm
   gather_qmm:QMM_ROW:qmm_row
+  gather_qmm:QMM_ROW_GLU:qmm_row_glu
   gather_qmm:QMM_TILES:qmm_tiles
   gather_qmm:QMM_TILE:qmm_tile
   permute:ARGSORT:argsort

@@ -198,3 +198,21 @@ float sb_gelu_tanh(float x) {
   precise float r = 0.5 * x * (1.0 + sb_tanh(u));
   return r;
 }
+// Glu of a gate and an up value (kind 0 SwiGLU, 1 GEGLU, 2 clamped SwiGLU); twin of
+// cpu_fallback/glu.cpp, shared by glu.comp and the fused QMM_ROW_GLU.
+float sb_glu(float gv, float uv, uint kind, float alpha, float limit) {
+  precise float r;
+  if (kind == 0u) {
+    r = sb_silu(gv) * uv;
+  } else if (kind == 1u) {
+    r = sb_gelu_tanh(gv) * uv;
+  } else {
+    float gc = sb_min(gv, limit);
+    float uc = sb_max(sb_min(uv, limit), -limit);
+    precise float ag = alpha * gc;
+    precise float left = gc * sb_sigmoid(ag);
+    precise float right = uc + 1.0;
+    r = left * right;
+  }
+  return r;
+}

@@ -6,6 +6,9 @@
 // run in the contract's fixed order.
 #include "common.glsl"
 
+#ifdef QMM_ROW_GLU  // QMM_ROW computing two projections and their Glu
+#define QMM_ROW
+#endif
 #if defined(QMM_ROW) || defined(QMM_TILES) || defined(QMM_TILE)
 layout(local_size_x = 256) in;
 #else
@@ -33,17 +36,17 @@ int q8_code(float x, float scale) {
   return int(sb_round_even(v));
 }
 
-// Exact int dot of a 32-block of codes (exactly `bits` words from codes[base]) with
+// Exact int dot of a 32-block of codes (exactly `bits` words from CODES[base]) with
 // the int8 activation block at word qb of QBUF; codes of 2, 4 and 8 bits never
-// straddle words. Defined per activation buffer (global or shared).
-#define SB_BLOCK_DOT(NAME, QBUF)                                                     \
+// straddle words. Defined per code and activation buffer (global or shared).
+#define SB_BLOCK_DOT(NAME, CODES, QBUF)                                              \
   int NAME(uint base, uint bits, uint qb) {                                          \
     int iq = 0;                                                                      \
     uint mask = (1u << bits) - 1u;                                                   \
     if (bits == 4u || bits == 2u || bits == 8u) {                                    \
       uint per_word = 32u / bits;                                                    \
       for (uint w = 0u; w < bits; ++w) {                                             \
-        uint cw = codes[base + w];                                                   \
+        uint cw = CODES[base + w];                                                   \
         for (uint i = 0u; i < per_word; ++i) {                                       \
           uint idx = w * per_word + i;                                               \
           int xv = bitfieldExtract(int(QBUF[qb + (idx >> 2)]), int(8u * (idx & 3u)), 8); \
@@ -55,8 +58,8 @@ int q8_code(float x, float scale) {
     for (uint i = 0u; i < 32u; ++i) {                                                \
       uint bit = i * bits;                                                           \
       uint sh = bit & 31u;                                                           \
-      uint v = codes[base + (bit >> 5)] >> sh;                                       \
-      if (sh + bits > 32u) v |= codes[base + (bit >> 5) + 1u] << (32u - sh);         \
+      uint v = CODES[base + (bit >> 5)] >> sh;                                       \
+      if (sh + bits > 32u) v |= CODES[base + (bit >> 5) + 1u] << (32u - sh);         \
       iq += int(v & mask) * bitfieldExtract(int(QBUF[qb + (i >> 2)]), int(8u * (i & 3u)), 8); \
     }                                                                                \
     return iq;                                                                       \
@@ -120,7 +123,7 @@ const uint kMaxPerWg = 64u;
 shared float s_term[kMaxTerms];
 shared float s_out[kMaxPerWg];
 
-SB_BLOCK_DOT(block_dot, q)
+SB_BLOCK_DOT(block_dot, codes, q)
 
 // Group g's term of output e (0 on bad data, which raises an error bit).
 float group_term(uint e, uint g) {
@@ -190,7 +193,9 @@ void main() {
 // sums), then computes outputs [t*per_wg, t*per_wg + per_wg) of pair p.
 // Thread -> output: task (output o, group g) -> threads tid, tid + 256, ...; each
 // forms group g's term s*P + b*X of output o, blocks in order; then thread o adds
-// output o's terms in group order.
+// output o's terms in group order. QMM_ROW_GLU: the same for two projections of the
+// same pairs (gate, then up: tasks [0, T) and [T, 2T)); thread o rounds both sums to
+// the output dtype, as stored outputs would be, and writes their Glu.
 layout(std430, binding = 0) readonly buffer X { uint x[]; };
 layout(std430, binding = 1) readonly buffer Wt { uint codes[]; };
 layout(std430, binding = 2) readonly buffer Sc { uint scales[]; };
@@ -200,10 +205,19 @@ layout(std430, binding = 5) readonly buffer R { int rhs[]; };
 layout(std430, binding = 6) readonly buffer Ex { uint expert_info[]; };  // [E] bits, then [E] word offsets
 layout(std430, binding = 7) writeonly buffer O { uint o[]; };
 layout(std430, binding = 8) buffer Er { uint err[]; };
+#ifdef QMM_ROW_GLU
+layout(std430, binding = 9) readonly buffer Wu { uint codes_up[]; };
+layout(std430, binding = 10) readonly buffer Su { uint scales_up[]; };
+layout(std430, binding = 11) readonly buffer Bu { uint biases_up[]; };
+layout(push_constant) uniform Args { SB_QMM_GLU_ARGS } args;
+const uint kProjections = 2u;
+#else
 layout(push_constant) uniform Args { SB_QMM_ARGS } args;
+const uint kProjections = 1u;
+#endif
 
 const uint kThreads = 256u;
-const uint kMaxTerms = 1024u;  // per_wg * groups (the host checks)
+const uint kMaxTerms = 1024u;  // projections * per_wg * groups (the host checks)
 const uint kMaxPerWg = 256u;
 const uint kBlocks = SB_QMM_STAGE_K / 32u;
 shared uint s_q[SB_QMM_STAGE_K / 4u];
@@ -213,22 +227,55 @@ shared float s_d[kBlocks];
 shared float s_term[kMaxTerms];
 shared float s_out[kMaxPerWg];
 
-SB_BLOCK_DOT(staged_dot, s_q)
-
 // 4-bit block: 4 code words against 8 staged activation words.
-int staged_dot4(uint base, uint qb) {
-  uint c0 = codes[base], c1 = codes[base + 1u], c2 = codes[base + 2u], c3 = codes[base + 3u];
-  uint cw[4] = uint[4](c0, c1, c2, c3);
-  int iq = 0;
-  for (uint w = 0u; w < 4u; ++w) {
-    int xa = int(s_q[qb + 2u * w]), xb = int(s_q[qb + 2u * w + 1u]);
-    uint c = cw[w];
-    iq += int(c & 15u) * bitfieldExtract(xa, 0, 8) + int((c >> 4u) & 15u) * bitfieldExtract(xa, 8, 8) +
-          int((c >> 8u) & 15u) * bitfieldExtract(xa, 16, 8) + int((c >> 12u) & 15u) * bitfieldExtract(xa, 24, 8) +
-          int((c >> 16u) & 15u) * bitfieldExtract(xb, 0, 8) + int((c >> 20u) & 15u) * bitfieldExtract(xb, 8, 8) +
-          int((c >> 24u) & 15u) * bitfieldExtract(xb, 16, 8) + int(c >> 28u) * bitfieldExtract(xb, 24, 8);
+#define SB_STAGED_DOT4(NAME, CODES)                                                                              \
+  int NAME(uint base, uint qb) {                                                                                 \
+    uint cw[4] = uint[4](CODES[base], CODES[base + 1u], CODES[base + 2u], CODES[base + 3u]);                     \
+    int iq = 0;                                                                                                  \
+    for (uint w = 0u; w < 4u; ++w) {                                                                             \
+      int xa = int(s_q[qb + 2u * w]), xb = int(s_q[qb + 2u * w + 1u]);                                           \
+      uint c = cw[w];                                                                                            \
+      iq += int(c & 15u) * bitfieldExtract(xa, 0, 8) + int((c >> 4u) & 15u) * bitfieldExtract(xa, 8, 8) +        \
+            int((c >> 8u) & 15u) * bitfieldExtract(xa, 16, 8) + int((c >> 12u) & 15u) * bitfieldExtract(xa, 24, 8) + \
+            int((c >> 16u) & 15u) * bitfieldExtract(xb, 0, 8) + int((c >> 20u) & 15u) * bitfieldExtract(xb, 8, 8) +  \
+            int((c >> 24u) & 15u) * bitfieldExtract(xb, 16, 8) + int(c >> 28u) * bitfieldExtract(xb, 24, 8);    \
+    }                                                                                                            \
+    return iq;                                                                                                   \
   }
-  return iq;
+
+// Group g's term s*P + b*X of output column n0 + oi of expert ex (row words from wbase).
+#define SB_ROW_TERM(NAME, CODES, SCALES, BIASES, DOT, DOT4)                                          \
+  float NAME(uint ex, uint n0, uint oi, uint g, uint wbase, uint bits) {                             \
+    uint row_words = args.k * bits / 32u, per_group = args.group_size / 32u;                         \
+    uint sidx = (ex * args.n + n0 + oi) * args.groups + g;                                           \
+    float sc = SB_LOAD(SCALES, args.scale_dtype, sidx);                                              \
+    float bc = SB_LOAD(BIASES, args.scale_dtype, sidx);                                              \
+    uint row = wbase + oi * row_words;                                                               \
+    precise float pg = 0.0, xg = 0.0;                                                                \
+    for (uint j = g * per_group; j < (g + 1u) * per_group; ++j) {                                    \
+      int iq = bits == 4u ? DOT4(row + j * 4u, j * 8u) : DOT(row + j * bits, bits, j * 8u);          \
+      float d = s_d[j];                                                                              \
+      pg = pg + float(iq) * d;                                                                       \
+      xg = xg + float(s_sum[j]) * d;                                                                 \
+    }                                                                                                \
+    precise float term = sc * pg + bc * xg;                                                          \
+    return term;                                                                                     \
+  }
+
+SB_BLOCK_DOT(staged_dot, codes, s_q)
+SB_STAGED_DOT4(staged_dot4, codes)
+SB_ROW_TERM(row_term, codes, scales, biases, staged_dot, staged_dot4)
+#ifdef QMM_ROW_GLU
+SB_BLOCK_DOT(staged_dot_up, codes_up, s_q)
+SB_STAGED_DOT4(staged_dot4_up, codes_up)
+SB_ROW_TERM(row_term_up, codes_up, scales_up, biases_up, staged_dot_up, staged_dot4_up)
+#endif
+
+// The sum of output oi's group terms from s_term[first ...], in group order.
+float row_sum(uint first) {
+  precise float acc = 0.0;
+  for (uint g = 0u; g < args.groups; ++g) acc = acc + s_term[first + g];
+  return acc;
 }
 
 // Row r of x -> s_q (int8 codes), s_d, s_sum: unit u = elements [8u, 8u + 8) of block u / 4.
@@ -281,30 +328,26 @@ void main() {
   if (tid == 0u && n0 == 0u && args.sorted != 0u && p > 0u && rhs[p - 1u] > ex) atomicOr(err[0], SB_ERR_UNSORTED);
   stage_row(uint(r), tid);
 
-  uint row_words = args.k * bits / 32u, per_group = args.group_size / 32u;
-  uint wbase = expert_info[args.experts + uint(ex)] + n0 * row_words;
+  uint wbase = expert_info[args.experts + uint(ex)] + n0 * (args.k * bits / 32u);
   uint tasks = cnt * args.groups;
-  for (uint t = tid; t < tasks; t += kThreads) {
-    uint oi = t / args.groups, g = t - oi * args.groups;
-    uint sidx = (uint(ex) * args.n + n0 + oi) * args.groups + g;
-    float sc = SB_LOAD(scales, args.scale_dtype, sidx);
-    float bc = SB_LOAD(biases, args.scale_dtype, sidx);
-    uint row = wbase + oi * row_words;
-    precise float pg = 0.0, xg = 0.0;
-    for (uint j = g * per_group; j < (g + 1u) * per_group; ++j) {
-      int iq = bits == 4u ? staged_dot4(row + j * 4u, j * 8u) : staged_dot(row + j * bits, bits, j * 8u);
-      float d = s_d[j];
-      pg = pg + float(iq) * d;
-      xg = xg + float(s_sum[j]) * d;
-    }
-    precise float term = sc * pg + bc * xg;
-    s_term[t] = term;
+  for (uint t = tid; t < kProjections * tasks; t += kThreads) {
+    uint tt = t < tasks ? t : t - tasks;
+    uint oi = tt / args.groups, g = tt - oi * args.groups;
+#ifdef QMM_ROW_GLU
+    s_term[t] = t < tasks ? row_term(uint(ex), n0, oi, g, wbase, bits) : row_term_up(uint(ex), n0, oi, g, wbase, bits);
+#else
+    s_term[t] = row_term(uint(ex), n0, oi, g, wbase, bits);
+#endif
   }
   barrier();
   if (tid < cnt) {
-    precise float acc = 0.0;
-    for (uint g = 0u; g < args.groups; ++g) acc = acc + s_term[tid * args.groups + g];
-    s_out[tid] = acc;
+#ifdef QMM_ROW_GLU
+    float gv = sb_decode(sb_encode_word(row_sum(tid * args.groups), 0.0, args.out_dtype), args.out_dtype, 0u);
+    float uv = sb_decode(sb_encode_word(row_sum(tasks + tid * args.groups), 0.0, args.out_dtype), args.out_dtype, 0u);
+    s_out[tid] = sb_glu(gv, uv, args.glu_kind, args.glu_alpha, args.glu_limit);
+#else
+    s_out[tid] = row_sum(tid * args.groups);
+#endif
   }
   barrier();
   uint per = sb_per_word(args.out_dtype);

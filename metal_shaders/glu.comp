@@ -11,22 +11,7 @@ layout(std430, binding = 2) writeonly buffer O { uint o[]; };
 layout(push_constant) uniform Args { SB_GLU_ARGS } args;
 
 float glu(uint i) {
-  float gv = SB_LOAD(g, args.dtype, i);
-  float uv = SB_LOAD(u, args.dtype, i);
-  precise float r;
-  if (args.kind == 0u) {
-    r = sb_silu(gv) * uv;
-  } else if (args.kind == 1u) {
-    r = sb_gelu_tanh(gv) * uv;
-  } else {
-    float gc = sb_min(gv, args.limit);
-    float uc = sb_max(sb_min(uv, args.limit), -args.limit);
-    precise float ag = args.alpha * gc;
-    precise float left = gc * sb_sigmoid(ag);
-    precise float right = uc + 1.0;
-    r = left * right;
-  }
-  return r;
+  return sb_glu(SB_LOAD(g, args.dtype, i), SB_LOAD(u, args.dtype, i), args.kind, args.alpha, args.limit);
 }
 
 void main() {

@@ -55,6 +55,9 @@
   uint group_size; uint rows; uint experts; uint scale_dtype; \
   uint out_dtype; uint has_lhs; uint has_rhs; uint sorted; \
   uint per_wg; uint x_dtype; uint tiles; uint pad0;
+// QMM_ROW_GLU: QMM_ROW for a gate and an up projection of the same pairs, out = their
+// Glu (glu.comp's kinds) of the two results rounded to the output dtype.
+#define SB_QMM_GLU_ARGS SB_QMM_ARGS uint glu_kind; float glu_alpha; float glu_limit; uint pad1;
 // permute.comp GATHER_ROWS: out [rows] of x [src_rows], rows of `row_units` units of
 // `unit_bytes` (1, 2 or 4). INVERT: inv[idx[p]] = p for p < rows (inv prefilled with ~0).
 #define SB_PERMUTE_ARGS uint rows; uint src_rows; uint row_units; uint unit_bytes; uint out_words; uint pad0; uint pad1; uint pad2;
@@ -115,6 +118,7 @@ struct GluArgs { SB_GLU_ARGS };
 struct CombineArgs { SB_COMBINE_ARGS };
 struct Q8Args { SB_Q8_ARGS };
 struct QmmArgs { SB_QMM_ARGS };
+struct QmmGluArgs { SB_QMM_GLU_ARGS };
 struct PermuteArgs { SB_PERMUTE_ARGS };
 struct ProbeArgs { SB_PROBE_ARGS };
 struct GatherMmArgs { SB_GATHER_MM_ARGS };

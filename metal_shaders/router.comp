@@ -1,14 +1,14 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 // Fused MoE routers (softmax -> top-k, top-k -> softmax, sigmoid + bias + grouped
-// top-k); twin of cpu_fallback/router.cpp. Thread -> output: workgroup t routes
-// token t. Elementwise steps run in parallel; sums run on thread 0 in index (or slot)
+// top-k); twin of cpu_fallback/router.cpp. Thread -> output: workgroup t (256 threads)
+// routes token t. Elementwise steps run in parallel; sums run on thread 0 in index (or slot)
 // order as docs/numerics.md fixes; top-k is a rank count per expert (grouped routers:
 // rounds of a tree over the threads' candidates), exact because "better" is a strict
 // total order (value, then id).
 #include "common.glsl"
 
-layout(local_size_x = 64) in;
+layout(local_size_x = 256) in;
 layout(std430, binding = 0) readonly buffer L { uint logits[]; };
 layout(std430, binding = 1) readonly buffer Bi { float bias[]; };
 layout(std430, binding = 2) readonly buffer Sc { float expert_scale[]; };
@@ -18,7 +18,7 @@ layout(std430, binding = 5) writeonly buffer I { int indices[]; };
 layout(std430, binding = 6) buffer E { uint err[]; };
 layout(push_constant) uniform Args { SB_ROUTER_ARGS } args;
 
-const uint kThreads = 64u, kMaxExperts = 1024u, kMaxK = 64u, NONE = 0xffffffffu;
+const uint kThreads = 256u, kMaxExperts = 1024u, kMaxK = 64u, NONE = 0xffffffffu;
 const uint ALLOWED = 1u, TAKEN = 2u, KEPT_GROUP = 4u;
 shared float s_v[kMaxExperts];  // p (softmax), logits (top-k softmax) or s (sigmoid)
 shared float s_c[kMaxExperts];  // corrected scores (sigmoid router)
@@ -28,6 +28,7 @@ shared float r_v[kThreads];
 shared uint r_i[kThreads];
 shared float s_w[kMaxK];
 shared uint s_id[kMaxK];
+shared uint s_rank[kMaxExperts];
 shared float s_m;
 
 // Higher first, NaN above everything, ties to the lower id; NONE loses to all.
@@ -72,17 +73,27 @@ uint pick(bool use_c, uint lo, uint hi) {
 // Top-k without rounds: an allowed expert's slot is the number of allowed experts
 // better than it ("better" is a strict total order, so slots are distinct); slots
 // left empty (fewer than k allowed) raise SB_ERR_ROUTER and hold expert 0, as pick() does.
+// Thread -> (expert i, part q): the parts split the comparisons of i (integer counts,
+// added in any order), so a router of few experts still keeps every thread busy.
 void select_by_rank(bool use_c, uint e) {
   uint tid = gl_LocalInvocationID.x;
   for (uint j = tid; j < args.k; j += kThreads) s_id[j] = NONE;
+  for (uint i = tid; i < e; i += kThreads) s_rank[i] = 0u;
   barrier();
-  for (uint i = tid; i < e; i += kThreads) {
+  uint parts = max(1u, kThreads / e);
+  for (uint u = tid; u < e * parts; u += kThreads) {
+    uint i = u % e, q = u / e;
     if ((s_f[i] & ALLOWED) == 0u) continue;
     float v = use_c ? s_c[i] : s_v[i];
-    uint rank = 0u;
-    for (uint j = 0u; j < e && rank < args.k; ++j)
-      if ((s_f[j] & ALLOWED) != 0u && better(use_c ? s_c[j] : s_v[j], j, v, i)) ++rank;
-    if (rank < args.k) {
+    uint count = 0u;
+    for (uint j = q * e / parts; j < (q + 1u) * e / parts; ++j)
+      if ((s_f[j] & ALLOWED) != 0u && better(use_c ? s_c[j] : s_v[j], j, v, i)) ++count;
+    if (count != 0u) atomicAdd(s_rank[i], count);
+  }
+  barrier();
+  for (uint i = tid; i < e; i += kThreads) {
+    uint rank = s_rank[i];
+    if ((s_f[i] & ALLOWED) != 0u && rank < args.k) {
       s_id[rank] = i;
       s_w[rank] = s_v[i];
     }

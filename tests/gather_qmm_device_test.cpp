@@ -5,6 +5,7 @@
 // straddle rows), mixed bits with pruned experts, sorted pairs, absent indices and
 // the data errors a device must find by itself. GatherMm (float experts) too, against
 // the dot32 order written out from docs/numerics.md.
+#include <cmath>
 #include <random>
 
 #include "gather_qmm.h"
@@ -280,6 +281,117 @@ TEST(GatherQmmDevices, TiledScheduleDataErrors) {
   c.rhs[50] = 2;
   c.rhs[10] = 2;
   expect("sorted_indices is set but rhs_indices");
+}
+
+// Gate and up projections of the same pairs and their Glu: the GPU fuses the three
+// (qmm_row_glu) when nothing else reads the projections and the rows are few; with
+// more rows, or a projection also an output, it runs them one by one. Bits equal the
+// CPU's either way, and those of the CPU's Glu kernel on the oracle's rounded projections.
+struct GluCase {
+  Case c;
+  GluKind kind = GluKind::kSwiGLU;
+  bool up_first = false, gate_is_output = false;
+  bool gate_read_later = false;  // an op after the Glu reads the gate projection: no fusion
+};
+
+// The CPU's own Glu kernel on the oracle's (rounded) gate and up projections.
+std::vector<double> glu_ref(GluKind kind, DType dtype, const RefTensor& g, const RefTensor& u) {
+  ProgramBuilder b;
+  const std::vector<Dim> dims(g.shape.begin(), g.shape.end());
+  b.output("y", b.glu(b.input("g", dtype, dims), b.input("u", dtype, dims), kind));
+  auto program = Program::from_bytes(b.serialize().value(), "glu reference");
+  auto session = Session::create(program.value(), SessionOptions{"cpu", false});
+  EXPECT_TRUE(session.is_ok());
+  (void)(*session)->set_input("g", make(dtype, g.shape, g.values));
+  (void)(*session)->set_input("u", make(dtype, u.shape, u.values));
+  EXPECT_TRUE((*session)->execute().is_ok());
+  return (*session)->output("y")->to_doubles();
+}
+
+void run_glu(const GluCase& gc) {
+  Case up = gc.c;
+  up.seed += 100;
+  Built in = make_inputs(gc.c), in_up = make_inputs(up);
+  for (const char* k : {"w", "scales", "biases"}) in.inputs[std::string(k) + "_up"] = in_up.inputs.at(k);
+  ProgramBuilder b;
+  const Case& c = gc.c;
+  auto experts = [&](const std::string& suffix) {
+    QuantizedExperts q;
+    const Shape ws = in.inputs.at("w").shape();
+    q.w = b.input("w" + suffix, DType::kU32, std::vector<Dim>(ws.begin(), ws.end()));
+    q.scales = b.input("scales" + suffix, c.scale_dtype, {c.experts, c.n, c.k / c.group});
+    q.biases = b.input("biases" + suffix, c.scale_dtype, {c.experts, c.n, c.k / c.group});
+    q.group_size = c.group;
+    if (c.uniform) q.bits = c.bits[0];
+    else q.expert_bits.assign(c.bits.begin(), c.bits.end());
+    return q;
+  };
+  GatherOptions o;
+  if (!c.lhs.empty()) o.lhs_indices = b.input("lhs", DType::kI32, {static_cast<int64_t>(c.lhs.size())});
+  if (!c.rhs.empty()) o.rhs_indices = b.input("rhs", DType::kI32, {static_cast<int64_t>(c.rhs.size())});
+  TensorRef x = b.input("x", c.x_dtype, {c.tokens, c.k});
+  TensorRef g, u;
+  if (gc.up_first) {
+    u = b.gather_qmm(x, experts("_up"), o);
+    g = b.gather_qmm(x, experts(""), o);
+  } else {
+    g = b.gather_qmm(x, experts(""), o);
+    u = b.gather_qmm(x, experts("_up"), o);
+  }
+  TensorRef y = b.glu(g, u, gc.kind);
+  b.output("y", gc.gate_read_later ? b.add(y, g) : y);
+  if (gc.gate_is_output) b.output("gate", g);
+  auto ref = [&](const Inputs& i) {
+    Inputs iu = i;
+    for (const char* k : {"w", "scales", "biases"}) iu[k] = i.at(std::string(k) + "_up");
+    Expected eg = oracle(c, i), eu = oracle(c, iu), out;
+    RefTensor y = eg.at("y");
+    y.values = glu_ref(gc.kind, c.x_dtype, eg.at("y"), eu.at("y"));
+    for (size_t j = 0; gc.gate_read_later && j < y.values.size(); ++j)
+      y.values[j] = round_to(c.x_dtype, static_cast<float>(y.values[j]) + static_cast<float>(eg.at("y").values[j]));
+    out["y"] = y;
+    if (gc.gate_is_output) out["gate"] = eg.at("y");
+    return out;
+  };
+  check_op(b, in.inputs, ref, Tolerance::exact());
+}
+
+TEST(GatherQmmDevices, FusedGateUpGlu) {
+  GluCase decode;  // one token, 8 experts of mixed widths, f32
+  decode.c.experts = 8;
+  decode.c.bits = {4, 2, 8, 3, 4, 5, 6, 4};
+  decode.c.uniform = false;
+  decode.c.n = 96;
+  decode.c.k = 256;
+  decode.c.tokens = 1;
+  decode.c.rhs = {3, 0, 7, 1, 2, 6, 4, 5};
+  GluCase geglu = decode;  // bf16, two tokens by lhs, up emitted first
+  geglu.kind = GluKind::kGEGLU;
+  geglu.up_first = true;
+  geglu.c.x_dtype = DType::kBF16;
+  geglu.c.tokens = 2;
+  geglu.c.lhs = {0, 0, 0, 1, 1, 1};
+  geglu.c.rhs = {1, 4, 6, 0, 2, 7};
+  GluCase clamped = decode;  // f16 with zero / tiny / huge blocks, groups of 32
+  clamped.kind = GluKind::kClampedSwiGLU;
+  clamped.c.x_dtype = DType::kF16;
+  clamped.c.special_x = true;
+  clamped.c.group = 32;
+  GluCase many = decode;  // 40 pairs: past the row kernel, three kernels
+  many.c.tokens = 5;
+  many.c.rhs.clear();
+  for (int i = 0; i < 40; ++i) {
+    many.c.lhs.push_back(i / 8);
+    many.c.rhs.push_back(i % 8);
+  }
+  GluCase shared = decode;  // the gate projection is also an output: no fusion
+  shared.gate_is_output = true;
+  GluCase later = decode;  // ... or read after the Glu
+  later.gate_read_later = true;
+  for (const GluCase* gc : {&decode, &geglu, &clamped, &many, &shared, &later}) {
+    SCOPED_TRACE("kind " + std::to_string(static_cast<int>(gc->kind)) + ", pairs " + std::to_string(gc->c.rhs.size()));
+    run_glu(*gc);
+  }
 }
 
 TEST(GatherQmmDevices, AbsentIndicesUseExpertZeroAndRowOrder) {

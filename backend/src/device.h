@@ -3,6 +3,7 @@
 #pragma once
 
 #include <array>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -14,6 +15,16 @@ namespace switchboard {
 
 class KernelContext;
 using KernelFn = Status (*)(KernelContext& ctx, const fb::OpNodeUnion& op);
+
+// A kernel for consecutive instructions ins[0 .. span) of a chain (a device's fusion).
+using FusedFn = Status (*)(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>* ins);
+struct Fusion {
+  FusedFn fn = nullptr;
+  size_t span = 0;
+};
+// Whether tensor slot `t` is a temp whose value no instruction after ins[last] reads
+// (nor another chain, nor an output): a fusion ending at `last` may leave it unwritten.
+using PrivateTemp = std::function<bool(const fb::Tid* t, size_t last)>;
 
 class KernelRegistry {
  public:
@@ -35,6 +46,12 @@ class Device {
   // Whether this device runs `op` with the operands' declared dtypes (asked once per
   // instruction at plan time); kUnimplemented with the reason when it does not.
   virtual Status can_run(const fb::OpNodeUnion& op, const KernelContext& ctx) const { return Status::ok(); }
+  // A fusion starting at ins[i] (asked once per instruction at plan time), or none. The
+  // fused kernel may still run the instructions one by one when shapes rule it out.
+  virtual Fusion fuse(const std::vector<std::unique_ptr<fb::InstructionT>>& ins, size_t i,
+                      const PrivateTemp& private_temp) const {
+    return {};
+  }
   // Waits for queued work; returns the errors the device found in it (an index out of
   // range, say). Devices that run kernels synchronously have nothing to wait for.
   virtual Status sync() { return Status::ok(); }

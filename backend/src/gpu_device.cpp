@@ -26,6 +26,8 @@ class GpuDevice final : public Device {
   const std::string& name() const override { return name_; }
   const KernelRegistry& kernels() const override { return registry_; }
   Status can_run(const fb::OpNodeUnion& op, const KernelContext& ctx) const override;
+  Fusion fuse(const std::vector<std::unique_ptr<fb::InstructionT>>& ins, size_t i,
+              const PrivateTemp& private_temp) const override;
   Status sync() override { return rt_->sync(); }
   double last_device_us() const override { return rt_->last_gpu_us(); }
   long queued_refs(const Tensor& t) const override { return rt_->queued_refs(t); }
@@ -277,9 +279,9 @@ Status router(KernelContext& ctx, const fb::OpNodeUnion& op) {
   args.routed_scaling_factor = n->routed_scaling_factor;
   args.has_bias = bias.defined();
   args.has_scale = scale.defined();
-  // One workgroup of 64 threads per token (router.comp).
+  // One workgroup of 256 threads per token (router.comp).
   SB_RETURN_IF_ERROR(rt.dispatch("router", {bl, bb, bs, blive, bw, bi, rt.error_word()}, &args, sizeof(args),
-                                 64 * static_cast<uint64_t>(tokens)));
+                                 256 * static_cast<uint64_t>(tokens)));
   SB_RETURN_IF_ERROR(ctx.out(n->weights.get(), std::move(weights)));
   return ctx.out(n->indices.get(), std::move(indices));
 }
@@ -358,17 +360,24 @@ constexpr int64_t kQmmRowMinWorkgroups = 1056;
 // tile of pairs instead of once per pair.
 constexpr int64_t kQmmTileMinPairs = 64;
 
-Status gather_qmm(KernelContext& ctx, const fb::OpNodeUnion& op) {
-  const auto* n = op.AsGatherQmmNode();
-  Runtime& rt = rt_of(ctx);
+// GatherQmm's operands bound, its expert table and the kernel arguments: shared by the
+// plain kernel and the fused gate/up/Glu one.
+struct QmmSetup {
   Tensor x, w, scales, biases, lhs, rhs;
-  SB_ASSIGN_OR_RETURN(BufferRef bx, bind_in(ctx, n->x.get(), &x));
-  SB_ASSIGN_OR_RETURN(BufferRef bw, bind_in(ctx, n->w.get(), &w));
-  SB_ASSIGN_OR_RETURN(BufferRef bs, bind_in(ctx, n->scales.get(), &scales));
-  SB_ASSIGN_OR_RETURN(BufferRef bb, bind_in(ctx, n->biases.get(), &biases));
-  BufferRef bl, br;
-  SB_RETURN_IF_ERROR(bind_indices(ctx, n->lhs_indices, n->rhs_indices, bx, lhs, rhs, bl, br));
-  const int64_t rows = x.dim(0), kdim = x.dim(1), experts = scales.dim(0), nout = scales.dim(1);
+  BufferRef bx, bw, bs, bb, bl, br, bi;
+  k::QmmArgs args{};
+  int64_t rows = 0, kdim = 0, experts = 0, nout = 0, pairs = 0, groups = 0, sorted = 0;
+};
+
+Result<QmmSetup> qmm_setup(KernelContext& ctx, const fb::GatherQmmNodeT* n) {
+  QmmSetup q;
+  SB_ASSIGN_OR_RETURN(q.bx, bind_in(ctx, n->x.get(), &q.x));
+  SB_ASSIGN_OR_RETURN(q.bw, bind_in(ctx, n->w.get(), &q.w));
+  SB_ASSIGN_OR_RETURN(q.bs, bind_in(ctx, n->scales.get(), &q.scales));
+  SB_ASSIGN_OR_RETURN(q.bb, bind_in(ctx, n->biases.get(), &q.biases));
+  SB_RETURN_IF_ERROR(bind_indices(ctx, n->lhs_indices, n->rhs_indices, q.bx, q.lhs, q.rhs, q.bl, q.br));
+  const Tensor &x = q.x, &lhs = q.lhs, &rhs = q.rhs;
+  const int64_t rows = x.dim(0), kdim = x.dim(1), experts = q.scales.dim(0), nout = q.scales.dim(1);
   const int64_t pairs = rhs.defined() ? rhs.numel() : lhs.defined() ? lhs.numel() : rows;
   SB_CHECK_OR_RETURN(!lhs.defined() || lhs.numel() == pairs, StatusCode::kInvalidArgument,
                      "lhs_indices has %lld entries, rhs_indices %lld", (long long)lhs.numel(), (long long)pairs);
@@ -383,59 +392,79 @@ Status gather_qmm(KernelContext& ctx, const fb::OpNodeUnion& op) {
     info[static_cast<size_t>(experts + e)] = static_cast<uint32_t>(off);
     off += nout * kdim * b / 32;
   }
-  SB_CHECK_OR_RETURN(off == w.numel(), StatusCode::kInvalidArgument, "w holds %lld words, the experts need %lld",
-                     (long long)w.numel(), (long long)off);
+  SB_CHECK_OR_RETURN(off == q.w.numel(), StatusCode::kInvalidArgument, "w holds %lld words, the experts need %lld",
+                     (long long)q.w.numel(), (long long)off);
   SB_RETURN_IF_ERROR(u32_count(off, "GatherQmm weights").status());
   SB_RETURN_IF_ERROR(u32_count(pairs * nout, "GatherQmm").status());
   SB_RETURN_IF_ERROR(u32_count(pairs * rows, "GatherQmm pairs x rows").status());
-  int64_t sorted = 0;
   if (n->sorted_indices) {
-    SB_ASSIGN_OR_RETURN(sorted, ctx.resolve(n->sorted_indices.get()));
+    SB_ASSIGN_OR_RETURN(q.sorted, ctx.resolve(n->sorted_indices.get()));
   }
-  SB_ASSIGN_OR_RETURN(BufferRef bi, static_cast<GpuDevice&>(ctx.device()).node_table(n, info));
+  SB_ASSIGN_OR_RETURN(q.bi, static_cast<GpuDevice&>(ctx.device()).node_table(n, info));
   SB_RETURN_IF_ERROR(u32_count(rows * kdim, "GatherQmm x").status());
-
-  SB_ASSIGN_OR_RETURN(Tensor out, rt.alloc(x.dtype(), {pairs, nout}));
-  SB_ASSIGN_OR_RETURN(BufferRef bo, rt.bind(out, false));
-  k::QmmArgs args{};
+  k::QmmArgs& args = q.args;
   args.pairs = static_cast<uint32_t>(pairs);
   args.n = static_cast<uint32_t>(nout);
   args.k = static_cast<uint32_t>(kdim);
-  args.groups = static_cast<uint32_t>(scales.dim(2));
+  args.groups = static_cast<uint32_t>(q.scales.dim(2));
   args.group_size = static_cast<uint32_t>(n->group_size);
   args.rows = static_cast<uint32_t>(rows);
   args.experts = static_cast<uint32_t>(experts);
-  args.scale_dtype = static_cast<uint32_t>(scales.dtype());
+  args.scale_dtype = static_cast<uint32_t>(q.scales.dtype());
   args.out_dtype = static_cast<uint32_t>(x.dtype());
   args.x_dtype = static_cast<uint32_t>(x.dtype());
   args.has_lhs = lhs.defined();
   args.has_rhs = rhs.defined();
-  args.sorted = sorted != 0;
-  const int64_t groups = scales.dim(2);
-  const bool row_path = pairs <= kQmmRowMaxPairs && kdim <= SB_QMM_STAGE_K && groups <= 512 &&
-                        (x.dtype() == DType::kF32 || nout % 2 == 0);
-  if (row_path) {
+  args.sorted = q.sorted != 0;
+  q.rows = rows, q.kdim = kdim, q.experts = experts, q.nout = nout, q.pairs = pairs, q.groups = q.scales.dim(2);
+  return q;
+}
+
+// Whether qmm_row (and qmm_row_glu) take these rows; then its outputs per workgroup and
+// tiles per pair: enough (output, group) tasks for 256 threads, widening only while
+// the GPU stays full. `projections` (1 or 2) share the shader's 1024 task slots.
+bool qmm_row_plan(QmmSetup& q, int64_t projections) {
+  const int64_t groups = q.groups, nout = q.nout, pairs = q.pairs;
+  if (pairs > kQmmRowMaxPairs || q.kdim > SB_QMM_STAGE_K || projections * groups > 1024 ||
+      (q.x.dtype() != DType::kF32 && nout % 2 != 0))
+    return false;
+  int64_t per_wg = std::max<int64_t>(2, 256 / (projections * groups)) & ~int64_t{1};
+  auto tiles = [&](int64_t t) { return (nout + t - 1) / t; };
+  while (2 * per_wg * groups * projections <= 1024 && 2 * per_wg <= 256 &&
+         pairs * tiles(2 * per_wg) >= kQmmRowMinWorkgroups)
+    per_wg *= 2;
+  q.args.per_wg = static_cast<uint32_t>(per_wg);
+  q.args.tiles = static_cast<uint32_t>(tiles(per_wg));
+  return true;
+}
+
+Status gather_qmm(KernelContext& ctx, const fb::OpNodeUnion& op) {
+  const auto* n = op.AsGatherQmmNode();
+  Runtime& rt = rt_of(ctx);
+  SB_ASSIGN_OR_RETURN(QmmSetup q, qmm_setup(ctx, n));
+  const Tensor& x = q.x;
+  const BufferRef &bx = q.bx, &bw = q.bw, &bs = q.bs, &bb = q.bb, &bl = q.bl, &br = q.br, &bi = q.bi;
+  const int64_t rows = q.rows, kdim = q.kdim, experts = q.experts, nout = q.nout, pairs = q.pairs, sorted = q.sorted;
+  k::QmmArgs& args = q.args;
+  SB_ASSIGN_OR_RETURN(Tensor out, rt.alloc(x.dtype(), {pairs, nout}));
+  SB_ASSIGN_OR_RETURN(BufferRef bo, rt.bind(out, false));
+  const int64_t groups = q.groups;
+  if (qmm_row_plan(q, 1)) {
     // One workgroup per (pair, tile of outputs) quantizes its row itself: no Q8 dispatch.
-    int64_t per_wg = std::max<int64_t>(2, 256 / groups) & ~int64_t{1};
-    auto tiles = [&](int64_t t) { return (nout + t - 1) / t; };
-    while (2 * per_wg * groups <= 1024 && 2 * per_wg <= 256 && pairs * tiles(2 * per_wg) >= kQmmRowMinWorkgroups)
-      per_wg *= 2;
-    args.per_wg = static_cast<uint32_t>(per_wg);
-    args.tiles = static_cast<uint32_t>(tiles(per_wg));
     SB_RETURN_IF_ERROR(rt.dispatch("qmm_row", {bx, bw, bs, bb, bl, br, bi, bo, rt.error_word()}, &args, sizeof(args),
-                                   256 * static_cast<uint64_t>(pairs * tiles(per_wg))));
+                                   256 * static_cast<uint64_t>(pairs) * args.tiles));
   } else {
     // Q8 activation blocks, then the matmul.
     const int64_t blocks = rows * (kdim / 32);
-    SB_ASSIGN_OR_RETURN(Tensor q, rt.alloc(DType::kI32, {rows * kdim / 4}));
+    SB_ASSIGN_OR_RETURN(Tensor xq, rt.alloc(DType::kI32, {rows * kdim / 4}));
     SB_ASSIGN_OR_RETURN(Tensor d, rt.alloc(DType::kF32, {blocks}));
     SB_ASSIGN_OR_RETURN(Tensor s, rt.alloc(DType::kI32, {blocks}));
-    SB_ASSIGN_OR_RETURN(BufferRef bq, rt.bind(q, false));
+    SB_ASSIGN_OR_RETURN(BufferRef bq, rt.bind(xq, false));
     SB_ASSIGN_OR_RETURN(BufferRef bd, rt.bind(d, false));
     SB_ASSIGN_OR_RETURN(BufferRef bsum, rt.bind(s, false));
     k::Q8Args qa{static_cast<uint32_t>(rows), static_cast<uint32_t>(kdim), static_cast<uint32_t>(x.dtype()), 0};
     SB_RETURN_IF_ERROR(rt.dispatch("quantize_q8", {bx, bq, bd, bsum}, &qa, sizeof(qa), static_cast<uint64_t>(blocks)));
-    if (sorted != 0 && rhs.defined() && pairs >= kQmmTileMinPairs && (x.dtype() == DType::kF32 || nout % 2 == 0)) {
+    if (sorted != 0 && q.rhs.defined() && pairs >= kQmmTileMinPairs && (x.dtype() == DType::kF32 || nout % 2 == 0)) {
       // Pairs sorted by expert: a work list of (run of <= 32 pairs, expert), then tiles
       // of 32 pairs x 64 outputs that read each weight once per tile.
       const int64_t tp = SB_QMM_TILE_PAIRS;
@@ -463,6 +492,45 @@ Status gather_qmm(KernelContext& ctx, const fb::OpNodeUnion& op) {
   // Fused down-projection + combine: by the contract its bits are those of the stored
   // (rounded) product followed by Combine, which is what the device runs.
   return combine_impl(ctx, out, bo, n->combine_weights.get(), n->shared.get(), n->shared_gate.get(), n->out.get());
+}
+
+// The fused gate/up/Glu of decode (GpuDevice::fuse): ins[0..1] are GatherQmm of the
+// same x, indices and widths, ins[2] the Glu of their outputs. One qmm_row_glu dispatch
+// when the rows suit it; otherwise the three kernels one by one.
+Status gate_up_glu(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>* ins) {
+  const auto* glu_node = ins[2]->op.AsGluNode();
+  const bool gate_first = ins[0]->op.AsGatherQmmNode()->out->idx() == glu_node->gate->idx();
+  const auto* gate = ins[gate_first ? 0 : 1]->op.AsGatherQmmNode();
+  const auto* up = ins[gate_first ? 1 : 0]->op.AsGatherQmmNode();
+  Runtime& rt = rt_of(ctx);
+  SB_ASSIGN_OR_RETURN(QmmSetup g, qmm_setup(ctx, gate));
+  SB_ASSIGN_OR_RETURN(QmmSetup u, qmm_setup(ctx, up));
+  if (g.scales.shape() != u.scales.shape() || g.scales.dtype() != u.scales.dtype() || g.w.numel() != u.w.numel() ||
+      !qmm_row_plan(g, 2)) {
+    for (int i = 0; i < 2; ++i) SB_RETURN_IF_ERROR(gather_qmm(ctx, ins[i]->op));
+    return glu(ctx, ins[2]->op);
+  }
+  SB_ASSIGN_OR_RETURN(Tensor out, rt.alloc(g.x.dtype(), {g.pairs, g.nout}));
+  SB_ASSIGN_OR_RETURN(BufferRef bo, rt.bind(out, false));
+  k::QmmGluArgs args{};
+  static_assert(offsetof(k::QmmGluArgs, glu_kind) == sizeof(k::QmmArgs));
+  std::memcpy(&args, &g.args, sizeof(g.args));
+  args.glu_kind = static_cast<uint32_t>(glu_node->kind);
+  args.glu_alpha = glu_node->alpha;
+  args.glu_limit = glu_node->limit;
+  SB_RETURN_IF_ERROR(rt.dispatch("qmm_row_glu", {g.bx, g.bw, g.bs, g.bb, g.bl, g.br, g.bi, bo, rt.error_word(), u.bw, u.bs, u.bb},
+                                 &args, sizeof(args), 256 * static_cast<uint64_t>(g.pairs) * args.tiles));
+  return ctx.out(glu_node->out.get(), std::move(out));
+}
+
+bool same_tid(const std::unique_ptr<fb::Tid>& a, const std::unique_ptr<fb::Tid>& b) {
+  return a ? b && a->idx() == b->idx() : !b;
+}
+
+bool same_iov(const std::unique_ptr<fb::IntOrVidT>& a, const std::unique_ptr<fb::IntOrVidT>& b) {
+  if (!a || !b) return !a && !b;
+  if (a->is_vid != b->is_vid) return false;
+  return a->is_vid ? a->vid && b->vid && a->vid->idx() == b->vid->idx() : a->literal == b->literal;
 }
 
 Status gather_mm(KernelContext& ctx, const fb::OpNodeUnion& op) {
@@ -770,6 +838,28 @@ GpuDevice::GpuDevice(std::unique_ptr<Runtime> rt, std::string name) : rt_(std::m
   const auto cpu = make_cpu_device();
   registry_.add(fb::OpNode::ReshapeNode, cpu->kernels().find(fb::OpNode::ReshapeNode));
   registry_.add(fb::OpNode::CopyNode, cpu->kernels().find(fb::OpNode::CopyNode));
+}
+
+// Decode's gate and up projections with their Glu: GatherQmm, GatherQmm (either order),
+// Glu of their two outputs, which nothing after the Glu reads. Same x, indices and widths.
+Fusion GpuDevice::fuse(const std::vector<std::unique_ptr<fb::InstructionT>>& ins, size_t i,
+                       const PrivateTemp& private_temp) const {
+  if (i + 3 > ins.size() || ins[i]->op.type != fb::OpNode::GatherQmmNode ||
+      ins[i + 1]->op.type != fb::OpNode::GatherQmmNode || ins[i + 2]->op.type != fb::OpNode::GluNode)
+    return {};
+  const auto* a = ins[i]->op.AsGatherQmmNode();
+  const auto* b = ins[i + 1]->op.AsGatherQmmNode();
+  const auto* glu_node = ins[i + 2]->op.AsGluNode();
+  const uint32_t ga = a->out->idx(), gb = b->out->idx(), gg = glu_node->gate->idx(), gu = glu_node->up->idx();
+  const bool outs_feed_glu = (ga == gg && gb == gu) || (ga == gu && gb == gg);
+  const bool plain = !a->combine_weights && !b->combine_weights && !a->shared && !b->shared;
+  const bool alike = same_tid(a->x, b->x) && same_tid(a->lhs_indices, b->lhs_indices) &&
+                     same_tid(a->rhs_indices, b->rhs_indices) && same_iov(a->sorted_indices, b->sorted_indices) &&
+                     a->bits == b->bits && a->group_size == b->group_size && a->expert_bits == b->expert_bits;
+  if (!outs_feed_glu || ga == gb || !plain || !alike || !private_temp(a->out.get(), i + 2) ||
+      !private_temp(b->out.get(), i + 2))
+    return {};
+  return Fusion{gate_up_glu, 3};
 }
 
 Status GpuDevice::can_run(const fb::OpNodeUnion& op, const KernelContext& ctx) const {

@@ -69,6 +69,10 @@ inline constexpr KernelInfo kKernels[] = {
     {"qmm_row", "gather_qmm", 9,
      {A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kWrite, A::kReadWrite},
      sizeof(QmmArgs), SB_STR(SB_QMM_ARGS), 256, true},
+    {"qmm_row_glu", "gather_qmm", 12,
+     {A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kWrite, A::kReadWrite, A::kRead, A::kRead,
+      A::kRead},
+     sizeof(QmmGluArgs), SB_STR(SB_QMM_GLU_ARGS), 256, true},
     {"qmm_tiles", "gather_qmm", 4, {A::kRead, A::kRead, A::kWrite, A::kReadWrite}, sizeof(QmmArgs), SB_STR(SB_QMM_ARGS),
      256, true},
     {"qmm_tile", "gather_qmm", 11,
@@ -77,7 +81,7 @@ inline constexpr KernelInfo kKernels[] = {
      sizeof(QmmArgs), SB_STR(SB_QMM_ARGS), 256, true},
     {"argsort", "permute", 2, {A::kRead, A::kWrite}, sizeof(ArgsortArgs), SB_STR(SB_ARGSORT_ARGS), 256, true},
     {"router", "router", 7, {A::kRead, A::kRead, A::kRead, A::kRead, A::kWrite, A::kWrite, A::kReadWrite},
-     sizeof(RouterArgs), SB_STR(SB_ROUTER_ARGS), 64, true},
+     sizeof(RouterArgs), SB_STR(SB_ROUTER_ARGS), 256, true},
     {"gather_mm", "gather_mm", 6, {A::kRead, A::kRead, A::kRead, A::kRead, A::kWrite, A::kReadWrite},
      sizeof(GatherMmArgs), SB_STR(SB_GATHER_MM_ARGS), 32, true},
     {"reduce", "reduce", 2, {A::kRead, A::kWrite}, sizeof(ReduceArgs), SB_STR(SB_REDUCE_ARGS), 256, true},
@@ -105,6 +109,7 @@ static_assert(sizeof(UnaryArgs) == 16 && sizeof(CastArgs) == 16 && sizeof(FillAr
 static_assert(sizeof(GluArgs) == 32 && offsetof(GluArgs, alpha) == 12 && offsetof(GluArgs, limit) == 16);
 static_assert(sizeof(CombineArgs) == 32 && sizeof(Q8Args) == 16);
 static_assert(sizeof(QmmArgs) == 64 && offsetof(QmmArgs, out_dtype) == 32 && offsetof(QmmArgs, per_wg) == 48);
+static_assert(sizeof(QmmGluArgs) == 80 && offsetof(QmmGluArgs, glu_kind) == 64 && offsetof(QmmGluArgs, glu_limit) == 72);
 static_assert(sizeof(PermuteArgs) == 32 && offsetof(PermuteArgs, out_words) == 16);
 static_assert(sizeof(ProbeArgs) == 16 && sizeof(ArgsortArgs) == 16);
 static_assert(sizeof(GatherMmArgs) == 32 && sizeof(ReduceArgs) == 32 && sizeof(RegionArgs) == 48);
@@ -112,7 +117,7 @@ static_assert(sizeof(TransposeArgs) == 80 && offsetof(TransposeArgs, rank) == 64
 static_assert(sizeof(MatmulArgs) == 48 && sizeof(NormArgs) == 32 && offsetof(NormArgs, eps) == 16);
 static_assert(sizeof(RouterArgs) == 48 && offsetof(RouterArgs, routed_scaling_factor) == 32);
 // 128 bytes is the smallest push-constant space Vulkan guarantees (lavapipe's limit).
-static_assert(sizeof(BinaryArgs) <= 128 && sizeof(QmmArgs) <= 128);
+static_assert(sizeof(BinaryArgs) <= 128 && sizeof(QmmGluArgs) <= 128);
 
 inline const KernelInfo* find_kernel(const char* name) {
   for (const KernelInfo& k : kKernels)

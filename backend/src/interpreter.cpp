@@ -29,9 +29,54 @@ static bool is_host_op(fb::OpNode t) {
   return t == fb::OpNode::SymSizeNode || t == fb::OpNode::IntArithNode || t == fb::OpNode::IfNode;
 }
 
+// How instructions [from, end) of `chain` first touch `slot` (Ifs: through their branches).
+enum class FirstUse { kNone, kRead, kWrite };
+static FirstUse first_use(const fb::ProgramT& ir, uint32_t chain, uint32_t slot, size_t from, uint32_t depth) {
+  if (depth > kMaxIfDepth || chain >= ir.chains.size()) return FirstUse::kRead;  // malformed: assume a read
+  const auto& ins = ir.chains[chain]->instructions;
+  for (size_t j = from; j < ins.size(); ++j) {
+    if (const auto* n = ins[j]->op.AsIfNode()) {
+      const FirstUse a = first_use(ir, n->then_chain, slot, 0, depth + 1);
+      const FirstUse b = first_use(ir, n->else_chain, slot, 0, depth + 1);
+      if (a == FirstUse::kRead || b == FirstUse::kRead) return FirstUse::kRead;
+      if (a == FirstUse::kWrite && b == FirstUse::kWrite) return FirstUse::kWrite;
+    }
+    bool read = false, write = false;
+    for_each_slot(ins[j]->op, [&](const SlotRef& r) {
+      if (r.is_tensor && r.idx && *r.idx == slot) (r.is_write ? write : read) = true;
+    });
+    if (read) return FirstUse::kRead;
+    if (write) return FirstUse::kWrite;
+  }
+  return FirstUse::kNone;
+}
+
+// Whether nothing after instruction `last` of `chain` reads the value in `slot`: it is
+// overwritten first, or never touched again here and (for a branch) after every If
+// that runs the branch.
+static bool dead_after(const fb::ProgramT& ir, uint32_t chain, uint32_t slot, size_t last, uint32_t depth = 0) {
+  if (depth > kMaxIfDepth) return false;
+  const FirstUse use = first_use(ir, chain, slot, last + 1, 0);
+  if (use != FirstUse::kNone) return use == FirstUse::kWrite;
+  if (chain == static_cast<uint32_t>(ir.main_chain)) return true;
+  bool run = false;
+  for (uint32_t p = 0; p < ir.chains.size(); ++p)
+    for (size_t j = 0; j < ir.chains[p]->instructions.size(); ++j)
+      if (const auto* n = ir.chains[p]->instructions[j]->op.AsIfNode();
+          n && (n->then_chain == chain || n->else_chain == chain)) {
+        run = true;
+        if (!dead_after(ir, p, slot, j, depth + 1)) return false;
+      }
+  return run;  // a chain no If runs (the init chain): its values stay
+}
+
 Status Interpreter::plan() {
   const auto& chains = prog_.ir->chains;
   plan_.assign(chains.size(), {});
+  fused_.assign(chains.size(), {});
+  std::vector<bool> is_output(prog_.ir->num_tensor_slots, false);
+  for (const auto& io : prog_.ir->outputs)
+    if (io->kind == fb::SlotKind::Tensor && io->idx < is_output.size()) is_output[io->idx] = true;
   for (size_t c = 0; c < chains.size(); ++c) {
     for (size_t i = 0; i < chains[c]->instructions.size(); ++i) {
       fb::OpNode t = chains[c]->instructions[i]->op.type;
@@ -44,6 +89,14 @@ Status Interpreter::plan() {
         if (!st.is_ok()) return st.annotate(strformat("chains[%zu].instructions[%zu].%s", c, i, op_name(t)));
       }
       plan_[c].push_back(fn);
+    }
+    const PrivateTemp private_temp = [&](const fb::Tid* t, size_t last) {
+      return t && t->idx() < is_output.size() && prog_.roles[t->idx()] == SlotRole::kTemp &&
+             !is_output[t->idx()] && dead_after(*prog_.ir, static_cast<uint32_t>(c), t->idx(), last);
+    };
+    for (size_t i = 0; i < chains[c]->instructions.size(); ++i) {
+      Fusion f = device_->fuse(chains[c]->instructions, i, private_temp);
+      fused_[c].push_back(f.fn && f.span > 1 && i + f.span <= chains[c]->instructions.size() ? f : Fusion{});
     }
   }
   return Status::ok();
@@ -95,6 +148,19 @@ Status Interpreter::run_chain(uint32_t chain, uint32_t depth) {
   for (size_t i = 0; i < ins.size(); ++i) {
     const fb::OpNodeUnion& op = ins[i]->op;
     auto start = std::chrono::steady_clock::now();
+    if (const Fusion& f = fused_[chain][i]; f.fn) {
+      // Instructions [i, i + span) as one kernel; errors name the first of them.
+      Status st = f.fn(*this, &ins[i]);
+      if (!st.is_ok())
+        return st.annotate(strformat("chains[%u].instructions[%zu..%zu].%s", chain, i, i + f.span - 1, op_name(op.type)));
+      if (log::op_log_enabled())
+        log::logger().info("op chains[{}][{}..{}] fused {} ... {} {:.1f} us on {}", chain, i, i + f.span - 1,
+                           op_name(op.type), op_name(ins[i + f.span - 1]->op.type),
+                           std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count(),
+                           device_->name());
+      i += f.span - 1;
+      continue;
+    }
     Status st = plan_[chain][i] ? plan_[chain][i](*this, op) : run_host_op(op, depth);
     if (!st.is_ok()) return st.annotate(strformat("chains[%u].instructions[%zu].%s", chain, i, op_name(op.type)));
     if (log::op_log_enabled() && op.type != fb::OpNode::IfNode) {

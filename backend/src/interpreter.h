@@ -54,6 +54,7 @@ class Interpreter final : public KernelContext {
   const ProgramImpl& prog_;
   std::unique_ptr<Device> device_;
   std::vector<std::vector<KernelFn>> plan_;  // [chain][instruction]
+  std::vector<std::vector<Fusion>> fused_;   // [chain][instruction]: a fusion starting there, if any
   std::vector<Tensor> tensors_;
   std::vector<uint8_t> written_;
   std::vector<Value> values_;
