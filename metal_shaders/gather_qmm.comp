@@ -429,7 +429,8 @@ void main() {
 // Many-row GatherQmm on pairs sorted by expert: workgroup (tile t, column block c)
 // computes outputs [first, first + count) x [64c, 64c + 64) of tile t (QMM_TILES), so
 // each weight is read once per tile of up to 32 pairs. Per chunk of 64 K values the
-// Q8 codes of the tile's rows and the expert's weight codes are unpacked to shared ints.
+// Q8 codes of the tile's rows and the expert's weight codes are unpacked to shared ints;
+// codes of <= 4 bits two columns to an int, so one integer multiply-add serves two outputs.
 // Thread -> output: tid = 16*tn + tp computes pairs {tp, tp + 16} x columns
 // {2tn, 2tn + 1, 2tn + 32, 2tn + 33}; block dots are exact integers, then the float
 // steps of docs/numerics.md in block and group order per output.
@@ -477,6 +478,14 @@ void stage_codes(uint base, uint bits, uint c0, uint dst) {
 
 int dot4(ivec4 a, ivec4 b) { return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w; }
 
+// Codes [c0, c0 + 8) of a row (c0 a multiple of 8, bits <= 4) as one word, lowest first.
+uint codes_word(uint base, uint bits, uint c0) {
+  uint bit = c0 * bits, sh = bit & 31u;
+  uint v = codes[base + (bit >> 5u)] >> sh;
+  if (sh + 8u * bits > 32u) v |= codes[base + (bit >> 5u) + 1u] << (32u - sh);
+  return v;
+}
+
 void main() {
   uint wg = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
   uint tid = gl_LocalInvocationID.x;
@@ -486,6 +495,8 @@ void main() {
   uint bits = expert_info[ex], row_words = args.k * bits / 32u;
   uint wbase = expert_info[args.experts + ex];
   uint blocks = args.k / 32u, per_group = args.group_size / 32u;
+  // Codes of <= 4 bits: two columns per int (see below); the host keeps args.n even here.
+  bool packed = bits <= 4u && (args.n & 1u) == 0u;
   if (tid < kTp) {
     int r = -1;
     if (tid < count) {
@@ -525,7 +536,25 @@ void main() {
         s_sx[tid] = rr >= 0 ? sq[j] : 0;
       }
     }
-    {  // weights: thread -> (column tid / 4, codes [16 (tid % 4), +16) of the chunk)
+    if (packed) {  // weights, columns 2q and 2q + 1 in one int: thread -> (q = tid / 8, codes [8 (tid % 8), +8))
+      uint q = tid >> 3u, part = tid & 7u;
+      if (part * 8u < cb * 32u) {
+        uint c0 = j0 * 32u + part * 8u, dst = q * kStride + part * 2u;
+        uint n = n0 + 2u * q;  // args.n is even on this path
+        uint wa = 0u, wb = 0u;
+        if (n < args.n) {
+          wa = codes_word(wbase + n * row_words, bits, c0);
+          wb = codes_word(wbase + (n + 1u) * row_words, bits, c0);
+        }
+        ivec4 v[2];
+        for (uint i = 0u; i < 8u; ++i) {
+          uint m = (1u << bits) - 1u, sh = bits * i;
+          v[i >> 2u][i & 3u] = int(((wa >> sh) & m) | (((wb >> sh) & m) << 16u));
+        }
+        s_w[dst] = v[0];
+        s_w[dst + 1u] = v[1];
+      }
+    } else {  // weights: thread -> (column tid / 4, codes [16 (tid % 4), +16) of the chunk)
       uint c = tid >> 2u, part = tid & 3u;
       if (part * 16u < cb * 32u) {
         uint dst = c * kStride + part * 4u;
@@ -536,12 +565,33 @@ void main() {
     barrier();
     for (uint jb = 0u; jb < cb; ++jb) {
       int iq[8] = int[8](0, 0, 0, 0, 0, 0, 0, 0);
-      for (uint i = 0u; i < 8u; ++i) {
-        ivec4 xa = s_x[tp * kStride + jb * 8u + i], xb = s_x[(tp + 16u) * kStride + jb * 8u + i];
-        for (uint c = 0u; c < 4u; ++c) {
-          ivec4 wv = s_w[col[c] * kStride + jb * 8u + i];
-          iq[c] += dot4(xa, wv);
-          iq[4u + c] += dot4(xb, wv);
+      if (packed) {
+        // Two columns per int product: L + 2^16 H with |L|, |H| <= 16 * 127 * 15 < 2^15 per
+        // half block, so L is the low 16 bits (signed) and H = (acc - L) >> 16, exactly.
+        for (uint h = 0u; h < 2u; ++h) {
+          int acc2[4] = int[4](0, 0, 0, 0);
+          for (uint i = 4u * h; i < 4u * h + 4u; ++i) {
+            ivec4 xa = s_x[tp * kStride + jb * 8u + i], xb = s_x[(tp + 16u) * kStride + jb * 8u + i];
+            ivec4 w0 = s_w[tn * kStride + jb * 8u + i], w1 = s_w[(tn + 16u) * kStride + jb * 8u + i];
+            acc2[0] += dot4(xa, w0);
+            acc2[1] += dot4(xa, w1);
+            acc2[2] += dot4(xb, w0);
+            acc2[3] += dot4(xb, w1);
+          }
+          for (uint u = 0u; u < 4u; ++u) {
+            int lo = bitfieldExtract(acc2[u], 0, 16);
+            iq[2u * u] += lo;
+            iq[2u * u + 1u] += (acc2[u] - lo) >> 16;
+          }
+        }
+      } else {
+        for (uint i = 0u; i < 8u; ++i) {
+          ivec4 xa = s_x[tp * kStride + jb * 8u + i], xb = s_x[(tp + 16u) * kStride + jb * 8u + i];
+          for (uint c = 0u; c < 4u; ++c) {
+            ivec4 wv = s_w[col[c] * kStride + jb * 8u + i];
+            iq[c] += dot4(xa, wv);
+            iq[4u + c] += dot4(xb, wv);
+          }
         }
       }
       uint j = j0 + jb;

@@ -23,6 +23,7 @@ struct Case {
   std::vector<int64_t> lhs, rhs;  // empty: absent
   bool sorted = false;
   bool special_x = false;  // blocks of zeros, of values below 2^-100 and near f32's top
+  bool extreme = false;    // every code at its top and every activation code at +-127
   uint32_t seed = 1;
 };
 
@@ -39,6 +40,8 @@ Built make_inputs(const Case& c) {
   std::vector<double> w(static_cast<size_t>(out.words)), x(static_cast<size_t>(c.tokens * c.k));
   for (auto& v : w) v = rng();  // any bit pattern is a valid code stream
   for (auto& v : x) v = normal(rng);
+  for (size_t i = 0; c.extreme && i < x.size(); ++i) x[i] = (i / c.k % 2 == 0 ? 127.0 : -127.0) / 128;
+  for (size_t i = 0; c.extreme && i < w.size(); ++i) w[i] = 4294967295.0;
   for (size_t i = 0; c.special_x && i < x.size(); ++i) {
     const size_t block = i / 32 % 4;
     if (block == 1) x[i] = 0;
@@ -248,7 +251,16 @@ TEST(GatherQmmDevices, TiledScheduleForSortedPairs) {
   special.x_dtype = DType::kF16;
   sorted_pairs(special, {64, 0, 32}, false);
   special.tokens = 96;
-  for (const Case* c : {&mixed, &odd, &by_pair, &special}) {
+  Case extreme;  // the largest packed two-column sums: +-16 * 127 * 15 per half block
+  extreme.bits = {4, 3, 2};
+  extreme.uniform = false;
+  extreme.experts = 3;
+  extreme.n = 64;
+  extreme.k = 128;
+  extreme.tokens = 2;
+  extreme.extreme = true;
+  sorted_pairs(extreme, {40, 30, 20}, true);
+  for (const Case* c : {&mixed, &odd, &by_pair, &special, &extreme}) {
     SCOPED_TRACE("k " + std::to_string(c->k) + ", n " + std::to_string(c->n) + ", pairs " +
                  std::to_string(c->rhs.size()));
     run(*c);
