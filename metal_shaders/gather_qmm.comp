@@ -486,6 +486,30 @@ uint codes_word(uint base, uint bits, uint c0) {
   return v;
 }
 
+// This thread's global words of chunk j0 (blocks j0, j0 + 1), kept in registers until
+// stored to shared memory: activation words [0..1], d and code sum [2..3] (threads
+// < 64), and on the packed path the two columns' codes [4..5].
+void load_chunk(uint j0, uint blocks, uint n0, uint wbase, uint row_words, uint bits, bool packed, inout uint staged[6]) {
+  uint tid = gl_LocalInvocationID.x;
+  uint cb = min(2u, blocks - j0);
+  int r = s_row[tid >> 3u];
+  for (uint jb = 0u; jb < 2u; ++jb) staged[jb] = r >= 0 && jb < cb ? q[(uint(r) * blocks + j0 + jb) * 8u + (tid & 7u)] : 0u;
+  if (tid < 2u * kTp && (tid & 1u) < cb) {
+    int rr = s_row[tid >> 1u];
+    uint j = uint(rr) * blocks + j0 + (tid & 1u);
+    staged[2] = rr >= 0 ? floatBitsToUint(dq[j]) : 0u;
+    staged[3] = rr >= 0 ? uint(sq[j]) : 0u;
+  }
+  staged[4] = 0u;
+  staged[5] = 0u;
+  uint pair = tid >> 3u, part = tid & 7u, n = n0 + 2u * pair;
+  if (packed && part * 8u < cb * 32u && n < args.n) {
+    uint c0 = j0 * 32u + part * 8u;
+    staged[4] = codes_word(wbase + n * row_words, bits, c0);
+    staged[5] = codes_word(wbase + (n + 1u) * row_words, bits, c0);
+  }
+}
+
 void main() {
   uint wg = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
   uint tid = gl_LocalInvocationID.x;
@@ -515,37 +539,29 @@ void main() {
   for (uint i = 0u; i < 8u; ++i) acc[i] = pg[i] = 0.0;
   xg[0] = xg[1] = 0.0;
   barrier();
+  // Chunk j0's global words are loaded into registers one chunk ahead (staged[]), so
+  // their latency overlaps the previous chunk's arithmetic.
+  uint staged[6];
+  load_chunk(0u, blocks, n0, wbase, row_words, bits, packed, staged);
   for (uint j0 = 0u; j0 < blocks; j0 += 2u) {
     uint cb = min(2u, blocks - j0);
     {  // activations: thread -> (pair tid / 8, word tid % 8) of each block
       uint a = tid >> 3u, w = tid & 7u;
-      int r = s_row[a];
       for (uint jb = 0u; jb < cb; ++jb) {
-        ivec4 v = ivec4(0);
-        if (r >= 0) {
-          int word = int(q[(uint(r) * blocks + j0 + jb) * 8u + w]);
-          v = ivec4(bitfieldExtract(word, 0, 8), bitfieldExtract(word, 8, 8), bitfieldExtract(word, 16, 8),
-                    bitfieldExtract(word, 24, 8));
-        }
-        s_x[a * kStride + jb * 8u + w] = v;
+        int word = int(staged[jb]);
+        s_x[a * kStride + jb * 8u + w] = ivec4(bitfieldExtract(word, 0, 8), bitfieldExtract(word, 8, 8),
+                                               bitfieldExtract(word, 16, 8), bitfieldExtract(word, 24, 8));
       }
       if (tid < 2u * kTp && (tid & 1u) < cb) {
-        int rr = s_row[tid >> 1u];
-        uint j = uint(rr) * blocks + j0 + (tid & 1u);
-        s_d[tid] = rr >= 0 ? dq[j] : 0.0;
-        s_sx[tid] = rr >= 0 ? sq[j] : 0;
+        s_d[tid] = uintBitsToFloat(staged[2]);
+        s_sx[tid] = int(staged[3]);
       }
     }
     if (packed) {  // weights, columns 2q and 2q + 1 in one int: thread -> (q = tid / 8, codes [8 (tid % 8), +8))
       uint q = tid >> 3u, part = tid & 7u;
       if (part * 8u < cb * 32u) {
-        uint c0 = j0 * 32u + part * 8u, dst = q * kStride + part * 2u;
-        uint n = n0 + 2u * q;  // args.n is even on this path
-        uint wa = 0u, wb = 0u;
-        if (n < args.n) {
-          wa = codes_word(wbase + n * row_words, bits, c0);
-          wb = codes_word(wbase + (n + 1u) * row_words, bits, c0);
-        }
+        uint wa = staged[4], wb = staged[5];
+        uint dst = q * kStride + part * 2u;
         ivec4 v[2];
         for (uint i = 0u; i < 8u; ++i) {
           uint m = (1u << bits) - 1u, sh = bits * i;
@@ -563,6 +579,7 @@ void main() {
       }
     }
     barrier();
+    if (j0 + 2u < blocks) load_chunk(j0 + 2u, blocks, n0, wbase, row_words, bits, packed, staged);
     for (uint jb = 0u; jb < cb; ++jb) {
       int iq[8] = int[8](0, 0, 0, 0, 0, 0, 0, 0);
       if (packed) {
