@@ -361,8 +361,9 @@ void main() {
 #endif
 
 #ifdef QMM_TILES
-// The work list of QMM_TILE for pairs sorted by expert: one entry (first pair, pair
-// count, expert) per run of up to SB_QMM_TILE_PAIRS pairs of one expert, after the
+// The work list of QMM_TILE for pairs sorted by expert (or all of expert 0, without
+// rhs): one entry (first pair, pair count, expert) per run of up to SB_QMM_TILE_PAIRS
+// pairs of one expert, after the
 // count in word 0. One workgroup; thread -> experts tid, tid + 256, ...: it finds its
 // expert's run by binary search; thread 0 lays the runs' tiles out in expert order.
 // Also raises the error bits for bad, pruned or unsorted experts.
@@ -376,7 +377,9 @@ shared uint s_n[256];
 shared uint s_base[256];
 
 // First pair whose expert is > e (the pairs are sorted; anything else raised an error).
+// Without rhs every pair is expert 0's.
 uint runs_end(int e) {
+  if (args.has_rhs == 0u) return e >= 0 ? args.pairs : 0u;
   uint lo = 0u, hi = args.pairs;
   while (lo < hi) {
     uint mid = (lo + hi) >> 1u;
@@ -388,7 +391,7 @@ uint runs_end(int e) {
 
 void main() {
   uint tid = gl_LocalInvocationID.x;
-  for (uint p = tid; p < args.pairs; p += 256u) {
+  for (uint p = tid; args.has_rhs != 0u && p < args.pairs; p += 256u) {
     int e = rhs[p];
     if (e < 0 || uint(e) >= args.experts) atomicOr(err[0], SB_ERR_INDEX);
     else if (expert_info[e] == 0u) atomicOr(err[0], SB_ERR_PRUNED);

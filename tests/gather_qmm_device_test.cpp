@@ -203,8 +203,8 @@ TEST(GatherQmmDevices, MixedBitsWithPrunedExpertSortedPairs) {
   run(c);
 }
 
-// Sorted pairs, 64 and more: the tiled schedule (work list of runs of <= 32 pairs of
-// one expert, 64 output columns per workgroup). Runs shorter and longer than a tile,
+// Sorted pairs, 64 and more, or 64 and more rows without rhs: the tiled schedule (work
+// list of runs of <= 32 pairs of one expert, 64 output columns per workgroup). Runs shorter and longer than a tile,
 // partial column blocks, chunks of one and two blocks, every width, x rows by lhs or
 // by pair, zero / tiny / huge activation blocks.
 TEST(GatherQmmDevices, TiledScheduleForSortedPairs) {
@@ -260,7 +260,16 @@ TEST(GatherQmmDevices, TiledScheduleForSortedPairs) {
   extreme.tokens = 2;
   extreme.extreme = true;
   sorted_pairs(extreme, {40, 30, 20}, true);
-  for (const Case* c : {&mixed, &odd, &by_pair, &special, &extreme}) {
+  Case dense;  // no indices: every row is a pair of expert 0 (a dense projection)
+  dense.bits = {4};
+  dense.experts = 1;
+  dense.n = 130;
+  dense.k = 256;
+  dense.tokens = 100;
+  Case dense_lhs = dense;  // rows picked by lhs, no rhs
+  dense_lhs.x_dtype = DType::kBF16;
+  for (int i = 0; i < 70; ++i) dense_lhs.lhs.push_back((i * 37) % 100);
+  for (const Case* c : {&mixed, &odd, &by_pair, &special, &extreme, &dense, &dense_lhs}) {
     SCOPED_TRACE("k " + std::to_string(c->k) + ", n " + std::to_string(c->n) + ", pairs " +
                  std::to_string(c->rhs.size()));
     run(*c);

@@ -356,8 +356,8 @@ Status bind_indices(KernelContext& ctx, const std::unique_ptr<fb::Tid>& lhs_tid,
 constexpr int64_t kQmmRowMaxPairs = 32;
 // Workgroups qmm_row keeps at least, widening its tiles only above it (fills a large GPU).
 constexpr int64_t kQmmRowMinWorkgroups = 1056;
-// Sorted pairs from this many on, and at least kQmmTilePairsPerExpert per expert on
-// average, take the tiled kernel (qmm_tile): weights read once per tile of 32 pairs
+// Sorted pairs (or pairs without rhs) from this many on, and with rhs at least
+// kQmmTilePairsPerExpert per expert on average, take the tiled kernel (qmm_tile): weights read once per tile of 32 pairs
 // instead of once per pair. Below that its tiles run mostly empty (H100: at 2 pairs per
 // expert it takes twice as long as qmm, at 8 half as long).
 constexpr int64_t kQmmTileMinPairs = 64;
@@ -467,9 +467,11 @@ Status gather_qmm(KernelContext& ctx, const fb::OpNodeUnion& op) {
     SB_ASSIGN_OR_RETURN(BufferRef bsum, rt.bind(s, false));
     k::Q8Args qa{static_cast<uint32_t>(rows), static_cast<uint32_t>(kdim), static_cast<uint32_t>(x.dtype()), 0};
     SB_RETURN_IF_ERROR(rt.dispatch("quantize_q8", {bx, bq, bd, bsum}, &qa, sizeof(qa), static_cast<uint64_t>(blocks)));
-    if (sorted != 0 && q.rhs.defined() && pairs >= std::max(kQmmTileMinPairs, kQmmTilePairsPerExpert * experts) && (x.dtype() == DType::kF32 || nout % 2 == 0)) {
-      // Pairs sorted by expert: a work list of (run of <= 32 pairs, expert), then tiles
-      // of 32 pairs x 64 outputs that read each weight once per tile.
+    if (pairs >= kQmmTileMinPairs &&
+        (q.rhs.defined() ? sorted != 0 && pairs >= kQmmTilePairsPerExpert * experts : true) && (x.dtype() == DType::kF32 || nout % 2 == 0)) {
+      // Pairs sorted by expert (or all expert 0's: a dense projection): a work list of
+      // (run of <= 32 pairs, expert), then tiles of 32 pairs x 64 outputs that read each
+      // weight once per tile.
       const int64_t tp = SB_QMM_TILE_PAIRS;
       const int64_t max_tiles = pairs / tp + std::min(experts, pairs);
       SB_RETURN_IF_ERROR(u32_count(1 + 3 * max_tiles, "GatherQmm tiles").status());
