@@ -391,6 +391,7 @@ uint runs_end(int e) {
 
 void main() {
   uint tid = gl_LocalInvocationID.x;
+  if (tid == 0u && args.has_rhs == 0u && args.pairs > 0u && expert_info[0] == 0u) atomicOr(err[0], SB_ERR_PRUNED);
   for (uint p = tid; args.has_rhs != 0u && p < args.pairs; p += 256u) {
     int e = rhs[p];
     if (e < 0 || uint(e) >= args.experts) atomicOr(err[0], SB_ERR_INDEX);

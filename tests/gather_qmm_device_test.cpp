@@ -302,6 +302,9 @@ TEST(GatherQmmDevices, TiledScheduleDataErrors) {
   c.rhs[50] = 2;
   c.rhs[10] = 2;
   expect("sorted_indices is set but rhs_indices");
+  c.rhs.clear();  // no rhs: every pair is expert 0's, here pruned
+  c.bits = {0, 4, 4};
+  expect("which is pruned (0 bits)");
 }
 
 // Gate and up projections of the same pairs and their Glu: the GPU fuses the three

@@ -428,7 +428,7 @@ Result<QmmSetup> qmm_setup(KernelContext& ctx, const fb::GatherQmmNodeT* n) {
 // the GPU stays full. `projections` (1 or 2) share the shader's 1024 task slots.
 bool qmm_row_plan(QmmSetup& q, int64_t projections) {
   const int64_t groups = q.groups, nout = q.nout, pairs = q.pairs;
-  if (pairs > kQmmRowMaxPairs || q.kdim > SB_QMM_STAGE_K || projections * groups > 1024 ||
+  if (pairs > kQmmRowMaxPairs || q.kdim > SB_QMM_STAGE_K || 2 * projections * groups > 1024 ||
       (q.x.dtype() != DType::kF32 && nout % 2 != 0))
     return false;
   int64_t per_wg = std::max<int64_t>(2, 256 / (projections * groups)) & ~int64_t{1};
