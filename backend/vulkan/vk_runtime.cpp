@@ -5,9 +5,12 @@
 #include <vulkan/vulkan.h>
 
 #include <array>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <string>
+#include <vector>
 
 #include "gpu_embedded_shaders.h"
 #include "gpu_kernel_table.h"
@@ -61,6 +64,10 @@ struct Context {
   uint32_t memory_type = 0;
   VkPhysicalDeviceLimits limits{};
   bool int64 = false;
+  // SWITCHBOARD_PIPELINE_STATS=1 and VK_KHR_pipeline_executable_properties: each pipeline's
+  // compiler statistics (registers, shared memory, ...) are logged when it is created.
+  PFN_vkGetPipelineExecutablePropertiesKHR vkGetPipelineExecutablePropertiesKHR = nullptr;
+  PFN_vkGetPipelineExecutableStatisticsKHR vkGetPipelineExecutableStatisticsKHR = nullptr;
   VkCommandPool pool = VK_NULL_HANDLE;
   // One command buffer + fence per slice of an execute; grown on demand, reused.
   std::vector<VkCommandBuffer> cmds;
@@ -243,12 +250,22 @@ Status create_device(Context& c, const std::string& description) {
   qi.queueFamilyIndex = c.queue_family;
   qi.queueCount = 1;
   qi.pQueuePriorities = &prio;
-  const char* ext_names[] = {VK_KHR_PUSH_DESCRIPTOR_EXTENSION_NAME};
+  const char* ext_names[] = {VK_KHR_PUSH_DESCRIPTOR_EXTENSION_NAME, VK_KHR_PIPELINE_EXECUTABLE_PROPERTIES_EXTENSION_NAME};
   VkDeviceCreateInfo di{VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO};
   di.queueCreateInfoCount = 1;
   di.pQueueCreateInfos = &qi;
   di.enabledExtensionCount = 1;
   di.ppEnabledExtensionNames = ext_names;
+  bool stats = false;
+  if (const char* env = std::getenv("SWITCHBOARD_PIPELINE_STATS"); env && *env && std::strcmp(env, "0") != 0)
+    for (const auto& e : exts) stats |= std::strcmp(e.extensionName, VK_KHR_PIPELINE_EXECUTABLE_PROPERTIES_EXTENSION_NAME) == 0;
+  VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR pe{
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR};
+  pe.pipelineExecutableInfo = VK_TRUE;
+  if (stats) {
+    di.enabledExtensionCount = 2;
+    di.pNext = &pe;
+  }
   // 64-bit integers for the integer kernels (int64.glsl), where the device has them.
   VkPhysicalDeviceFeatures have{}, want{};
   c.vkGetPhysicalDeviceFeatures(c.physical, &have);
@@ -261,6 +278,12 @@ Status create_device(Context& c, const std::string& description) {
   SB_CHECK_OR_RETURN(c.f, StatusCode::kNotFound, "Vulkan device function %s missing", #f);
   SB_VK_DEVICE_FNS(SB_LOAD_D)
 #undef SB_LOAD_D
+  if (stats) {
+    c.vkGetPipelineExecutablePropertiesKHR = reinterpret_cast<PFN_vkGetPipelineExecutablePropertiesKHR>(
+        c.vkGetDeviceProcAddr(c.device, "vkGetPipelineExecutablePropertiesKHR"));
+    c.vkGetPipelineExecutableStatisticsKHR = reinterpret_cast<PFN_vkGetPipelineExecutableStatisticsKHR>(
+        c.vkGetDeviceProcAddr(c.device, "vkGetPipelineExecutableStatisticsKHR"));
+  }
   c.vkGetDeviceQueue(c.device, c.queue_family, 0, &c.queue);
   VkCommandPoolCreateInfo pi{VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO};
   pi.flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT;
@@ -324,6 +347,33 @@ class VulkanBlocks final : public gpu::BlockAllocator {
   std::shared_ptr<Context> ctx_;  // the device outlives its blocks
 };
 
+// One line per compiler statistic of each executable of `pipeline` (diagnostics only).
+void log_pipeline_stats(Context& c, const char* name, VkPipeline pipeline) {
+  VkPipelineInfoKHR pi{VK_STRUCTURE_TYPE_PIPELINE_INFO_KHR};
+  pi.pipeline = pipeline;
+  uint32_t n = 0;
+  if (c.vkGetPipelineExecutablePropertiesKHR(c.device, &pi, &n, nullptr) != VK_SUCCESS) return;
+  for (uint32_t e = 0; e < n; ++e) {
+    VkPipelineExecutableInfoKHR ei{VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_INFO_KHR};
+    ei.pipeline = pipeline;
+    ei.executableIndex = e;
+    uint32_t m = 0;
+    if (c.vkGetPipelineExecutableStatisticsKHR(c.device, &ei, &m, nullptr) != VK_SUCCESS) continue;
+    std::vector<VkPipelineExecutableStatisticKHR> st(m, {VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_STATISTIC_KHR});
+    if (c.vkGetPipelineExecutableStatisticsKHR(c.device, &ei, &m, st.data()) != VK_SUCCESS) continue;
+    for (const auto& s : st) {
+      std::string v;
+      switch (s.format) {
+        case VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_BOOL32_KHR: v = s.value.b32 ? "true" : "false"; break;
+        case VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_INT64_KHR: v = std::to_string(s.value.i64); break;
+        case VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_UINT64_KHR: v = std::to_string(s.value.u64); break;
+        default: v = std::to_string(s.value.f64); break;
+      }
+      log::logger().info("pipeline {} [{}] {} = {}", name, e, s.name, v);
+    }
+  }
+}
+
 Result<Pipeline*> pipeline_for(Context& c, const char* name) {
   auto it = c.pipelines.find(name);
   if (it != c.pipelines.end()) return &it->second;
@@ -364,9 +414,12 @@ Result<Pipeline*> pipeline_for(Context& c, const char* name) {
   ci.stage.module = mod;
   ci.stage.pName = "main";
   ci.layout = p.layout;
+  const bool stats = c.vkGetPipelineExecutablePropertiesKHR && c.vkGetPipelineExecutableStatisticsKHR;
+  if (stats) ci.flags |= VK_PIPELINE_CREATE_CAPTURE_STATISTICS_BIT_KHR;
   VkResult r = c.vkCreateComputePipelines(c.device, VK_NULL_HANDLE, 1, &ci, nullptr, &p.pipeline);
   c.vkDestroyShaderModule(c.device, mod, nullptr);
   SB_CHECK_OR_RETURN(r == VK_SUCCESS, StatusCode::kInternal, "%s", vk_error("vkCreateComputePipelines", r).c_str());
+  if (stats) log_pipeline_stats(c, name, p.pipeline);
   return &c.pipelines.emplace(name, p).first->second;
 }
 
