@@ -400,10 +400,10 @@ void main() {
   }
   uint max_tiles = args.tiles, total = 0u;
   for (uint e0 = 0u; e0 < args.experts; e0 += 256u) {
-    uint e = e0 + tid, lo = 0u, n = 0u;
+    uint e = e0 + tid, lo = 0u, hi = 0u, n = 0u;
     if (e < args.experts && expert_info[e] != 0u) {
       lo = runs_end(int(e) - 1);
-      uint hi = runs_end(int(e));
+      hi = runs_end(int(e));
       n = hi > lo ? (hi - lo + SB_QMM_TILE_PAIRS - 1u) / SB_QMM_TILE_PAIRS : 0u;
     }
     s_n[tid] = n;
@@ -420,7 +420,7 @@ void main() {
       if (slot >= max_tiles) break;  // only on unsorted input, which raised an error
       uint first = lo + t * SB_QMM_TILE_PAIRS;
       tiles[1u + 3u * slot] = first;
-      tiles[2u + 3u * slot] = min(SB_QMM_TILE_PAIRS, runs_end(int(e)) - first);
+      tiles[2u + 3u * slot] = min(SB_QMM_TILE_PAIRS, hi - first);
       tiles[3u + 3u * slot] = e;
     }
     barrier();
