@@ -1,5 +1,10 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
+#ifdef QMM_MMA  // Vulkan only: NVIDIA's int8 cooperative matrices (no MSL; see the kernel)
+#extension GL_NV_cooperative_matrix : require
+#extension GL_NV_integer_cooperative_matrix : require
+#extension GL_EXT_shader_explicit_arithmetic_types_int8 : require
+#endif
 // GatherQmm on the integer contract of docs/numerics.md; twin of
 // cpu_fallback/gather_qmm.cpp. QUANTIZE makes the Q8 activation blocks, QMM the
 // quantized expert matmul. Integer dots are exact in any order; the float steps
@@ -11,6 +16,8 @@
 #endif
 #if defined(QMM_ROW) || defined(QMM_TILES) || defined(QMM_TILE)
 layout(local_size_x = 256) in;
+#elif defined(QMM_MMA)
+layout(local_size_x = 128) in;
 #else
 layout(local_size_x = 64) in;
 #endif
@@ -653,6 +660,190 @@ void main() {
         o[e0 + n] = floatBitsToUint(lo);
         if (n0 + n + 1u < args.n) o[e0 + n + 1u] = floatBitsToUint(hi);
       }
+    }
+  }
+}
+#endif
+
+#ifdef QMM_MMA
+// QMM_TILE's work on int8 tensor cores (Vulkan with VK_NV_cooperative_matrix only; the
+// host falls back to QMM_TILE elsewhere): the same tiles and workgroup grid, 32 pairs x
+// 64 columns per workgroup, chunks of 64 K values. Per 32-block, each of the 4 subgroups
+// multiplies 16 rows of Q8 codes by 32 columns of weight codes into exact int32 block
+// dots Iq (16x16x32 integer MMAs), stored to shared memory; then the float steps of
+// docs/numerics.md in block and group order per output, as QMM_TILE does.
+// Thread -> output: tid = 32w + c computes rows [8w, 8w + 8) x columns {2c, 2c + 1}.
+// Subgroup w's MMAs: rows 16 (w % 2) + [0, 16), columns 32 (w / 2) + [0, 32).
+// 8-bit codes q are stored as q - 128 (int8) and their block dot gets 128 * Sx back.
+layout(std430, binding = 0) readonly buffer Q { uint q[]; };
+layout(std430, binding = 1) readonly buffer D { float dq[]; };
+layout(std430, binding = 2) readonly buffer S { int sq[]; };
+layout(std430, binding = 3) readonly buffer Wt { uint codes[]; };
+layout(std430, binding = 4) readonly buffer Sc { uint scales[]; };
+layout(std430, binding = 5) readonly buffer Bi { uint biases[]; };
+layout(std430, binding = 6) readonly buffer L { int lhs[]; };
+layout(std430, binding = 7) readonly buffer T { uint tiles[]; };
+layout(std430, binding = 8) readonly buffer Ex { uint expert_info[]; };  // [E] bits, then [E] word offsets
+layout(std430, binding = 9) writeonly buffer O { uint o[]; };
+layout(std430, binding = 10) buffer Er { uint err[]; };
+layout(push_constant) uniform Args { SB_QMM_ARGS } args;
+
+const uint kTp = SB_QMM_TILE_PAIRS, kTn = 64u;
+const uint kAb = 20u;   // words per shared row of 64 int8 codes: 16 + 4 of padding (bank spread)
+const uint kIq = 72u;   // ints per shared row of block dots: 64 + 8 of padding
+shared uint s_a[kTp * kAb];        // Q8 codes, row-major [pair][k]
+shared uint s_b[kTn * kAb];        // weight codes, [column][k]: B (k x n) column-major
+shared int s_iq[2u * kTp * kIq];   // [block of the chunk][pair][column]
+shared float s_d[2u * 2u * kTp];   // [chunk parity][block][pair]
+shared int s_sx[2u * 2u * kTp];
+shared int s_row[kTp];
+
+// Block jb's 32 codes of `bits` bits from words w[0..bits) as 8 words of int8 (lowest first).
+void unpack_block(uint bits, uint w[8], out uint b[8]) {
+  if (bits == 4u) {
+    for (uint i = 0u; i < 4u; ++i) {
+      uint a = w[i] & 0x0f0f0f0fu, c = (w[i] >> 4u) & 0x0f0f0f0fu;  // codes 0,2,4,6 and 1,3,5,7
+      b[2u * i] = (a & 0xffu) | ((c & 0xffu) << 8u) | ((a & 0xff00u) << 8u) | ((c & 0xff00u) << 16u);
+      b[2u * i + 1u] = ((a >> 16u) & 0xffu) | ((c >> 8u) & 0xff00u) | ((a >> 8u) & 0xff0000u) | (c & 0xff000000u);
+    }
+    return;
+  }
+  if (bits == 8u) {
+    for (uint i = 0u; i < 8u; ++i) b[i] = w[i] ^ 0x80808080u;  // q - 128 as int8
+    return;
+  }
+  for (uint i = 0u; i < 8u; ++i) b[i] = 0u;
+  for (uint i = 0u; i < 32u; ++i) {
+    uint bit = i * bits, sh = bit & 31u, wi = bit >> 5u;
+    uint v = w[wi] >> sh;
+    if (sh + bits > 32u) v |= w[wi + 1u] << (32u - sh);
+    b[i >> 2u] |= (v & ((1u << bits) - 1u)) << (8u * (i & 3u));
+  }
+}
+
+// This thread's global words of chunk j0 (blocks j0, j0 + 1) into registers: 4 words
+// of Q8 codes (pair tid / 4, words 4 (tid % 4) + [0, 4)), d and code sum (threads < 64:
+// pair tid / 2, block tid % 2) and one column block's weight words (column tid / 2,
+// block tid % 2).
+void mma_load(uint j0, uint blocks, uint n0, uint wbase, uint row_words, uint bits, out uint xa[4], out uint ds[2],
+              out uint w[8]) {
+  uint tid = gl_LocalInvocationID.x;
+  int r = s_row[tid >> 2u];
+  for (uint i = 0u; i < 4u; ++i) {
+    uint wi = 4u * (tid & 3u) + i, j = j0 + (wi >> 3u);
+    xa[i] = r >= 0 && j < blocks ? q[(uint(r) * blocks + j) * 8u + (wi & 7u)] : 0u;
+  }
+  ds[0] = ds[1] = 0u;
+  if (tid < 2u * kTp) {
+    int rr = s_row[tid >> 1u];
+    uint j = j0 + (tid & 1u);
+    if (rr >= 0 && j < blocks) {
+      ds[0] = floatBitsToUint(dq[uint(rr) * blocks + j]);
+      ds[1] = uint(sq[uint(rr) * blocks + j]);
+    }
+  }
+  uint c = tid >> 1u, j = j0 + (tid & 1u);
+  for (uint i = 0u; i < 8u; ++i) w[i] = 0u;
+  if (n0 + c < args.n && j < blocks) {
+    uint base = wbase + (n0 + c) * row_words + j * bits;
+    for (uint i = 0u; i < bits; ++i) w[i] = codes[base + i];
+  }
+}
+
+void main() {
+  uint wg = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
+  uint tid = gl_LocalInvocationID.x, warp = tid >> 5u, cp = tid & 31u;
+  uint tile = wg / args.tiles, n0 = (wg % args.tiles) * kTn;
+  if (tile >= tiles[0]) return;  // uniform over the workgroup
+  uint first = tiles[1u + 3u * tile], count = tiles[2u + 3u * tile], ex = tiles[3u + 3u * tile];
+  uint bits = expert_info[ex], row_words = args.k * bits / 32u;
+  uint wbase = expert_info[args.experts + ex];
+  uint blocks = args.k / 32u, per_group = args.group_size / 32u;
+  if (tid < kTp) {
+    int r = -1;
+    if (tid < count) {
+      uint p = first + tid;
+      r = args.has_lhs != 0u ? lhs[p] : int(p * args.rows / args.pairs);
+      if (r < 0 || uint(r) >= args.rows) {
+        atomicOr(err[0], SB_ERR_INDEX);
+        r = -1;
+      }
+    }
+    s_row[tid] = r;
+  }
+  precise float acc[16], pg[16], xg[8];
+  for (uint i = 0u; i < 16u; ++i) acc[i] = pg[i] = 0.0;
+  for (uint i = 0u; i < 8u; ++i) xg[i] = 0.0;
+  barrier();
+  uint xa[4], ds[2], w[8];
+  mma_load(0u, blocks, n0, wbase, row_words, bits, xa, ds, w);
+  uint mr = 16u * (warp & 1u), mc = 32u * (warp >> 1u);
+  for (uint j0 = 0u, parity = 0u; j0 < blocks; j0 += 2u, parity ^= 1u) {
+    for (uint i = 0u; i < 4u; ++i) s_a[(tid >> 2u) * kAb + 4u * (tid & 3u) + i] = xa[i];
+    if (tid < 2u * kTp) {
+      uint at = (parity * 2u + (tid & 1u)) * kTp + (tid >> 1u);
+      s_d[at] = uintBitsToFloat(ds[0]);
+      s_sx[at] = int(ds[1]);
+    }
+    uint b[8];
+    unpack_block(bits, w, b);
+    for (uint i = 0u; i < 8u; ++i) s_b[(tid >> 1u) * kAb + 8u * (tid & 1u) + i] = b[i];
+    barrier();
+    if (j0 + 2u < blocks) mma_load(j0 + 2u, blocks, n0, wbase, row_words, bits, xa, ds, w);
+    for (uint jb = 0u; jb < 2u; ++jb) {
+      icoopmatNV<8, 3, 16, 32> ma;
+      coopMatLoadNV(ma, s_a, mr * kAb + 8u * jb, kAb, false);
+      for (uint h = 0u; h < 2u; ++h) {
+        icoopmatNV<8, 3, 32, 16> mb;
+        coopMatLoadNV(mb, s_b, (mc + 16u * h) * kAb + 8u * jb, kAb, true);
+        icoopmatNV<32, 3, 16, 16> md = icoopmatNV<32, 3, 16, 16>(0);
+        md = coopMatMulAddNV(ma, mb, md);
+        coopMatStoreNV(md, s_iq, (jb * kTp + mr) * kIq + mc + 16u * h, kIq, false);
+      }
+    }
+    barrier();
+    uint cb = min(2u, blocks - j0);
+    for (uint jb = 0u; jb < cb; ++jb) {
+      uint j = j0 + jb;
+      for (uint i = 0u; i < 8u; ++i) {
+        uint row = 8u * warp + i, at = (parity * 2u + jb) * kTp + row;
+        float d = s_d[at];
+        int sx = s_sx[at];
+        ivec2 iq = ivec2(s_iq[(jb * kTp + row) * kIq + 2u * cp], s_iq[(jb * kTp + row) * kIq + 2u * cp + 1u]);
+        if (bits == 8u) iq += ivec2(128 * sx);
+        xg[i] = xg[i] + float(sx) * d;
+        pg[2u * i] = pg[2u * i] + float(iq.x) * d;
+        pg[2u * i + 1u] = pg[2u * i + 1u] + float(iq.y) * d;
+      }
+      if ((j + 1u) % per_group == 0u) {  // group g ends: acc += s*P + b*X per output
+        uint g = j / per_group;
+        for (uint c = 0u; c < 2u; ++c) {
+          uint n = n0 + 2u * cp + c;
+          if (n >= args.n) continue;
+          uint sidx = (ex * args.n + n) * args.groups + g;
+          float sc = SB_LOAD(scales, args.scale_dtype, sidx), bc = SB_LOAD(biases, args.scale_dtype, sidx);
+          for (uint i = 0u; i < 8u; ++i) {
+            precise float term = sc * pg[2u * i + c] + bc * xg[i];
+            acc[2u * i + c] = acc[2u * i + c] + term;
+            pg[2u * i + c] = 0.0;
+          }
+        }
+        for (uint i = 0u; i < 8u; ++i) xg[i] = 0.0;
+      }
+    }
+  }
+  uint n = n0 + 2u * cp;
+  if (n >= args.n) return;
+  for (uint i = 0u; i < 8u; ++i) {
+    uint pl = 8u * warp + i;
+    if (pl >= count) break;
+    uint e = (first + pl) * args.n + n;
+    float lo = acc[2u * i], hi = acc[2u * i + 1u];
+    if (sb_per_word(args.out_dtype) == 2u) {
+      o[e >> 1u] = sb_encode_word(lo, hi, args.out_dtype);
+    } else {
+      o[e] = floatBitsToUint(lo);
+      if (n + 1u < args.n) o[e + 1u] = floatBitsToUint(hi);
     }
   }
 }

@@ -208,6 +208,18 @@ TEST(GatherQmmDevices, MixedBitsWithPrunedExpertSortedPairs) {
 // partial column blocks, chunks of one and two blocks, every width, x rows by lhs or
 // by pair, zero / tiny / huge activation blocks.
 TEST(GatherQmmDevices, TiledScheduleForSortedPairs) {
+  // Which tile kernel each GPU runs: qmm_mma where it has int8 cooperative matrices
+  // (SWITCHBOARD_GPU_MMA=0 turns them off), qmm_tile elsewhere.
+  for (const std::string& dev : test_devices()) {
+    if (dev == "cpu") continue;
+    ProgramBuilder b;
+    b.output("y", b.neg(b.input("x", DType::kF32, {1})));
+    auto s = Session::create(Program::from_bytes(b.serialize().value(), "probe").value(), SessionOptions{dev});
+    if (!s.is_ok()) continue;  // reported as a skipped device by the cases below
+    const bool mma = (*s)->device_description().find("int8 cooperative matrices") != std::string::npos;
+    std::printf("[ TILE KERNEL ] %s: %s (%s)\n", dev.c_str(), mma ? "qmm_mma" : "qmm_tile",
+                (*s)->device_description().c_str());
+  }
   std::mt19937 rng(11);
   auto sorted_pairs = [&](Case& c, const std::vector<int>& run_lengths, bool with_lhs) {
     for (size_t e = 0; e < run_lengths.size(); ++e)

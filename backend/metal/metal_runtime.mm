@@ -89,6 +89,7 @@ Result<std::unique_ptr<MetalRuntime>> MetalRuntime::open() {
   SB_CHECK_OR_RETURN(rt->queue_ != nil, StatusCode::kNotFound, "Metal: newCommandQueue failed");
   rt->description_ = std::string("metal ") + [[rt->device_ name] UTF8String];
   rt->int64_ = true;  // MSL has 64-bit integers on every Metal GPU
+  // int8_mma_ stays false: qmm_mma (cooperative matrices) is Vulkan only and has no MSL.
   // Metal buffer offsets for device-address-space arguments need 4-byte alignment;
   // 16 keeps the same rule as Vulkan (the shaders read 16-byte vectors nowhere).
   SB_RETURN_IF_ERROR(rt->init(std::make_shared<gpu::MemoryPool>(std::make_unique<MetalBlocks>(rt->device_)),

@@ -42,6 +42,8 @@ class Device {
  public:
   virtual ~Device() = default;
   virtual const std::string& name() const = 0;
+  // The device in words: "cpu", or the GPU, its driver and the kernel paths it enables.
+  virtual const std::string& description() const { return name(); }
   virtual const KernelRegistry& kernels() const = 0;
   // Whether this device runs `op` with the operands' declared dtypes (asked once per
   // instruction at plan time); kUnimplemented with the reason when it does not.

@@ -24,6 +24,7 @@ class GpuDevice final : public Device {
  public:
   GpuDevice(std::unique_ptr<Runtime> rt, std::string name);
   const std::string& name() const override { return name_; }
+  const std::string& description() const override { return rt_->description(); }
   const KernelRegistry& kernels() const override { return registry_; }
   Status can_run(const fb::OpNodeUnion& op, const KernelContext& ctx) const override;
   Fusion fuse(const std::vector<std::unique_ptr<fb::InstructionT>>& ins, size_t i,
@@ -479,8 +480,11 @@ Status gather_qmm(KernelContext& ctx, const fb::OpNodeUnion& op) {
       args.tiles = static_cast<uint32_t>(max_tiles);
       SB_RETURN_IF_ERROR(rt.dispatch("qmm_tiles", {br, bi, bt, rt.error_word()}, &args, sizeof(args), 256));
       args.tiles = static_cast<uint32_t>((nout + 63) / 64);
-      SB_RETURN_IF_ERROR(rt.dispatch("qmm_tile", {bq, bd, bsum, bw, bs, bb, bl, bt, bi, bo, rt.error_word()}, &args,
-                                     sizeof(args), 256 * static_cast<uint64_t>(max_tiles) * args.tiles));
+      // The same tiles on int8 tensor cores where the device has them (Vulkan, NVIDIA).
+      const bool mma = rt.int8_mma();
+      SB_RETURN_IF_ERROR(rt.dispatch(mma ? "qmm_mma" : "qmm_tile",
+                                     {bq, bd, bsum, bw, bs, bb, bl, bt, bi, bo, rt.error_word()}, &args, sizeof(args),
+                                     (mma ? 128 : 256) * static_cast<uint64_t>(max_tiles) * args.tiles));
     } else {
       // Outputs per workgroup: enough (output, group) tasks for its 64 threads, even so
       // f16/bf16 words are whole, within the shader's shared arrays (gather_qmm.comp).

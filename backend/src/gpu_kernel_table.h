@@ -32,6 +32,9 @@ struct KernelInfo {
   bool divides = false;
   // Uses 64-bit integers (shaderInt64); refused on devices without them.
   bool int64 = false;
+  // Vulkan only: int8 cooperative matrices (VK_NV_cooperative_matrix, 16x16x32 int8 ->
+  // int32). No MSL is built; the host dispatches it only where GpuRuntime::int8_mma().
+  bool int8_mma = false;
 };
 
 #define SB_STR_(...) #__VA_ARGS__
@@ -79,6 +82,10 @@ inline constexpr KernelInfo kKernels[] = {
      {A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kWrite,
       A::kReadWrite},
      sizeof(QmmArgs), SB_STR(SB_QMM_ARGS), 256, true},
+    {"qmm_mma", "gather_qmm", 11,
+     {A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kWrite,
+      A::kReadWrite},
+     sizeof(QmmArgs), SB_STR(SB_QMM_ARGS), 128, true, false, false, true},
     {"argsort", "permute", 2, {A::kRead, A::kWrite}, sizeof(ArgsortArgs), SB_STR(SB_ARGSORT_ARGS), 256, true},
     {"router", "router", 7, {A::kRead, A::kRead, A::kRead, A::kRead, A::kWrite, A::kWrite, A::kReadWrite},
      sizeof(RouterArgs), SB_STR(SB_ROUTER_ARGS), 256, true},

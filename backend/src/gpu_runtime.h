@@ -55,10 +55,13 @@ class GpuRuntime {
   bool exact_division() const { return exact_division_; }
   // Whether kernels on 64-bit integers (gpu_kernel_table.h `int64`) may run.
   bool int64() const { return int64_; }
+  // Whether int8 cooperative-matrix kernels (gpu_kernel_table.h `int8_mma`) may run.
+  bool int8_mma() const { return int8_mma_; }
 
  protected:
   bool exact_division_ = false;
   bool int64_ = false;
+  bool int8_mma_ = false;
 };
 
 // The widest grid row dispatch() uses: 65535 workgroups, or SWITCHBOARD_GPU_MAX_GROUPS_X

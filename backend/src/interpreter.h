@@ -34,6 +34,7 @@ class Interpreter final : public KernelContext {
   Result<Tensor> tensor_slot(uint32_t tid) const;
   Result<Value> value_slot(uint32_t vid) const;
   const std::string& device_name() const { return device_->name(); }
+  const std::string& device_description() const { return device_->description(); }
   double last_device_us() const { return device_->last_device_us(); }
 
   // KernelContext

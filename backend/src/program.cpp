@@ -211,6 +211,7 @@ Result<Tensor> Session::mutable_buffer(std::string_view name) const {
 Status Session::reset() { return interp_->reset(); }
 
 const std::string& Session::device_name() const { return interp_->device_name(); }
+const std::string& Session::device_description() const { return interp_->device_description(); }
 double Session::last_device_time_us() const { return interp_->last_device_us(); }
 
 }  // namespace switchboard

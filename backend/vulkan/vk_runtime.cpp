@@ -23,7 +23,7 @@ namespace switchboard::vulkan {
   X(vkDestroyInstance) X(vkEnumeratePhysicalDevices) X(vkGetPhysicalDeviceProperties)                      \
   X(vkGetPhysicalDeviceProperties2) X(vkGetPhysicalDeviceQueueFamilyProperties)                            \
   X(vkGetPhysicalDeviceMemoryProperties) X(vkCreateDevice) X(vkGetDeviceProcAddr)                          \
-  X(vkEnumerateDeviceExtensionProperties) X(vkGetPhysicalDeviceFeatures)
+  X(vkEnumerateDeviceExtensionProperties) X(vkGetPhysicalDeviceFeatures) X(vkGetPhysicalDeviceFeatures2)
 #define SB_VK_DEVICE_FNS(X)                                                                                \
   X(vkDestroyDevice) X(vkGetDeviceQueue) X(vkCreateBuffer) X(vkDestroyBuffer)                              \
   X(vkGetBufferMemoryRequirements) X(vkAllocateMemory) X(vkFreeMemory) X(vkBindBufferMemory) X(vkMapMemory) \
@@ -64,6 +64,7 @@ struct Context {
   uint32_t memory_type = 0;
   VkPhysicalDeviceLimits limits{};
   bool int64 = false;
+  bool int8_mma = false;
   // SWITCHBOARD_PIPELINE_STATS=1 and VK_KHR_pipeline_executable_properties: each pipeline's
   // compiler statistics (registers, shared memory, ...) are logged when it is created.
   PFN_vkGetPipelineExecutablePropertiesKHR vkGetPipelineExecutablePropertiesKHR = nullptr;
@@ -211,6 +212,45 @@ Status pick_device(Context& c, int index, std::string& description) {
   return Status::ok();
 }
 
+bool has_extension(const std::vector<VkExtensionProperties>& exts, const char* name) {
+  for (const auto& e : exts)
+    if (std::strcmp(e.extensionName, name) == 0) return true;
+  return false;
+}
+
+// Whether qmm_mma can run: VK_NV_cooperative_matrix with the 16x16x32 int8 -> int32 shape
+// at subgroup scope in compute shaders, plus the int8 and Vulkan memory model features
+// its SPIR-V declares. SWITCHBOARD_GPU_MMA=0 turns it off (the portable tiles run).
+bool int8_mma_supported(Context& c, const std::vector<VkExtensionProperties>& exts) {
+  if (const char* env = std::getenv("SWITCHBOARD_GPU_MMA"); env && std::strcmp(env, "0") == 0) return false;
+  if (!has_extension(exts, VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME)) return false;
+  auto props_fn = reinterpret_cast<PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesNV>(
+      c.vkGetInstanceProcAddr(c.instance, "vkGetPhysicalDeviceCooperativeMatrixPropertiesNV"));
+  if (!props_fn) return false;
+  VkPhysicalDeviceCooperativeMatrixFeaturesNV cm{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_NV};
+  VkPhysicalDeviceVulkan12Features v12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
+  v12.pNext = &cm;
+  VkPhysicalDeviceFeatures2 f2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2};
+  f2.pNext = &v12;
+  c.vkGetPhysicalDeviceFeatures2(c.physical, &f2);
+  if (!cm.cooperativeMatrix || !v12.shaderInt8 || !v12.vulkanMemoryModel) return false;
+  VkPhysicalDeviceCooperativeMatrixPropertiesNV cp{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_PROPERTIES_NV};
+  VkPhysicalDeviceProperties2 p2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2};
+  p2.pNext = &cp;
+  c.vkGetPhysicalDeviceProperties2(c.physical, &p2);
+  if (!(cp.cooperativeMatrixSupportedStages & VK_SHADER_STAGE_COMPUTE_BIT)) return false;
+  uint32_t n = 0;
+  if (props_fn(c.physical, &n, nullptr) != VK_SUCCESS) return false;
+  std::vector<VkCooperativeMatrixPropertiesNV> shapes(n, {VK_STRUCTURE_TYPE_COOPERATIVE_MATRIX_PROPERTIES_NV});
+  if (props_fn(c.physical, &n, shapes.data()) != VK_SUCCESS) return false;
+  for (const auto& s : shapes)
+    if (s.MSize == 16 && s.NSize == 16 && s.KSize == 32 && s.AType == VK_COMPONENT_TYPE_SINT8_NV &&
+        s.BType == VK_COMPONENT_TYPE_SINT8_NV && s.CType == VK_COMPONENT_TYPE_SINT32_NV &&
+        s.DType == VK_COMPONENT_TYPE_SINT32_NV && s.scope == VK_SCOPE_SUBGROUP_NV)
+      return true;
+  return false;
+}
+
 Status create_device(Context& c, const std::string& description) {
   uint32_t n = 0;
   c.vkGetPhysicalDeviceQueueFamilyProperties(c.physical, &n, nullptr);
@@ -250,22 +290,35 @@ Status create_device(Context& c, const std::string& description) {
   qi.queueFamilyIndex = c.queue_family;
   qi.queueCount = 1;
   qi.pQueuePriorities = &prio;
-  const char* ext_names[] = {VK_KHR_PUSH_DESCRIPTOR_EXTENSION_NAME, VK_KHR_PIPELINE_EXECUTABLE_PROPERTIES_EXTENSION_NAME};
+  std::vector<const char*> ext_names = {VK_KHR_PUSH_DESCRIPTOR_EXTENSION_NAME};
   VkDeviceCreateInfo di{VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO};
   di.queueCreateInfoCount = 1;
   di.pQueueCreateInfos = &qi;
-  di.enabledExtensionCount = 1;
-  di.ppEnabledExtensionNames = ext_names;
   bool stats = false;
   if (const char* env = std::getenv("SWITCHBOARD_PIPELINE_STATS"); env && *env && std::strcmp(env, "0") != 0)
-    for (const auto& e : exts) stats |= std::strcmp(e.extensionName, VK_KHR_PIPELINE_EXECUTABLE_PROPERTIES_EXTENSION_NAME) == 0;
+    stats = has_extension(exts, VK_KHR_PIPELINE_EXECUTABLE_PROPERTIES_EXTENSION_NAME);
   VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR pe{
       VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR};
   pe.pipelineExecutableInfo = VK_TRUE;
   if (stats) {
-    di.enabledExtensionCount = 2;
+    ext_names.push_back(VK_KHR_PIPELINE_EXECUTABLE_PROPERTIES_EXTENSION_NAME);
+    pe.pNext = const_cast<void*>(di.pNext);
     di.pNext = &pe;
   }
+  c.int8_mma = int8_mma_supported(c, exts);
+  VkPhysicalDeviceCooperativeMatrixFeaturesNV cm{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_NV};
+  cm.cooperativeMatrix = VK_TRUE;
+  VkPhysicalDeviceVulkan12Features v12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
+  v12.shaderInt8 = VK_TRUE;
+  v12.vulkanMemoryModel = VK_TRUE;
+  if (c.int8_mma) {
+    ext_names.push_back(VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME);
+    v12.pNext = &cm;
+    cm.pNext = const_cast<void*>(di.pNext);
+    di.pNext = &v12;
+  }
+  di.enabledExtensionCount = static_cast<uint32_t>(ext_names.size());
+  di.ppEnabledExtensionNames = ext_names.data();
   // 64-bit integers for the integer kernels (int64.glsl), where the device has them.
   VkPhysicalDeviceFeatures have{}, want{};
   c.vkGetPhysicalDeviceFeatures(c.physical, &have);
@@ -433,6 +486,8 @@ Result<std::unique_ptr<VulkanRuntime>> VulkanRuntime::open(int index) {
   SB_RETURN_IF_ERROR(pick_device(c, index, rt->description_));
   SB_RETURN_IF_ERROR(create_device(c, rt->description_));
   rt->int64_ = c.int64;
+  rt->int8_mma_ = c.int8_mma;
+  if (c.int8_mma) rt->description_ += ", int8 cooperative matrices";
   SB_RETURN_IF_ERROR(rt->init(std::make_shared<gpu::MemoryPool>(std::make_unique<VulkanBlocks>(rt->ctx_)),
                               c.limits.maxStorageBufferRange, c.limits.minStorageBufferOffsetAlignment));
   SB_RETURN_IF_ERROR(rt->probe_numerics());

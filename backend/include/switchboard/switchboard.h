@@ -110,6 +110,9 @@ class Session {
   Status reset();
 
   const std::string& device_name() const;
+  // The device in words, e.g. "vulkan:0 NVIDIA H100 ... (Vulkan 1.4, driver ...), int8
+  // cooperative matrices"; "cpu" on the CPU.
+  const std::string& device_description() const;
   // GPU time of the last execute() (first kernel start to last kernel end, from device
   // timestamps) in microseconds; -1 on the CPU or without timestamps.
   double last_device_time_us() const;
