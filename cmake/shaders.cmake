@@ -45,6 +45,7 @@ set(SB_KERNEL_VARIANTS
 find_program(SB_GLSLANG glslangValidator REQUIRED)
 find_program(SB_SPIRV_VAL spirv-val REQUIRED)
 find_program(SB_SPIRV_CROSS spirv-cross REQUIRED)
+find_program(SB_SPIRV_OPT spirv-opt REQUIRED)
 find_library(SB_SPIRV_CROSS_C spirv-cross-c-shared REQUIRED)
 
 add_executable(sb_shaderc metal_shaders/tools/sb_shaderc.cpp)
@@ -73,9 +74,14 @@ foreach(v ${SB_KERNEL_VARIANTS})
       OUTPUT ${spv} ${msl} ${json}
       COMMAND ${CMAKE_COMMAND} -E make_directory ${SB_SHADER_DIR}
       COMMAND ${glslang_cmd}
+      # Loops unrolled and register arrays scalarized before the driver sees them (the
+      # NVIDIA compiler otherwise leaves the accumulators in local memory); the unroller's
+      # copies lose NoContraction, which sb_shaderc puts back (the lint checks it).
+      COMMAND ${SB_SPIRV_OPT} --target-env=vulkan1.2 -O ${spv} -o ${spv}
+      COMMAND sb_shaderc precise ${spv} ${spv}
       COMMAND ${SB_SPIRV_VAL} --target-env vulkan1.2 ${spv}
       COMMAND ${CMAKE_COMMAND} -E touch ${msl} ${json}
-      DEPENDS ${SB_SHADER_SRC}/${file}.comp ${SB_SHADER_INCLUDES}
+      DEPENDS ${SB_SHADER_SRC}/${file}.comp ${SB_SHADER_INCLUDES} sb_shaderc
       COMMENT "shader ${name} (${file}.comp -D${define}, Vulkan only)" VERBATIM)
   else()
     add_custom_command(

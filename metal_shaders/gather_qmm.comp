@@ -4,6 +4,7 @@
 #extension GL_NV_cooperative_matrix : require
 #extension GL_NV_integer_cooperative_matrix : require
 #extension GL_EXT_shader_explicit_arithmetic_types_int8 : require
+#extension GL_EXT_control_flow_attributes : require
 #endif
 // GatherQmm on the integer contract of docs/numerics.md; twin of
 // cpu_fallback/gather_qmm.cpp. QUANTIZE makes the Q8 activation blocks, QMM the
@@ -696,12 +697,24 @@ shared uint s_b[kTn * kAb];        // weight codes, [column][k]: B (k x n) colum
 shared int s_iq[2u * kTp * kIq];   // [block of the chunk][pair][column]
 shared float s_d[2u * 2u * kTp];   // [chunk parity][block][pair]
 shared int s_sx[2u * 2u * kTp];
+shared float s_scale[2u * 2u * kTn];  // [chunk parity][block][column]: the block's group's s
+shared float s_bias[2u * 2u * kTn];
 shared int s_row[kTp];
 
-// Block jb's 32 codes of `bits` bits from words w[0..bits) as 8 words of int8 (lowest first).
+// Word i (< 8) of w with constant indices only: a dynamically indexed register array
+// would live in local memory (NVIDIA: ~10x slower kernels).
+uint pick8(uint w[8], uint i) {
+  uint lo = (i & 1u) != 0u ? w[1] : w[0], a = (i & 1u) != 0u ? w[3] : w[2];
+  uint b = (i & 1u) != 0u ? w[5] : w[4], c = (i & 1u) != 0u ? w[7] : w[6];
+  lo = (i & 2u) != 0u ? a : lo;
+  b = (i & 2u) != 0u ? c : b;
+  return (i & 4u) != 0u ? b : lo;
+}
+
+// A block's 32 codes of `bits` bits from words w[0..bits) as 8 words of int8 (lowest first).
 void unpack_block(uint bits, uint w[8], out uint b[8]) {
   if (bits == 4u) {
-    for (uint i = 0u; i < 4u; ++i) {
+    [[unroll]] for (uint i = 0u; i < 4u; ++i) {
       uint a = w[i] & 0x0f0f0f0fu, c = (w[i] >> 4u) & 0x0f0f0f0fu;  // codes 0,2,4,6 and 1,3,5,7
       b[2u * i] = (a & 0xffu) | ((c & 0xffu) << 8u) | ((a & 0xff00u) << 8u) | ((c & 0xff00u) << 16u);
       b[2u * i + 1u] = ((a >> 16u) & 0xffu) | ((c >> 8u) & 0xff00u) | ((a >> 8u) & 0xff0000u) | (c & 0xff000000u);
@@ -709,27 +722,27 @@ void unpack_block(uint bits, uint w[8], out uint b[8]) {
     return;
   }
   if (bits == 8u) {
-    for (uint i = 0u; i < 8u; ++i) b[i] = w[i] ^ 0x80808080u;  // q - 128 as int8
+    [[unroll]] for (uint i = 0u; i < 8u; ++i) b[i] = w[i] ^ 0x80808080u;  // q - 128 as int8
     return;
   }
-  for (uint i = 0u; i < 8u; ++i) b[i] = 0u;
-  for (uint i = 0u; i < 32u; ++i) {
+  [[unroll]] for (uint i = 0u; i < 8u; ++i) b[i] = 0u;
+  [[unroll]] for (uint i = 0u; i < 32u; ++i) {
     uint bit = i * bits, sh = bit & 31u, wi = bit >> 5u;
-    uint v = w[wi] >> sh;
-    if (sh + bits > 32u) v |= w[wi + 1u] << (32u - sh);
+    uint v = pick8(w, wi) >> sh;
+    if (sh + bits > 32u) v |= pick8(w, wi + 1u) << (32u - sh);
     b[i >> 2u] |= (v & ((1u << bits) - 1u)) << (8u * (i & 3u));
   }
 }
 
 // This thread's global words of chunk j0 (blocks j0, j0 + 1) into registers: 4 words
 // of Q8 codes (pair tid / 4, words 4 (tid % 4) + [0, 4)), d and code sum (threads < 64:
-// pair tid / 2, block tid % 2) and one column block's weight words (column tid / 2,
-// block tid % 2).
-void mma_load(uint j0, uint blocks, uint n0, uint wbase, uint row_words, uint bits, out uint xa[4], out uint ds[2],
-              out uint w[8]) {
+// pair tid / 2, block tid % 2), one column block's weight words (column tid / 2,
+// block tid % 2) and the scale and bias of column tid % 64 in block j0 + tid / 64's group.
+void mma_load(uint j0, uint blocks, uint n0, uint wbase, uint row_words, uint bits, uint ex, uint per_group,
+              out uint xa[4], out uint ds[2], out uint w[8], out float sb[2]) {
   uint tid = gl_LocalInvocationID.x;
   int r = s_row[tid >> 2u];
-  for (uint i = 0u; i < 4u; ++i) {
+  [[unroll]] for (uint i = 0u; i < 4u; ++i) {
     uint wi = 4u * (tid & 3u) + i, j = j0 + (wi >> 3u);
     xa[i] = r >= 0 && j < blocks ? q[(uint(r) * blocks + j) * 8u + (wi & 7u)] : 0u;
   }
@@ -743,11 +756,13 @@ void mma_load(uint j0, uint blocks, uint n0, uint wbase, uint row_words, uint bi
     }
   }
   uint c = tid >> 1u, j = j0 + (tid & 1u);
-  for (uint i = 0u; i < 8u; ++i) w[i] = 0u;
-  if (n0 + c < args.n && j < blocks) {
-    uint base = wbase + (n0 + c) * row_words + j * bits;
-    for (uint i = 0u; i < bits; ++i) w[i] = codes[base + i];
-  }
+  bool live = n0 + c < args.n && j < blocks;
+  uint base = wbase + (n0 + c) * row_words + j * bits;
+  [[unroll]] for (uint i = 0u; i < 8u; ++i) w[i] = live && i < bits ? codes[base + i] : 0u;
+  uint sj = min(j0 + (tid >> 6u), blocks - 1u);
+  uint sidx = (ex * args.n + min(n0 + (tid & 63u), args.n - 1u)) * args.groups + sj / per_group;
+  sb[0] = SB_LOAD(scales, args.scale_dtype, sidx);
+  sb[1] = SB_LOAD(biases, args.scale_dtype, sidx);
 }
 
 void main() {
@@ -772,28 +787,31 @@ void main() {
     s_row[tid] = r;
   }
   precise float acc[16], pg[16], xg[8];
-  for (uint i = 0u; i < 16u; ++i) acc[i] = pg[i] = 0.0;
-  for (uint i = 0u; i < 8u; ++i) xg[i] = 0.0;
+  [[unroll]] for (uint i = 0u; i < 16u; ++i) acc[i] = pg[i] = 0.0;
+  [[unroll]] for (uint i = 0u; i < 8u; ++i) xg[i] = 0.0;
   barrier();
   uint xa[4], ds[2], w[8];
-  mma_load(0u, blocks, n0, wbase, row_words, bits, xa, ds, w);
+  float sb[2];
+  mma_load(0u, blocks, n0, wbase, row_words, bits, ex, per_group, xa, ds, w, sb);
   uint mr = 16u * (warp & 1u), mc = 32u * (warp >> 1u);
   for (uint j0 = 0u, parity = 0u; j0 < blocks; j0 += 2u, parity ^= 1u) {
-    for (uint i = 0u; i < 4u; ++i) s_a[(tid >> 2u) * kAb + 4u * (tid & 3u) + i] = xa[i];
+    [[unroll]] for (uint i = 0u; i < 4u; ++i) s_a[(tid >> 2u) * kAb + 4u * (tid & 3u) + i] = xa[i];
     if (tid < 2u * kTp) {
       uint at = (parity * 2u + (tid & 1u)) * kTp + (tid >> 1u);
       s_d[at] = uintBitsToFloat(ds[0]);
       s_sx[at] = int(ds[1]);
     }
+    s_scale[parity * 2u * kTn + tid] = sb[0];
+    s_bias[parity * 2u * kTn + tid] = sb[1];
     uint b[8];
     unpack_block(bits, w, b);
-    for (uint i = 0u; i < 8u; ++i) s_b[(tid >> 1u) * kAb + 8u * (tid & 1u) + i] = b[i];
+    [[unroll]] for (uint i = 0u; i < 8u; ++i) s_b[(tid >> 1u) * kAb + 8u * (tid & 1u) + i] = b[i];
     barrier();
-    if (j0 + 2u < blocks) mma_load(j0 + 2u, blocks, n0, wbase, row_words, bits, xa, ds, w);
-    for (uint jb = 0u; jb < 2u; ++jb) {
+    if (j0 + 2u < blocks) mma_load(j0 + 2u, blocks, n0, wbase, row_words, bits, ex, per_group, xa, ds, w, sb);
+    [[unroll]] for (uint jb = 0u; jb < 2u; ++jb) {
       icoopmatNV<8, 3, 16, 32> ma;
       coopMatLoadNV(ma, s_a, mr * kAb + 8u * jb, kAb, false);
-      for (uint h = 0u; h < 2u; ++h) {
+      [[unroll]] for (uint h = 0u; h < 2u; ++h) {
         icoopmatNV<8, 3, 32, 16> mb;
         coopMatLoadNV(mb, s_b, (mc + 16u * h) * kAb + 8u * jb, kAb, true);
         icoopmatNV<32, 3, 16, 16> md = icoopmatNV<32, 3, 16, 16>(0);
@@ -805,7 +823,7 @@ void main() {
     uint cb = min(2u, blocks - j0);
     for (uint jb = 0u; jb < cb; ++jb) {
       uint j = j0 + jb;
-      for (uint i = 0u; i < 8u; ++i) {
+      [[unroll]] for (uint i = 0u; i < 8u; ++i) {
         uint row = 8u * warp + i, at = (parity * 2u + jb) * kTp + row;
         float d = s_d[at];
         int sx = s_sx[at];
@@ -815,35 +833,36 @@ void main() {
         pg[2u * i] = pg[2u * i] + float(iq.x) * d;
         pg[2u * i + 1u] = pg[2u * i + 1u] + float(iq.y) * d;
       }
-      if ((j + 1u) % per_group == 0u) {  // group g ends: acc += s*P + b*X per output
-        uint g = j / per_group;
-        for (uint c = 0u; c < 2u; ++c) {
-          uint n = n0 + 2u * cp + c;
-          if (n >= args.n) continue;
-          uint sidx = (ex * args.n + n) * args.groups + g;
-          float sc = SB_LOAD(scales, args.scale_dtype, sidx), bc = SB_LOAD(biases, args.scale_dtype, sidx);
-          for (uint i = 0u; i < 8u; ++i) {
-            precise float term = sc * pg[2u * i + c] + bc * xg[i];
-            acc[2u * i + c] = acc[2u * i + c] + term;
-            pg[2u * i + c] = 0.0;
-          }
+      if ((j + 1u) % per_group == 0u) {  // group j / per_group ends: acc += s*P + b*X per output
+        // Columns 2cp, 2cp + 1 (one past n, for odd f32 widths, holds column n - 1's
+        // scales and is not stored). No loop over the two: register indices stay constant.
+        uint sat = (parity * 2u + jb) * kTn + 2u * cp;
+        float sc0 = s_scale[sat], bc0 = s_bias[sat], sc1 = s_scale[sat + 1u], bc1 = s_bias[sat + 1u];
+        [[unroll]] for (uint i = 0u; i < 8u; ++i) {
+          precise float t0 = sc0 * pg[2u * i] + bc0 * xg[i];
+          precise float t1 = sc1 * pg[2u * i + 1u] + bc1 * xg[i];
+          acc[2u * i] = acc[2u * i] + t0;
+          acc[2u * i + 1u] = acc[2u * i + 1u] + t1;
+          pg[2u * i] = 0.0;
+          pg[2u * i + 1u] = 0.0;
         }
-        for (uint i = 0u; i < 8u; ++i) xg[i] = 0.0;
+        [[unroll]] for (uint i = 0u; i < 8u; ++i) xg[i] = 0.0;
       }
     }
   }
   uint n = n0 + 2u * cp;
   if (n >= args.n) return;
-  for (uint i = 0u; i < 8u; ++i) {
+  [[unroll]] for (uint i = 0u; i < 8u; ++i) {
     uint pl = 8u * warp + i;
-    if (pl >= count) break;
     uint e = (first + pl) * args.n + n;
     float lo = acc[2u * i], hi = acc[2u * i + 1u];
-    if (sb_per_word(args.out_dtype) == 2u) {
-      o[e >> 1u] = sb_encode_word(lo, hi, args.out_dtype);
-    } else {
-      o[e] = floatBitsToUint(lo);
-      if (n + 1u < args.n) o[e + 1u] = floatBitsToUint(hi);
+    if (pl < count) {
+      if (sb_per_word(args.out_dtype) == 2u) {
+        o[e >> 1u] = sb_encode_word(lo, hi, args.out_dtype);
+      } else {
+        o[e] = floatBitsToUint(lo);
+        if (n + 1u < args.n) o[e + 1u] = floatBitsToUint(hi);
+      }
     }
   }
 }

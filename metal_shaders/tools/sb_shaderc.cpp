@@ -3,8 +3,12 @@
 //     push constants -> [[buffer(30)]] (kMetalArgsBuffer), entry point renamed to ENTRY.
 //   sb_shaderc embed OUT.cpp NAME SPV MSL JSON [NAME SPV MSL JSON ...] — a C++ source holding
 //     every kernel's SPIR-V words, MSL text and reflection JSON (backend/src/gpu_embedded_shaders.h).
+//   sb_shaderc precise IN.spv OUT.spv — every float add/sub/mul decorated NoContraction (after
+//     spirv-opt, whose loop unroller drops the decoration on the copies it makes).
 #include <spirv_cross/spirv_cross_c.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -131,10 +135,43 @@ int embed(int argc, char** argv) {
   return f ? 0 : fail(std::string("cannot write ") + argv[2]);
 }
 
+// Exact kernels declare every float operation `precise`; spirv-opt's unrolled copies
+// lose the NoContraction decoration, so it is put back on every such result id.
+int precise(const char* in, const char* out) {
+  std::string bytes;
+  if (!read_file(in, bytes) || bytes.size() % 4 != 0 || bytes.size() < 20) return fail(std::string("cannot read ") + in);
+  std::vector<uint32_t> w(bytes.size() / 4);
+  std::memcpy(w.data(), bytes.data(), bytes.size());
+  constexpr uint32_t kDecorate = 71, kNoContraction = 42;
+  const uint32_t contractible[] = {129 /*FAdd*/, 131 /*FSub*/, 133 /*FMul*/, 142 /*VectorTimesScalar*/,
+                                   143 /*MatrixTimesScalar*/, 148 /*Dot*/};
+  std::vector<uint32_t> ids, decorated;
+  size_t last_decoration = 0;
+  for (size_t i = 5; i < w.size();) {
+    const uint32_t op = w[i] & 0xffff, wc = w[i] >> 16;
+    if (wc == 0 || i + wc > w.size()) return fail(std::string("truncated SPIR-V in ") + in);
+    if (op == kDecorate || op == 72 /*MemberDecorate*/) last_decoration = i + wc;
+    if (op == kDecorate && w[i + 2] == kNoContraction) decorated.push_back(w[i + 1]);
+    for (uint32_t c : contractible)
+      if (op == c) ids.push_back(w[i + 2]);
+    i += wc;
+  }
+  if (last_decoration == 0) return fail(std::string("no decorations in ") + in);
+  std::vector<uint32_t> add;
+  for (uint32_t id : ids)
+    if (std::find(decorated.begin(), decorated.end(), id) == decorated.end())
+      add.insert(add.end(), {(3u << 16) | kDecorate, id, kNoContraction});
+  w.insert(w.begin() + static_cast<long>(last_decoration), add.begin(), add.end());
+  std::ofstream f(out, std::ios::binary);
+  f.write(reinterpret_cast<const char*>(w.data()), static_cast<std::streamsize>(w.size() * 4));
+  return f ? 0 : fail(std::string("cannot write ") + out);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc == 5 && std::strcmp(argv[1], "msl") == 0) return to_msl(argv[2], argv[3], argv[4]);
   if (argc >= 3 && std::strcmp(argv[1], "embed") == 0) return embed(argc, argv);
+  if (argc == 4 && std::strcmp(argv[1], "precise") == 0) return precise(argv[2], argv[3]);
   return fail("usage: sb_shaderc msl IN.spv ENTRY OUT.metal | sb_shaderc embed OUT.cpp NAME SPV MSL JSON...");
 }
