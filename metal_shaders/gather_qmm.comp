@@ -676,7 +676,7 @@ void main() {
 // Thread -> output: tid = 32w + c computes rows [8w, 8w + 8) x columns {2c, 2c + 1}.
 // Subgroup w's MMAs: rows 16 (w % 2) + [0, 16), columns 32 (w / 2) + [0, 32).
 // 8-bit codes q are stored as q - 128 (int8) and their block dot gets 128 * Sx back.
-layout(std430, binding = 0) readonly buffer Q { uint q[]; };
+layout(std430, binding = 0) readonly buffer Q { uvec4 q4[]; };  // 8 words per block: 16-byte aligned
 layout(std430, binding = 1) readonly buffer D { float dq[]; };
 layout(std430, binding = 2) readonly buffer S { int sq[]; };
 layout(std430, binding = 3) readonly buffer Wt { uint codes[]; };
@@ -700,37 +700,36 @@ shared int s_sx[2u * 2u * kTp];
 shared float s_scale[2u * 2u * kTn];  // [chunk parity][block][column]: the block's group's s
 shared float s_bias[2u * 2u * kTn];
 shared int s_row[kTp];
+shared uint s_raw[128u * 8u];  // each thread's weight words, for the widths other than 4 and 8
 
-// Word i (< 8) of w with constant indices only: a dynamically indexed register array
-// would live in local memory (NVIDIA: ~10x slower kernels).
-uint pick8(uint w[8], uint i) {
-  uint lo = (i & 1u) != 0u ? w[1] : w[0], a = (i & 1u) != 0u ? w[3] : w[2];
-  uint b = (i & 1u) != 0u ? w[5] : w[4], c = (i & 1u) != 0u ? w[7] : w[6];
-  lo = (i & 2u) != 0u ? a : lo;
-  b = (i & 2u) != 0u ? c : b;
-  return (i & 4u) != 0u ? b : lo;
-}
-
-// A block's 32 codes of `bits` bits from words w[0..bits) as 8 words of int8 (lowest first).
-void unpack_block(uint bits, uint w[8], out uint b[8]) {
+// A block's 32 codes of `bits` bits, from words w[0..bits), as 8 words of int8 at
+// s_b[dst]. Register arrays take constant indices only (a dynamically indexed one
+// lives in local memory on NVIDIA); the rare widths go through shared memory, in a
+// loop kept rolled (the unrolled one doubled the binary and cost 12% in icache misses).
+void stage_block(uint bits, uint w[8], uint dst) {
   if (bits == 4u) {
     [[unroll]] for (uint i = 0u; i < 4u; ++i) {
       uint a = w[i] & 0x0f0f0f0fu, c = (w[i] >> 4u) & 0x0f0f0f0fu;  // codes 0,2,4,6 and 1,3,5,7
-      b[2u * i] = (a & 0xffu) | ((c & 0xffu) << 8u) | ((a & 0xff00u) << 8u) | ((c & 0xff00u) << 16u);
-      b[2u * i + 1u] = ((a >> 16u) & 0xffu) | ((c >> 8u) & 0xff00u) | ((a >> 8u) & 0xff0000u) | (c & 0xff000000u);
+      s_b[dst + 2u * i] = (a & 0xffu) | ((c & 0xffu) << 8u) | ((a & 0xff00u) << 8u) | ((c & 0xff00u) << 16u);
+      s_b[dst + 2u * i + 1u] = ((a >> 16u) & 0xffu) | ((c >> 8u) & 0xff00u) | ((a >> 8u) & 0xff0000u) | (c & 0xff000000u);
     }
     return;
   }
   if (bits == 8u) {
-    [[unroll]] for (uint i = 0u; i < 8u; ++i) b[i] = w[i] ^ 0x80808080u;  // q - 128 as int8
+    [[unroll]] for (uint i = 0u; i < 8u; ++i) s_b[dst + i] = w[i] ^ 0x80808080u;  // q - 128 as int8
     return;
   }
-  [[unroll]] for (uint i = 0u; i < 8u; ++i) b[i] = 0u;
-  [[unroll]] for (uint i = 0u; i < 32u; ++i) {
-    uint bit = i * bits, sh = bit & 31u, wi = bit >> 5u;
-    uint v = pick8(w, wi) >> sh;
-    if (sh + bits > 32u) v |= pick8(w, wi + 1u) << (32u - sh);
-    b[i >> 2u] |= (v & ((1u << bits) - 1u)) << (8u * (i & 3u));
+  uint raw = gl_LocalInvocationID.x * 8u;
+  [[unroll]] for (uint i = 0u; i < 8u; ++i) s_raw[raw + i] = w[i];
+  [[dont_unroll]] for (uint o = 0u; o < 8u; ++o) {
+    uint word = 0u;
+    for (uint k = 0u; k < 4u; ++k) {
+      uint bit = (4u * o + k) * bits, sh = bit & 31u, wi = bit >> 5u;
+      uint v = s_raw[raw + wi] >> sh;
+      if (sh + bits > 32u) v |= s_raw[raw + wi + 1u] << (32u - sh);
+      word |= (v & ((1u << bits) - 1u)) << (8u * k);
+    }
+    s_b[dst + o] = word;
   }
 }
 
@@ -742,9 +741,13 @@ void mma_load(uint j0, uint blocks, uint n0, uint wbase, uint row_words, uint bi
               out uint xa[4], out uint ds[2], out uint w[8], out float sb[2]) {
   uint tid = gl_LocalInvocationID.x;
   int r = s_row[tid >> 2u];
-  [[unroll]] for (uint i = 0u; i < 4u; ++i) {
-    uint wi = 4u * (tid & 3u) + i, j = j0 + (wi >> 3u);
-    xa[i] = r >= 0 && j < blocks ? q[(uint(r) * blocks + j) * 8u + (wi & 7u)] : 0u;
+  {
+    uint j = j0 + ((tid & 3u) >> 1u);
+    uvec4 v = r >= 0 && j < blocks ? q4[(uint(r) * blocks + j) * 2u + (tid & 1u)] : uvec4(0u);
+    xa[0] = v.x;
+    xa[1] = v.y;
+    xa[2] = v.z;
+    xa[3] = v.w;
   }
   ds[0] = ds[1] = 0u;
   if (tid < 2u * kTp) {
@@ -803,9 +806,7 @@ void main() {
     }
     s_scale[parity * 2u * kTn + tid] = sb[0];
     s_bias[parity * 2u * kTn + tid] = sb[1];
-    uint b[8];
-    unpack_block(bits, w, b);
-    [[unroll]] for (uint i = 0u; i < 8u; ++i) s_b[(tid >> 1u) * kAb + 8u * (tid & 1u) + i] = b[i];
+    stage_block(bits, w, (tid >> 1u) * kAb + 8u * (tid & 1u));
     barrier();
     if (j0 + 2u < blocks) mma_load(j0 + 2u, blocks, n0, wbase, row_words, bits, ex, per_group, xa, ds, w, sb);
     [[unroll]] for (uint jb = 0u; jb < 2u; ++jb) {

@@ -5,6 +5,7 @@
 #include <vulkan/vulkan.h>
 
 #include <array>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -459,6 +460,21 @@ Result<Pipeline*> pipeline_for(Context& c, const char* name) {
   VkShaderModuleCreateInfo sm{VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO};
   sm.codeSize = code->spirv_words * 4;
   sm.pCode = code->spirv;
+  // Kernel development: SWITCHBOARD_SPIRV_DIR/<name>.spv replaces the built-in SPIR-V
+  // (same interface), so a shader experiment needs no rebuild of the library.
+  std::vector<uint32_t> override_words;
+  if (const char* dir = std::getenv("SWITCHBOARD_SPIRV_DIR"); dir && *dir) {
+    const std::string path = std::string(dir) + "/" + name + ".spv";
+    if (FILE* f = std::fopen(path.c_str(), "rb")) {
+      uint32_t w;
+      while (std::fread(&w, 4, 1, f) == 1) override_words.push_back(w);
+      std::fclose(f);
+      log::logger().warn("kernel {} from {} ({} words) instead of the built-in SPIR-V", name, path,
+                         override_words.size());
+      sm.codeSize = override_words.size() * 4;
+      sm.pCode = override_words.data();
+    }
+  }
   VkShaderModule mod = VK_NULL_HANDLE;
   SB_VK_CHECK(c.vkCreateShaderModule(c.device, &sm, nullptr, &mod), "vkCreateShaderModule");
   VkComputePipelineCreateInfo ci{VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO};
