@@ -114,6 +114,7 @@ Result<Pipeline*> MetalRuntime::compile_pipeline(const char* name) {
   const kernels::KernelInfo* info = kernels::find_kernel(name);
   const gpu::EmbeddedKernel* code = gpu::find_embedded_kernel(name);
   SB_CHECK_OR_RETURN(info && code, StatusCode::kInternal, "kernel '%s' is not built into this library", name);
+  SB_CHECK_OR_RETURN(!info->int8_mma, StatusCode::kUnimplemented, "kernel '%s' is Vulkan only (no MSL)", name);
   MTLCompileOptions* opts = [MTLCompileOptions new];
   opts.languageVersion = MTLLanguageVersion2_3;
 #if (defined(__MAC_OS_X_VERSION_MAX_ALLOWED) && __MAC_OS_X_VERSION_MAX_ALLOWED >= 150000) || \
