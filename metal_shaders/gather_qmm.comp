@@ -1,6 +1,6 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
-#ifdef QMM_MMA  // Vulkan only: NVIDIA's int8 cooperative matrices (no MSL; see the kernel)
+#if defined(QMM_MMA) || defined(QMM_MMA_PROBE)  // Vulkan only: int8 cooperative matrices (no MSL)
 #extension GL_NV_cooperative_matrix : require
 #extension GL_NV_integer_cooperative_matrix : require
 #extension GL_EXT_shader_explicit_arithmetic_types_int8 : require
@@ -18,7 +18,9 @@
 #if defined(QMM_ROW) || defined(QMM_TILES) || defined(QMM_TILE)
 layout(local_size_x = 256) in;
 #elif defined(QMM_MMA)
-layout(local_size_x = 128) in;
+layout(local_size_x = 256) in;
+#elif defined(QMM_MMA_PROBE)
+layout(local_size_x = 32) in;
 #else
 layout(local_size_x = 64) in;
 #endif
@@ -669,14 +671,16 @@ void main() {
 #ifdef QMM_MMA
 // QMM_TILE's work on int8 tensor cores (Vulkan with VK_NV_cooperative_matrix only; the
 // host falls back to QMM_TILE elsewhere): the same tiles and workgroup grid, 32 pairs x
-// 64 columns per workgroup, chunks of 64 K values. Per 32-block, each of the 4 subgroups
-// multiplies 16 rows of Q8 codes by 32 columns of weight codes into exact int32 block
-// dots Iq (16x16x32 integer MMAs), stored to shared memory; then the float steps of
-// docs/numerics.md in block and group order per output, as QMM_TILE does.
-// Thread -> output: tid = 32w + c computes rows [8w, 8w + 8) x columns {2c, 2c + 1}.
-// Subgroup w's MMAs: rows 16 (w % 2) + [0, 16), columns 32 (w / 2) + [0, 32).
+// 64 columns per workgroup, chunks of 64 K values. Per 32-block, subgroup w multiplies
+// rows 16 (w % 2) + [0, 16) of Q8 codes by columns 16 (w / 2) + [0, 16) of weight codes
+// (a 16x16x32 integer MMA) into exact int32 block dots Iq, and each invocation runs the
+// float steps of docs/numerics.md (block and group order) on the Iq it holds.
+// Thread -> output (lane l of subgroup w): element e of the accumulator is row
+// 16 (w % 2) + l / 4 + 8 (e / 4), column 16 (w / 2) + 8 ((e / 2) % 2) + 2 (l % 4) + e % 2 —
+// NVIDIA's fragment layout, which the device's start-up probe (QMM_MMA_PROBE) confirms
+// before this kernel is used.
 // 8-bit codes q are stored as q - 128 (int8) and their block dot gets 128 * Sx back.
-layout(std430, binding = 0) readonly buffer Q { uvec4 q4[]; };  // 8 words per block: 16-byte aligned
+layout(std430, binding = 0) readonly buffer Q { uvec2 q2[]; };  // 8 words per block
 layout(std430, binding = 1) readonly buffer D { float dq[]; };
 layout(std430, binding = 2) readonly buffer S { int sq[]; };
 layout(std430, binding = 3) readonly buffer Wt { uint codes[]; };
@@ -691,10 +695,8 @@ layout(push_constant) uniform Args { SB_QMM_ARGS } args;
 
 const uint kTp = SB_QMM_TILE_PAIRS, kTn = 64u;
 const uint kAb = 20u;   // words per shared row of 64 int8 codes: 16 + 4 of padding (bank spread)
-const uint kIq = 72u;   // ints per shared row of block dots: 64 + 8 of padding
 shared uint s_a[kTp * kAb];        // Q8 codes, row-major [pair][k]
 shared uint s_b[kTn * kAb];        // weight codes, [column][k]: B (k x n) column-major
-shared int s_iq[2u * kTp * kIq];   // [block of the chunk][pair][column]
 shared float s_d[2u * 2u * kTp];   // [chunk parity][block][pair]
 shared int s_sx[2u * 2u * kTp];
 shared float s_scale[2u * 2u * kTn];  // [chunk parity][block][column]: the block's group's s
@@ -733,21 +735,20 @@ void stage_block(uint bits, uint w[8], uint dst) {
   }
 }
 
-// This thread's global words of chunk j0 (blocks j0, j0 + 1) into registers: 4 words
-// of Q8 codes (pair tid / 4, words 4 (tid % 4) + [0, 4)), d and code sum (threads < 64:
-// pair tid / 2, block tid % 2), one column block's weight words (column tid / 2,
-// block tid % 2) and the scale and bias of column tid % 64 in block j0 + tid / 64's group.
+// This thread's global words of chunk j0 (blocks j0, j0 + 1) into registers: 2 words
+// of Q8 codes (pair tid / 8, words 2 (tid % 8) + [0, 2) of the chunk), d and code sum
+// (threads < 64: pair tid / 2, block tid % 2); threads < 128: one column block's weight
+// words (column tid / 2, block tid % 2) and the scale and bias of column tid % 64 in
+// block j0 + tid / 64's group.
 void mma_load(uint j0, uint blocks, uint n0, uint wbase, uint row_words, uint bits, uint ex, uint per_group,
-              out uint xa[4], out uint ds[2], out uint w[8], out float sb[2]) {
+              out uint xa[2], out uint ds[2], out uint w[8], out float sb[2]) {
   uint tid = gl_LocalInvocationID.x;
-  int r = s_row[tid >> 2u];
+  int r = s_row[tid >> 3u];
   {
-    uint j = j0 + ((tid & 3u) >> 1u);
-    uvec4 v = r >= 0 && j < blocks ? q4[(uint(r) * blocks + j) * 2u + (tid & 1u)] : uvec4(0u);
+    uint j = j0 + ((tid & 7u) >> 2u);
+    uvec2 v = r >= 0 && j < blocks ? q2[(uint(r) * blocks + j) * 4u + (tid & 3u)] : uvec2(0u);
     xa[0] = v.x;
     xa[1] = v.y;
-    xa[2] = v.z;
-    xa[3] = v.w;
   }
   ds[0] = ds[1] = 0u;
   if (tid < 2u * kTp) {
@@ -758,11 +759,11 @@ void mma_load(uint j0, uint blocks, uint n0, uint wbase, uint row_words, uint bi
       ds[1] = uint(sq[uint(rr) * blocks + j]);
     }
   }
-  uint c = tid >> 1u, j = j0 + (tid & 1u);
-  bool live = n0 + c < args.n && j < blocks;
+  uint c = (tid >> 1u) & 63u, j = j0 + (tid & 1u);
+  bool live = tid < 128u && n0 + c < args.n && j < blocks;
   uint base = wbase + (n0 + c) * row_words + j * bits;
   [[unroll]] for (uint i = 0u; i < 8u; ++i) w[i] = live && i < bits ? codes[base + i] : 0u;
-  uint sj = min(j0 + (tid >> 6u), blocks - 1u);
+  uint sj = min(j0 + ((tid >> 6u) & 1u), blocks - 1u);
   uint sidx = (ex * args.n + min(n0 + (tid & 63u), args.n - 1u)) * args.groups + sj / per_group;
   sb[0] = SB_LOAD(scales, args.scale_dtype, sidx);
   sb[1] = SB_LOAD(biases, args.scale_dtype, sidx);
@@ -789,82 +790,105 @@ void main() {
     }
     s_row[tid] = r;
   }
-  precise float acc[16], pg[16], xg[8];
-  [[unroll]] for (uint i = 0u; i < 16u; ++i) acc[i] = pg[i] = 0.0;
-  [[unroll]] for (uint i = 0u; i < 8u; ++i) xg[i] = 0.0;
+  uint lane = tid & 31u, r0 = 16u * (warp & 1u) + (lane >> 2u), c0 = 16u * (warp >> 1u) + 2u * (lane & 3u);
+  precise float acc[8], pg[8], xg[2];
+  [[unroll]] for (uint i = 0u; i < 8u; ++i) acc[i] = pg[i] = 0.0;
+  xg[0] = xg[1] = 0.0;
   barrier();
-  uint xa[4], ds[2], w[8];
+  uint xa[2], ds[2], w[8];
   float sb[2];
   mma_load(0u, blocks, n0, wbase, row_words, bits, ex, per_group, xa, ds, w, sb);
-  uint mr = 16u * (warp & 1u), mc = 32u * (warp >> 1u);
+  uint mr = 16u * (warp & 1u), mc = 16u * (warp >> 1u);
   for (uint j0 = 0u, parity = 0u; j0 < blocks; j0 += 2u, parity ^= 1u) {
-    [[unroll]] for (uint i = 0u; i < 4u; ++i) s_a[(tid >> 2u) * kAb + 4u * (tid & 3u) + i] = xa[i];
+    s_a[(tid >> 3u) * kAb + 2u * (tid & 7u)] = xa[0];
+    s_a[(tid >> 3u) * kAb + 2u * (tid & 7u) + 1u] = xa[1];
     if (tid < 2u * kTp) {
       uint at = (parity * 2u + (tid & 1u)) * kTp + (tid >> 1u);
       s_d[at] = uintBitsToFloat(ds[0]);
       s_sx[at] = int(ds[1]);
     }
-    s_scale[parity * 2u * kTn + tid] = sb[0];
-    s_bias[parity * 2u * kTn + tid] = sb[1];
-    stage_block(bits, w, (tid >> 1u) * kAb + 8u * (tid & 1u));
+    if (tid < 128u) {
+      s_scale[parity * 2u * kTn + tid] = sb[0];
+      s_bias[parity * 2u * kTn + tid] = sb[1];
+      stage_block(bits, w, (tid >> 1u) * kAb + 8u * (tid & 1u));
+    }
     barrier();
     if (j0 + 2u < blocks) mma_load(j0 + 2u, blocks, n0, wbase, row_words, bits, ex, per_group, xa, ds, w, sb);
-    [[unroll]] for (uint jb = 0u; jb < 2u; ++jb) {
+    uint cb = min(2u, blocks - j0);
+    for (uint jb = 0u; jb < cb; ++jb) {  // uniform: the cooperative-matrix ops stay in uniform control flow
       icoopmatNV<8, 3, 16, 32> ma;
       coopMatLoadNV(ma, s_a, mr * kAb + 8u * jb, kAb, false);
-      [[unroll]] for (uint h = 0u; h < 2u; ++h) {
-        icoopmatNV<8, 3, 32, 16> mb;
-        coopMatLoadNV(mb, s_b, (mc + 16u * h) * kAb + 8u * jb, kAb, true);
-        icoopmatNV<32, 3, 16, 16> md = icoopmatNV<32, 3, 16, 16>(0);
-        md = coopMatMulAddNV(ma, mb, md);
-        coopMatStoreNV(md, s_iq, (jb * kTp + mr) * kIq + mc + 16u * h, kIq, false);
+      icoopmatNV<8, 3, 32, 16> mb;
+      coopMatLoadNV(mb, s_b, mc * kAb + 8u * jb, kAb, true);
+      icoopmatNV<32, 3, 16, 16> md = icoopmatNV<32, 3, 16, 16>(0);
+      md = coopMatMulAddNV(ma, mb, md);
+      uint at = (parity * 2u + jb) * kTp;
+      float d[2] = float[2](s_d[at + r0], s_d[at + r0 + 8u]);
+      int sx[2] = int[2](s_sx[at + r0], s_sx[at + r0 + 8u]);
+      xg[0] = xg[0] + float(sx[0]) * d[0];
+      xg[1] = xg[1] + float(sx[1]) * d[1];
+      [[unroll]] for (uint e = 0u; e < 8u; ++e) {
+        uint h = e >> 2u;  // row r0 + 8h
+        int iq = md[e] + (bits == 8u ? 128 * sx[h] : 0);
+        pg[e] = pg[e] + float(iq) * d[h];
+      }
+      if ((j0 + jb + 1u) % per_group == 0u) {  // a group ends: acc += s*P + b*X per output
+        // Columns c0 + {0, 1, 8, 9} (past n, for odd f32 widths: column n - 1's scales,
+        // not stored); element e has column c0 + 8 ((e / 2) % 2) + e % 2.
+        uint sat = (parity * 2u + jb) * kTn + c0;
+        float sc[4] = float[4](s_scale[sat], s_scale[sat + 1u], s_scale[sat + 8u], s_scale[sat + 9u]);
+        float bc[4] = float[4](s_bias[sat], s_bias[sat + 1u], s_bias[sat + 8u], s_bias[sat + 9u]);
+        [[unroll]] for (uint e = 0u; e < 8u; ++e) {
+          uint h = e >> 2u, c = (e & 1u) + 2u * ((e >> 1u) & 1u);
+          precise float t = sc[c] * pg[e] + bc[c] * xg[h];
+          acc[e] = acc[e] + t;
+          pg[e] = 0.0;
+        }
+        xg[0] = xg[1] = 0.0;
       }
     }
     barrier();
-    uint cb = min(2u, blocks - j0);
-    for (uint jb = 0u; jb < cb; ++jb) {
-      uint j = j0 + jb;
-      [[unroll]] for (uint i = 0u; i < 8u; ++i) {
-        uint row = 8u * warp + i, at = (parity * 2u + jb) * kTp + row;
-        float d = s_d[at];
-        int sx = s_sx[at];
-        ivec2 iq = ivec2(s_iq[(jb * kTp + row) * kIq + 2u * cp], s_iq[(jb * kTp + row) * kIq + 2u * cp + 1u]);
-        if (bits == 8u) iq += ivec2(128 * sx);
-        xg[i] = xg[i] + float(sx) * d;
-        pg[2u * i] = pg[2u * i] + float(iq.x) * d;
-        pg[2u * i + 1u] = pg[2u * i + 1u] + float(iq.y) * d;
-      }
-      if ((j + 1u) % per_group == 0u) {  // group j / per_group ends: acc += s*P + b*X per output
-        // Columns 2cp, 2cp + 1 (one past n, for odd f32 widths, holds column n - 1's
-        // scales and is not stored). No loop over the two: register indices stay constant.
-        uint sat = (parity * 2u + jb) * kTn + 2u * cp;
-        float sc0 = s_scale[sat], bc0 = s_bias[sat], sc1 = s_scale[sat + 1u], bc1 = s_bias[sat + 1u];
-        [[unroll]] for (uint i = 0u; i < 8u; ++i) {
-          precise float t0 = sc0 * pg[2u * i] + bc0 * xg[i];
-          precise float t1 = sc1 * pg[2u * i + 1u] + bc1 * xg[i];
-          acc[2u * i] = acc[2u * i] + t0;
-          acc[2u * i + 1u] = acc[2u * i + 1u] + t1;
-          pg[2u * i] = 0.0;
-          pg[2u * i + 1u] = 0.0;
-        }
-        [[unroll]] for (uint i = 0u; i < 8u; ++i) xg[i] = 0.0;
-      }
-    }
   }
-  uint n = n0 + 2u * cp;
-  if (n >= args.n) return;
-  [[unroll]] for (uint i = 0u; i < 8u; ++i) {
-    uint pl = 8u * warp + i;
-    uint e = (first + pl) * args.n + n;
-    float lo = acc[2u * i], hi = acc[2u * i + 1u];
-    if (pl < count) {
+  [[unroll]] for (uint e = 0u; e < 8u; e += 2u) {  // elements e, e + 1: columns n, n + 1 of one row
+    uint pl = r0 + 8u * (e >> 2u), n = n0 + c0 + 8u * ((e >> 1u) & 1u);
+    uint at = (first + pl) * args.n + n;
+    if (pl < count && n < args.n) {
       if (sb_per_word(args.out_dtype) == 2u) {
-        o[e >> 1u] = sb_encode_word(lo, hi, args.out_dtype);
+        o[at >> 1u] = sb_encode_word(acc[e], acc[e + 1u], args.out_dtype);
       } else {
-        o[e] = floatBitsToUint(lo);
-        if (n + 1u < args.n) o[e + 1u] = floatBitsToUint(hi);
+        o[at] = floatBitsToUint(acc[e]);
+        if (n + 1u < args.n) o[at + 1u] = floatBitsToUint(acc[e + 1u]);
       }
     }
   }
+}
+#endif
+
+#ifdef QMM_MMA_PROBE
+// The accumulator layout QMM_MMA assumes, checked on the device at start-up: one
+// 16x16x32 MMA of A[r][0] = r, A[r][1] = 16 and B[0][c] = 1, B[1][c] = c (all else 0)
+// gives C[r][c] = r + 16c. Thread -> output: lane l writes its element e to
+// out[8l + e] and the element count to out[256].
+layout(std430, binding = 0) writeonly buffer O { int o[]; };
+layout(push_constant) uniform Args { SB_PROBE_ARGS } args;
+shared uint s_a[16u * 8u];  // A row-major, 8 words (32 int8) per row
+shared uint s_b[16u * 8u];  // B column-major, 8 words per column
+
+void main() {
+  uint l = gl_LocalInvocationID.x;
+  for (uint i = l; i < 128u; i += 32u) {
+    uint rc = i >> 3u;  // row of A, column of B
+    s_a[i] = (i & 7u) == 0u ? rc | (16u << 8u) : 0u;
+    s_b[i] = (i & 7u) == 0u ? 1u | (rc << 8u) : 0u;
+  }
+  barrier();
+  icoopmatNV<8, 3, 16, 32> ma;
+  coopMatLoadNV(ma, s_a, 0u, 8u, false);
+  icoopmatNV<8, 3, 32, 16> mb;
+  coopMatLoadNV(mb, s_b, 0u, 8u, true);
+  icoopmatNV<32, 3, 16, 16> md = icoopmatNV<32, 3, 16, 16>(0);
+  md = coopMatMulAddNV(ma, mb, md);
+  for (uint e = 0u; e < 8u; ++e) o[8u * l + e] = e < uint(md.length()) ? md[e] : -1;
+  if (l == 0u) o[256] = args.n == 1u ? md.length() : -1;  // the host passes n = 1
 }
 #endif

@@ -484,7 +484,7 @@ Status gather_qmm(KernelContext& ctx, const fb::OpNodeUnion& op) {
       const bool mma = rt.int8_mma();
       SB_RETURN_IF_ERROR(rt.dispatch(mma ? "qmm_mma" : "qmm_tile",
                                      {bq, bd, bsum, bw, bs, bb, bl, bt, bi, bo, rt.error_word()}, &args, sizeof(args),
-                                     (mma ? 128 : 256) * static_cast<uint64_t>(max_tiles) * args.tiles));
+                                     256 * static_cast<uint64_t>(max_tiles) * args.tiles));
     } else {
       // Outputs per workgroup: enough (output, group) tasks for its 64 threads, even so
       // f16/bf16 words are whole, within the shader's shared arrays (gather_qmm.comp).

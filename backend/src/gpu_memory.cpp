@@ -1,4 +1,5 @@
 #include "gpu_memory.h"
+#include "log.h"
 
 #include <algorithm>
 #include <cstring>
@@ -144,6 +145,34 @@ Status MappedRuntime::probe_numerics() {
   SB_RETURN_IF_ERROR(dispatch("numerics_probe", {bx, by}, &args, sizeof(args), n));
   SB_RETURN_IF_ERROR(sync());
   return check_probe(description(), in, y.data_as<float>(), exact_division_);
+}
+
+Status MappedRuntime::probe_mma_layout() {
+  if (!int8_mma_) return Status::ok();
+  SB_ASSIGN_OR_RETURN(Tensor y, alloc(DType::kI32, {257}));
+  SB_ASSIGN_OR_RETURN(BufferRef by, bind(y, false));
+  kernels::ProbeArgs args{1, 0, 0, 0};
+  SB_RETURN_IF_ERROR(dispatch("qmm_mma_probe", {by}, &args, sizeof(args), 32));
+  SB_RETURN_IF_ERROR(sync());
+  // Lane l, element e: row l / 4 + 8 (e / 4), column 8 ((e / 2) % 2) + 2 (l % 4) + e % 2 (the
+  // H100's, driver 580),
+  // and the probe's C[r][c] = r + 16c.
+  const int32_t* got = y.data_as<int32_t>();
+  bool same = got[256] == 8;
+  for (int l = 0; l < 32 && same; ++l)
+    for (int e = 0; e < 8; ++e) {
+      const int row = l / 4 + 8 * (e / 4), col = 8 * ((e / 2) % 2) + 2 * (l % 4) + e % 2;
+      same &= got[8 * l + e] == row + 16 * col;
+    }
+  if (!same) {
+    std::string seen;  // (row, column) of lanes 0, 1, 4's elements, for whoever adapts qmm_mma
+    for (int l : {0, 1, 4})
+      for (int e = 0; e < 8; ++e) seen += strformat(" %d:%d=(%d,%d)", l, e, got[8 * l + e] % 16, got[8 * l + e] / 16);
+    log::logger().info("{}: int8 cooperative matrices off: accumulator layout differs from qmm_mma's ({} elements;{})",
+                       description(), got[256], seen);
+    int8_mma_ = false;
+  }
+  return Status::ok();
 }
 
 long MappedRuntime::queued_refs(const Tensor& t) const {

@@ -62,6 +62,9 @@ class MappedRuntime : public GpuRuntime {
   // Runs numerics_probe (probe.comp) and compares it bit for bit with the CPU's
   // contract arithmetic; sets exact_division_. An error refuses the device.
   Status probe_numerics();
+  // With int8_mma_ set: checks the accumulator layout qmm_mma assumes (qmm_mma_probe);
+  // a device that differs keeps int8_mma_ off (the portable tiles run instead).
+  Status probe_mma_layout();
   // Drops the operands of finished work and returns (and clears) the error word's bits.
   uint32_t finish_submission();
 
