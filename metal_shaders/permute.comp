@@ -59,21 +59,30 @@ void main() {
 #endif
 
 #ifdef ARGSORT
-// Stable ascending argsort. Thread -> output: invocation i computes the rank of key i
-// (keys smaller, or equal with a lower index) and writes out[rank] = i.
+// Stable ascending argsort by ranks: the rank of key i counts the keys smaller, or equal
+// with a lower index; out[rank] = i. Thread -> output: workgroup g ranks keys
+// [16g, 16g + 16); thread t counts key 16g + t % 16 against the (t / 16)-th sixteenth of
+// all keys (so n keys keep 16n threads busy), the counts summed in shared memory.
 layout(std430, binding = 0) readonly buffer K { int keys[]; };
 layout(std430, binding = 1) writeonly buffer O { int order[]; };
 layout(push_constant) uniform Args { SB_ARGSORT_ARGS } args;
+shared uint s_rank[16];
 
 void main() {
-  uint i = sb_linear_id();
-  if (i >= args.n) return;
-  int v = keys[i];
-  uint rank = 0u;
-  for (uint j = 0u; j < args.n; ++j) {
-    int u = keys[j];
-    if (u < v || (u == v && j < i)) ++rank;
+  uint t = gl_LocalInvocationID.x;
+  uint i = (sb_linear_id() >> 8u) * 16u + (t & 15u), part = t >> 4u;
+  if (t < 16u) s_rank[t] = 0u;
+  barrier();
+  if (i < args.n) {
+    int v = keys[i];
+    uint span = (args.n + 15u) / 16u, rank = 0u;
+    for (uint j = part * span; j < min(args.n, (part + 1u) * span); ++j) {
+      int u = keys[j];
+      if (u < v || (u == v && j < i)) ++rank;
+    }
+    atomicAdd(s_rank[t & 15u], rank);
   }
-  order[rank] = int(i);
+  barrier();
+  if (t < 16u && i < args.n) order[s_rank[t]] = int(i);
 }
 #endif

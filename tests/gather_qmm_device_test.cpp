@@ -363,6 +363,7 @@ void run_glu(const GluCase& gc) {
     return q;
   };
   GatherOptions o;
+  o.sorted_indices = c.sorted ? 1 : 0;
   if (!c.lhs.empty()) o.lhs_indices = b.input("lhs", DType::kI32, {static_cast<int64_t>(c.lhs.size())});
   if (!c.rhs.empty()) o.rhs_indices = b.input("rhs", DType::kI32, {static_cast<int64_t>(c.rhs.size())});
   TensorRef x = b.input("x", c.x_dtype, {c.tokens, c.k});
@@ -413,18 +414,27 @@ TEST(GatherQmmDevices, FusedGateUpGlu) {
   clamped.c.x_dtype = DType::kF16;
   clamped.c.special_x = true;
   clamped.c.group = 32;
-  GluCase many = decode;  // 40 pairs: past the row kernel, three kernels
+  GluCase many = decode;  // 40 pairs: past the row kernel, one Q8 pass for both projections
   many.c.tokens = 5;
   many.c.rhs.clear();
   for (int i = 0; i < 40; ++i) {
     many.c.lhs.push_back(i / 8);
     many.c.rhs.push_back(i % 8);
   }
+  GluCase tiled = decode;  // 96 sorted pairs (12 per expert): one Q8 pass and tile list, two tiled matmuls
+  tiled.c.tokens = 24;
+  tiled.c.x_dtype = DType::kBF16;
+  tiled.c.rhs.clear();
+  for (int i = 0; i < 96; ++i) {
+    tiled.c.lhs.push_back((i * 7) % 24);
+    tiled.c.rhs.push_back(i / 12);
+  }
+  tiled.c.sorted = true;
   GluCase shared = decode;  // the gate projection is also an output: no fusion
   shared.gate_is_output = true;
   GluCase later = decode;  // ... or read after the Glu
   later.gate_read_later = true;
-  for (const GluCase* gc : {&decode, &geglu, &clamped, &many, &shared, &later}) {
+  for (const GluCase* gc : {&decode, &geglu, &clamped, &many, &tiled, &shared, &later}) {
     SCOPED_TRACE("kind " + std::to_string(static_cast<int>(gc->kind)) + ", pairs " + std::to_string(gc->c.rhs.size()));
     run_glu(*gc);
   }

@@ -241,7 +241,8 @@ Status argsort(KernelContext& ctx, const fb::OpNodeUnion& op) {
   SB_ASSIGN_OR_RETURN(BufferRef bo, rt.bind(out, false));
   k::ArgsortArgs args{};
   SB_ASSIGN_OR_RETURN(args.n, u32_count(x.numel(), "Argsort"));
-  SB_RETURN_IF_ERROR(rt.dispatch("argsort", {bx, bo}, &args, sizeof(args), args.n));
+  // 16 threads per key (permute.comp), workgroups of 256 for 16 keys.
+  SB_RETURN_IF_ERROR(rt.dispatch("argsort", {bx, bo}, &args, sizeof(args), 256 * ((uint64_t{args.n} + 15) / 16)));
   return ctx.out(n->out.get(), std::move(out));
 }
 
@@ -442,60 +443,92 @@ bool qmm_row_plan(QmmSetup& q, int64_t projections) {
   return true;
 }
 
+// Q8 activation blocks of a GatherQmm's x (quantize_q8); the fused gate/up path makes
+// them once for both projections of the same x.
+struct Q8Blocks {
+  Tensor xq, d, s;
+  BufferRef bq, bd, bsum;
+};
+
+Result<Q8Blocks> quantize_rows(Runtime& rt, const QmmSetup& q) {
+  Q8Blocks b;
+  const int64_t blocks = q.rows * (q.kdim / 32);
+  SB_ASSIGN_OR_RETURN(b.xq, rt.alloc(DType::kI32, {q.rows * q.kdim / 4}));
+  SB_ASSIGN_OR_RETURN(b.d, rt.alloc(DType::kF32, {blocks}));
+  SB_ASSIGN_OR_RETURN(b.s, rt.alloc(DType::kI32, {blocks}));
+  SB_ASSIGN_OR_RETURN(b.bq, rt.bind(b.xq, false));
+  SB_ASSIGN_OR_RETURN(b.bd, rt.bind(b.d, false));
+  SB_ASSIGN_OR_RETURN(b.bsum, rt.bind(b.s, false));
+  k::Q8Args qa{static_cast<uint32_t>(q.rows), static_cast<uint32_t>(q.kdim), static_cast<uint32_t>(q.x.dtype()), 0};
+  SB_RETURN_IF_ERROR(rt.dispatch("quantize_q8", {q.bx, b.bq, b.bd, b.bsum}, &qa, sizeof(qa), static_cast<uint64_t>(blocks)));
+  return b;
+}
+
+// Whether the tiled kernels (qmm_tiles + qmm_tile / qmm_mma) take these pairs.
+bool qmm_tiled(const QmmSetup& q) {
+  return q.pairs >= kQmmTileMinPairs &&
+         (q.rhs.defined() ? q.sorted != 0 && q.pairs >= kQmmTilePairsPerExpert * q.experts : true) &&
+         (q.x.dtype() == DType::kF32 || q.nout % 2 == 0);
+}
+
+// The work list of runs of <= 32 pairs of one expert (qmm_tiles), for every projection
+// of the same indices.
+struct QmmTileList {
+  BufferRef bt;
+  int64_t max_tiles = 0;
+};
+
+Result<QmmTileList> qmm_tile_list(Runtime& rt, QmmSetup& q) {
+  QmmTileList t;
+  t.max_tiles = q.pairs / SB_QMM_TILE_PAIRS + std::min(q.experts, q.pairs);
+  SB_RETURN_IF_ERROR(u32_count(1 + 3 * t.max_tiles, "GatherQmm tiles").status());
+  SB_ASSIGN_OR_RETURN(t.bt, rt.scratch(static_cast<size_t>(1 + 3 * t.max_tiles) * 4, 0));
+  k::QmmArgs args = q.args;
+  args.tiles = static_cast<uint32_t>(t.max_tiles);
+  SB_RETURN_IF_ERROR(rt.dispatch("qmm_tiles", {q.br, q.bi, t.bt, rt.error_word()}, &args, sizeof(args), 256));
+  return t;
+}
+
+// GatherQmm from Q8 blocks into bo: tiles of 32 pairs x 64 outputs that read each
+// weight once per tile (`tiles` set: sorted pairs, or all expert 0's), else per pair.
+Status qmm_from_q8(Runtime& rt, QmmSetup& q, const Q8Blocks& q8, const QmmTileList* tiles, BufferRef bo) {
+  k::QmmArgs& args = q.args;
+  if (tiles) {
+    args.tiles = static_cast<uint32_t>((q.nout + 63) / 64);
+    // The same tiles on int8 tensor cores where the device has them (Vulkan, NVIDIA).
+    const bool mma = rt.int8_mma();
+    return rt.dispatch(mma ? "qmm_mma" : "qmm_tile",
+                       {q8.bq, q8.bd, q8.bsum, q.bw, q.bs, q.bb, q.bl, tiles->bt, q.bi, bo, rt.error_word()}, &args,
+                       sizeof(args), 256 * static_cast<uint64_t>(tiles->max_tiles) * args.tiles);
+  }
+  // Outputs per workgroup: enough (output, group) tasks for its 64 threads, even so
+  // f16/bf16 words are whole, within the shader's shared arrays (gather_qmm.comp).
+  int64_t per_wg = std::clamp<int64_t>(64 / std::max<int64_t>(q.groups, 1), 2, 64) & ~int64_t{1};
+  SB_CHECK_OR_RETURN(per_wg * q.groups <= 1024, StatusCode::kUnimplemented,
+                     "GatherQmm on Vulkan: %lld groups per row exceed 512", (long long)q.groups);
+  args.per_wg = static_cast<uint32_t>(per_wg);
+  const uint64_t workgroups = static_cast<uint64_t>((q.pairs * q.nout + per_wg - 1) / per_wg);
+  return rt.dispatch("qmm", {q8.bq, q8.bd, q8.bsum, q.bw, q.bs, q.bb, q.bl, q.br, q.bi, bo, rt.error_word()}, &args,
+                     sizeof(args), 64 * workgroups);
+}
+
 Status gather_qmm(KernelContext& ctx, const fb::OpNodeUnion& op) {
   const auto* n = op.AsGatherQmmNode();
   Runtime& rt = rt_of(ctx);
   SB_ASSIGN_OR_RETURN(QmmSetup q, qmm_setup(ctx, n));
-  const Tensor& x = q.x;
-  const BufferRef &bx = q.bx, &bw = q.bw, &bs = q.bs, &bb = q.bb, &bl = q.bl, &br = q.br, &bi = q.bi;
-  const int64_t rows = q.rows, kdim = q.kdim, experts = q.experts, nout = q.nout, pairs = q.pairs, sorted = q.sorted;
-  k::QmmArgs& args = q.args;
-  SB_ASSIGN_OR_RETURN(Tensor out, rt.alloc(x.dtype(), {pairs, nout}));
+  SB_ASSIGN_OR_RETURN(Tensor out, rt.alloc(q.x.dtype(), {q.pairs, q.nout}));
   SB_ASSIGN_OR_RETURN(BufferRef bo, rt.bind(out, false));
-  const int64_t groups = q.groups;
   if (qmm_row_plan(q, 1)) {
     // One workgroup per (pair, tile of outputs) quantizes its row itself: no Q8 dispatch.
-    SB_RETURN_IF_ERROR(rt.dispatch("qmm_row", {bx, bw, bs, bb, bl, br, bi, bo, rt.error_word()}, &args, sizeof(args),
-                                   256 * static_cast<uint64_t>(pairs) * args.tiles));
+    SB_RETURN_IF_ERROR(rt.dispatch("qmm_row", {q.bx, q.bw, q.bs, q.bb, q.bl, q.br, q.bi, bo, rt.error_word()}, &q.args,
+                                   sizeof(q.args), 256 * static_cast<uint64_t>(q.pairs) * q.args.tiles));
   } else {
-    // Q8 activation blocks, then the matmul.
-    const int64_t blocks = rows * (kdim / 32);
-    SB_ASSIGN_OR_RETURN(Tensor xq, rt.alloc(DType::kI32, {rows * kdim / 4}));
-    SB_ASSIGN_OR_RETURN(Tensor d, rt.alloc(DType::kF32, {blocks}));
-    SB_ASSIGN_OR_RETURN(Tensor s, rt.alloc(DType::kI32, {blocks}));
-    SB_ASSIGN_OR_RETURN(BufferRef bq, rt.bind(xq, false));
-    SB_ASSIGN_OR_RETURN(BufferRef bd, rt.bind(d, false));
-    SB_ASSIGN_OR_RETURN(BufferRef bsum, rt.bind(s, false));
-    k::Q8Args qa{static_cast<uint32_t>(rows), static_cast<uint32_t>(kdim), static_cast<uint32_t>(x.dtype()), 0};
-    SB_RETURN_IF_ERROR(rt.dispatch("quantize_q8", {bx, bq, bd, bsum}, &qa, sizeof(qa), static_cast<uint64_t>(blocks)));
-    if (pairs >= kQmmTileMinPairs &&
-        (q.rhs.defined() ? sorted != 0 && pairs >= kQmmTilePairsPerExpert * experts : true) && (x.dtype() == DType::kF32 || nout % 2 == 0)) {
-      // Pairs sorted by expert (or all expert 0's: a dense projection): a work list of
-      // (run of <= 32 pairs, expert), then tiles of 32 pairs x 64 outputs that read each
-      // weight once per tile.
-      const int64_t tp = SB_QMM_TILE_PAIRS;
-      const int64_t max_tiles = pairs / tp + std::min(experts, pairs);
-      SB_RETURN_IF_ERROR(u32_count(1 + 3 * max_tiles, "GatherQmm tiles").status());
-      SB_ASSIGN_OR_RETURN(BufferRef bt, rt.scratch(static_cast<size_t>(1 + 3 * max_tiles) * 4, 0));
-      args.tiles = static_cast<uint32_t>(max_tiles);
-      SB_RETURN_IF_ERROR(rt.dispatch("qmm_tiles", {br, bi, bt, rt.error_word()}, &args, sizeof(args), 256));
-      args.tiles = static_cast<uint32_t>((nout + 63) / 64);
-      // The same tiles on int8 tensor cores where the device has them (Vulkan, NVIDIA).
-      const bool mma = rt.int8_mma();
-      SB_RETURN_IF_ERROR(rt.dispatch(mma ? "qmm_mma" : "qmm_tile",
-                                     {bq, bd, bsum, bw, bs, bb, bl, bt, bi, bo, rt.error_word()}, &args, sizeof(args),
-                                     256 * static_cast<uint64_t>(max_tiles) * args.tiles));
-    } else {
-      // Outputs per workgroup: enough (output, group) tasks for its 64 threads, even so
-      // f16/bf16 words are whole, within the shader's shared arrays (gather_qmm.comp).
-      int64_t per_wg = std::clamp<int64_t>(64 / std::max<int64_t>(groups, 1), 2, 64) & ~int64_t{1};
-      SB_CHECK_OR_RETURN(per_wg * groups <= 1024, StatusCode::kUnimplemented,
-                         "GatherQmm on Vulkan: %lld groups per row exceed 512", (long long)groups);
-      args.per_wg = static_cast<uint32_t>(per_wg);
-      const uint64_t workgroups = static_cast<uint64_t>((pairs * nout + per_wg - 1) / per_wg);
-      SB_RETURN_IF_ERROR(rt.dispatch("qmm", {bq, bd, bsum, bw, bs, bb, bl, br, bi, bo, rt.error_word()}, &args,
-                                     sizeof(args), 64 * workgroups));
+    SB_ASSIGN_OR_RETURN(Q8Blocks q8, quantize_rows(rt, q));
+    QmmTileList tiles;
+    if (qmm_tiled(q)) {
+      SB_ASSIGN_OR_RETURN(tiles, qmm_tile_list(rt, q));
     }
+    SB_RETURN_IF_ERROR(qmm_from_q8(rt, q, q8, tiles.max_tiles ? &tiles : nullptr, bo));
   }
   if (!n->combine_weights) return ctx.out(n->out.get(), std::move(out));
   // Fused down-projection + combine: by the contract its bits are those of the stored
@@ -514,9 +547,28 @@ Status gate_up_glu(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>* 
   Runtime& rt = rt_of(ctx);
   SB_ASSIGN_OR_RETURN(QmmSetup g, qmm_setup(ctx, gate));
   SB_ASSIGN_OR_RETURN(QmmSetup u, qmm_setup(ctx, up));
-  if (g.scales.shape() != u.scales.shape() || g.scales.dtype() != u.scales.dtype() || g.w.numel() != u.w.numel() ||
-      !qmm_row_plan(g, 2)) {
+  const bool same = g.scales.shape() == u.scales.shape() && g.scales.dtype() == u.scales.dtype() &&
+                    g.w.numel() == u.w.numel();
+  if (!same || (!qmm_row_plan(g, 2) && qmm_row_plan(g, 1))) {
+    // Different shapes, or rows too many for one qmm_row_glu but few enough for qmm_row:
+    // the three kernels one by one.
     for (int i = 0; i < 2; ++i) SB_RETURN_IF_ERROR(gather_qmm(ctx, ins[i]->op));
+    return glu(ctx, ins[2]->op);
+  }
+  if (!qmm_row_plan(g, 2)) {
+    // Many rows (prefill): x quantized once and one tile list for both projections (same
+    // x and indices: GpuDevice::fuse checks), then the two matmuls and the Glu.
+    SB_ASSIGN_OR_RETURN(Q8Blocks q8, quantize_rows(rt, g));
+    QmmTileList tiles;
+    if (qmm_tiled(g)) {
+      SB_ASSIGN_OR_RETURN(tiles, qmm_tile_list(rt, g));
+    }
+    for (QmmSetup* q : {&g, &u}) {
+      SB_ASSIGN_OR_RETURN(Tensor out, rt.alloc(q->x.dtype(), {q->pairs, q->nout}));
+      SB_ASSIGN_OR_RETURN(BufferRef bo, rt.bind(out, false));
+      SB_RETURN_IF_ERROR(qmm_from_q8(rt, *q, q8, tiles.max_tiles ? &tiles : nullptr, bo));
+      SB_RETURN_IF_ERROR(ctx.out((q == &g ? gate : up)->out.get(), std::move(out)));
+    }
     return glu(ctx, ins[2]->op);
   }
   SB_ASSIGN_OR_RETURN(Tensor out, rt.alloc(g.x.dtype(), {g.pairs, g.nout}));
