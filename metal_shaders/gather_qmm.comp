@@ -684,6 +684,7 @@ layout(std430, binding = 0) readonly buffer Q { uvec2 q2[]; };  // 8 words per b
 layout(std430, binding = 1) readonly buffer D { float dq[]; };
 layout(std430, binding = 2) readonly buffer S { int sq[]; };
 layout(std430, binding = 3) readonly buffer Wt { uint codes[]; };
+layout(std430, binding = 3) readonly buffer Wt4 { uvec4 codes4[]; };  // the same words, 16 bytes at a time
 layout(std430, binding = 4) readonly buffer Sc { uint scales[]; };
 layout(std430, binding = 5) readonly buffer Bi { uint biases[]; };
 layout(std430, binding = 6) readonly buffer L { int lhs[]; };
@@ -762,7 +763,16 @@ void mma_load(uint j0, uint blocks, uint n0, uint wbase, uint row_words, uint bi
   uint c = (tid >> 1u) & 63u, j = j0 + (tid & 1u);
   bool live = tid < 128u && n0 + c < args.n && j < blocks;
   uint base = wbase + (n0 + c) * row_words + j * bits;
-  [[unroll]] for (uint i = 0u; i < 8u; ++i) w[i] = live && i < bits ? codes[base + i] : 0u;
+  if (bits == 4u && (base & 3u) == 0u) {  // the common case: one 16-byte load
+    uvec4 v = live ? codes4[base >> 2u] : uvec4(0u);
+    w[0] = v.x;
+    w[1] = v.y;
+    w[2] = v.z;
+    w[3] = v.w;
+    w[4] = w[5] = w[6] = w[7] = 0u;
+  } else {
+    [[unroll]] for (uint i = 0u; i < 8u; ++i) w[i] = live && i < bits ? codes[base + i] : 0u;
+  }
   uint sj = min(j0 + ((tid >> 6u) & 1u), blocks - 1u);
   uint sidx = (ex * args.n + min(n0 + (tid & 63u), args.n - 1u)) * args.groups + sj / per_group;
   sb[0] = SB_LOAD(scales, args.scale_dtype, sidx);
