@@ -27,6 +27,7 @@ set(SB_KERNEL_VARIANTS
   gather_qmm:QMM_TILES:qmm_tiles
   gather_qmm:QMM_TILE:qmm_tile
   gather_qmm:QMM_MMA:qmm_mma:vulkan
+  gather_qmm:QMM_MMA4:qmm_mma4:vulkan
   gather_qmm:QMM_MMA_PROBE:qmm_mma_probe:vulkan
   permute:ARGSORT:argsort
   router:ROUTER:router

@@ -1,5 +1,9 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
+#ifdef QMM_MMA4  // QMM_MMA for 4-bit experts only: 66 instead of 74 registers on the H100, 6% faster
+#define QMM_MMA
+#define SB_MMA_BITS4
+#endif
 #if defined(QMM_MMA) || defined(QMM_MMA_PROBE)  // Vulkan only: int8 cooperative matrices (no MSL)
 #extension GL_NV_cooperative_matrix : require
 #extension GL_NV_integer_cooperative_matrix : require
@@ -785,7 +789,12 @@ void main() {
   uint tile = wg / args.tiles, n0 = (wg % args.tiles) * kTn;
   if (tile >= tiles[0]) return;  // uniform over the workgroup
   uint first = tiles[1u + 3u * tile], count = tiles[2u + 3u * tile], ex = tiles[3u + 3u * tile];
-  uint bits = expert_info[ex], row_words = args.k * bits / 32u;
+#ifdef SB_MMA_BITS4  // every expert 4-bit (the host checks): the other widths' code compiled out
+  const uint bits = 4u;
+#else
+  uint bits = expert_info[ex];
+#endif
+  uint row_words = args.k * bits / 32u;
   uint wbase = expert_info[args.experts + ex];
   uint blocks = args.k / 32u, per_group = args.group_size / 32u;
   if (tid < kTp) {

@@ -372,6 +372,7 @@ struct QmmSetup {
   BufferRef bx, bw, bs, bb, bl, br, bi;
   k::QmmArgs args{};
   int64_t rows = 0, kdim = 0, experts = 0, nout = 0, pairs = 0, groups = 0, sorted = 0;
+  bool all_4bit = false;  // every expert 4-bit (none pruned): qmm_mma4 may run
 };
 
 Result<QmmSetup> qmm_setup(KernelContext& ctx, const fb::GatherQmmNodeT* n) {
@@ -397,6 +398,7 @@ Result<QmmSetup> qmm_setup(KernelContext& ctx, const fb::GatherQmmNodeT* n) {
     info[static_cast<size_t>(experts + e)] = static_cast<uint32_t>(off);
     off += nout * kdim * b / 32;
   }
+  q.all_4bit = std::all_of(info.begin(), info.begin() + experts, [](uint32_t b) { return b == 4; });
   SB_CHECK_OR_RETURN(off == q.w.numel(), StatusCode::kInvalidArgument, "w holds %lld words, the experts need %lld",
                      (long long)q.w.numel(), (long long)off);
   SB_RETURN_IF_ERROR(u32_count(off, "GatherQmm weights").status());
@@ -497,7 +499,7 @@ Status qmm_from_q8(Runtime& rt, QmmSetup& q, const Q8Blocks& q8, const QmmTileLi
     args.tiles = static_cast<uint32_t>((q.nout + 63) / 64);
     // The same tiles on int8 tensor cores where the device has them (Vulkan, NVIDIA).
     const bool mma = rt.int8_mma();
-    return rt.dispatch(mma ? "qmm_mma" : "qmm_tile",
+    return rt.dispatch(mma ? (q.all_4bit ? "qmm_mma4" : "qmm_mma") : "qmm_tile",
                        {q8.bq, q8.bd, q8.bsum, q.bw, q.bs, q.bb, q.bl, tiles->bt, q.bi, bo, rt.error_word()}, &args,
                        sizeof(args), 256 * static_cast<uint64_t>(tiles->max_tiles) * args.tiles);
   }
