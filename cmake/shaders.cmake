@@ -3,8 +3,8 @@
 # remap), all under ${CMAKE_BINARY_DIR}/shaders; then sb_shaderc embeds them in one
 # generated source compiled into the library. Variants: "file:DEFINE:kernel_name", or
 # "file:DEFINE:kernel_name:vulkan" for a Vulkan-only kernel (SPIR-V that SPIRV-Cross
-# cannot read, e.g. cooperative matrices): no MSL and no reflection JSON; the structural
-# test reads its interface from the SPIR-V itself.
+# cannot read, e.g. cooperative matrices): no MSL and no reflection JSON (none installed
+# either); the structural test reads its interface from the SPIR-V itself.
 set(SB_KERNEL_VARIANTS
   elementwise:BINARY:binary
   elementwise:BINARY_DIV:binary_div
@@ -71,9 +71,11 @@ foreach(v ${SB_KERNEL_VARIANTS})
   set(json ${SB_SHADER_DIR}/${name}.json)
   set(glslang_cmd ${SB_GLSLANG} -V --target-env vulkan1.2 -D${define} -I${SB_SHADER_SRC} ${SB_SHADER_SRC}/${file}.comp -o ${spv})
   list(LENGTH parts nparts)
-  if(nparts GREATER 3)  # Vulkan only: empty MSL and JSON stand in
+  if(nparts GREATER 3)  # Vulkan only: no MSL, no JSON ("-" tells sb_shaderc embed)
+    set(msl -)
+    set(json -)
     add_custom_command(
-      OUTPUT ${spv} ${msl} ${json}
+      OUTPUT ${spv}
       COMMAND ${CMAKE_COMMAND} -E make_directory ${SB_SHADER_DIR}
       COMMAND ${glslang_cmd}
       # Loops unrolled and register arrays scalarized before the driver sees them (the
@@ -82,7 +84,6 @@ foreach(v ${SB_KERNEL_VARIANTS})
       COMMAND ${SB_SPIRV_OPT} --target-env=vulkan1.2 -O ${spv} -o ${spv}
       COMMAND sb_shaderc precise ${spv} ${spv}
       COMMAND ${SB_SPIRV_VAL} --target-env vulkan1.2 ${spv}
-      COMMAND ${CMAKE_COMMAND} -E touch ${msl} ${json}
       DEPENDS ${SB_SHADER_SRC}/${file}.comp ${SB_SHADER_INCLUDES} sb_shaderc
       COMMENT "shader ${name} (${file}.comp -D${define}, Vulkan only)" VERBATIM)
   else()
@@ -97,7 +98,10 @@ foreach(v ${SB_KERNEL_VARIANTS})
       COMMENT "shader ${name} (${file}.comp -D${define})" VERBATIM)
   endif()
   list(APPEND SB_EMBED_ARGS ${name} ${spv} ${msl} ${json})
-  list(APPEND SB_SHADER_OUTPUTS ${spv} ${msl} ${json})
+  list(APPEND SB_SHADER_OUTPUTS ${spv})
+  if(nparts EQUAL 3)
+    list(APPEND SB_SHADER_OUTPUTS ${msl} ${json})
+  endif()
 endforeach()
 set(SB_EMBEDDED_CPP ${CMAKE_BINARY_DIR}/generated/embedded_shaders.cpp)
 add_custom_command(

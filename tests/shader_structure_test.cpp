@@ -315,6 +315,7 @@ TEST(ShaderStructure, VulkanDeviceOpensWhenRequired) {
     std::printf("[ DEVICE SKIPPED ] vulkan: %s\n", s.status().to_string().c_str());
     return;
   }
+  EXPECT_EQ((*s)->device_description().rfind("vulkan:", 0), 0u) << (*s)->device_description();
   ASSERT_TRUE((*s)->set_input("x", Tensor::from_vector(DType::kF32, {4}, std::vector<float>{1, -2, 0, 3}).value()).is_ok());
   ASSERT_TRUE((*s)->execute().is_ok());
   EXPECT_EQ((*s)->output("y").value().to_doubles(), (std::vector<double>{-1, 2, -0.0, -3}));

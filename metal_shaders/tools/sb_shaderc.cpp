@@ -2,7 +2,8 @@
 //   sb_shaderc msl IN.spv ENTRY OUT.metal  — SPIR-V -> MSL 2.3 with binding n -> [[buffer(n)]],
 //     push constants -> [[buffer(30)]] (kMetalArgsBuffer), entry point renamed to ENTRY.
 //   sb_shaderc embed OUT.cpp NAME SPV MSL JSON [NAME SPV MSL JSON ...] — a C++ source holding
-//     every kernel's SPIR-V words, MSL text and reflection JSON (backend/src/gpu_embedded_shaders.h).
+//     every kernel's SPIR-V words, MSL text and reflection JSON (backend/src/gpu_embedded_shaders.h);
+//     MSL and JSON "-" for a Vulkan-only kernel.
 //   sb_shaderc precise IN.spv OUT.spv — every float add/sub/mul decorated NoContraction (after
 //     spirv-opt, whose loop unroller drops the decoration on the copies it makes).
 #include <spirv_cross/spirv_cross_c.h>
@@ -111,8 +112,9 @@ int embed(int argc, char** argv) {
     std::string spv, msl, json;
     char** a = argv + 3 + 4 * k;
     if (!read_file(a[1], spv) || spv.size() % 4 != 0) return fail(std::string("cannot read ") + a[1]);
-    if (!read_file(a[2], msl)) return fail(std::string("cannot read ") + a[2]);
-    if (!read_file(a[3], json)) return fail(std::string("cannot read ") + a[3]);
+    // "-": none (a Vulkan-only kernel has no MSL and no SPIRV-Cross reflection)
+    if (std::strcmp(a[2], "-") != 0 && !read_file(a[2], msl)) return fail(std::string("cannot read ") + a[2]);
+    if (std::strcmp(a[3], "-") != 0 && !read_file(a[3], json)) return fail(std::string("cannot read ") + a[3]);
     os << "const uint32_t kSpv" << k << "[] = {";
     for (size_t i = 0; i < spv.size(); i += 4) {
       uint32_t w;
