@@ -33,6 +33,7 @@ set(SB_KERNEL_VARIANTS
   router:ROUTER:router
   gather_mm:GATHER_MM:gather_mm
   matmul:MATMUL:matmul
+  matmul:MATMUL_TILE:matmul_tile
   norm:SOFTMAX:softmax
   norm:RMS_NORM:rms_norm
   norm:SOFTMAX_ROW:softmax_row

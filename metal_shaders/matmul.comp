@@ -1,18 +1,83 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
+#extension GL_EXT_control_flow_attributes : require
 // Matmul / linear and BatchMatmul with the dot32 order of docs/numerics.md (then +
 // bias); twin of cpu_fallback/matmul.cpp. Thread -> output: workgroup w writes word w
 // of out [batch, rows, cols] (1 or 2 elements); lane l keeps partial sum l over k = l, l+32, ...
 // (product, then add), and the halving tree 16..1 combines them.
 #include "common.glsl"
 
+#ifdef MATMUL_TILE
+layout(local_size_x = 256) in;
+#else
 layout(local_size_x = 32) in;
+#endif
 layout(std430, binding = 0) readonly buffer A { uint a[]; };
 layout(std430, binding = 1) readonly buffer B { uint b[]; };
 layout(std430, binding = 2) readonly buffer Bias { uint bias[]; };
 layout(std430, binding = 3) writeonly buffer O { uint o[]; };
 layout(push_constant) uniform Args { SB_MATMUL_ARGS } args;
 
+#ifdef MATMUL_TILE
+// Many rows and columns (prefill attention, projections): workgroup (batch, row tile,
+// column tile) computes 16 x 16 outputs; per chunk of 32 k the A rows and B columns go to
+// shared memory once. Thread -> output: t computes out[batch, 16 tr + t / 16, 16 tc + t % 16]
+// keeping all 32 dot32 partial sums itself (element i -> partial i % 32, increasing i, each
+// product rounded then added), then the halving tree 16..1 in registers; the same bits as
+// the one-output-per-workgroup kernel below.
+const uint kT = 16u;
+shared vec4 s_a[kT * 8u];  // [row][k / 4] of the chunk
+shared vec4 s_b[kT * 8u];  // [column][k / 4] of the chunk (B transposed)
+shared float s_o[256];
+
+void main() {
+  uint t = gl_LocalInvocationID.x;
+  uint wg = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
+  uint tiles_r = (args.rows + kT - 1u) / kT, tiles_c = (args.cols + kT - 1u) / kT;
+  uint bt = wg / (tiles_r * tiles_c), tr = (wg / tiles_c) % tiles_r, tc = wg % tiles_c;
+  if (bt >= args.batch) return;  // uniform over the workgroup
+  uint r0 = bt * args.rows + kT * tr, c0 = kT * tc;  // r0: row over all batches
+  uint boff = (bt / args.group) * args.cols * args.k;
+  precise float p[32];
+  [[unroll]] for (uint i = 0u; i < 32u; ++i) p[i] = 0.0;
+  for (uint k0 = 0u; k0 < args.k; k0 += 32u) {
+    [[unroll]] for (uint q = 0u; q < 2u; ++q) {  // element 2t + q of each 16 x 32 tile
+      uint e = 2u * t + q, rc = e >> 5u, kk = e & 31u, i = k0 + kk;
+      bool ka = kT * tr + rc < args.rows && i < args.k, kb = c0 + rc < args.cols && i < args.k;
+      uint bi = boff + (args.transpose_b != 0u ? (c0 + rc) * args.k + i : i * args.cols + c0 + rc);
+      float va = 0.0, vb = 0.0;  // branches, not selects: no load outside the buffers
+      if (ka) va = SB_LOAD(a, args.dtype, (r0 + rc) * args.k + i);
+      if (kb) vb = SB_LOAD(b, args.b_dtype, bi);
+      s_a[rc * 8u + (kk >> 2u)][kk & 3u] = va;
+      s_b[rc * 8u + (kk >> 2u)][kk & 3u] = vb;
+    }
+    barrier();
+    uint lr = t >> 4u, lc = t & 15u;
+    [[unroll]] for (uint q4 = 0u; q4 < 8u; ++q4) {
+      vec4 av = s_a[lr * 8u + q4], bv = s_b[lc * 8u + q4];
+      [[unroll]] for (uint u = 0u; u < 4u; ++u) {
+        uint kk = 4u * q4 + u;
+        if (k0 + kk < args.k) p[kk] = p[kk] + av[u] * bv[u];  // terms past k are skipped, not added as 0
+      }
+    }
+    barrier();
+  }
+  [[unroll]] for (uint s = 16u; s >= 1u; s >>= 1u)
+    [[unroll]] for (uint i = 0u; i < s; ++i) p[i] = p[i] + p[i + s];
+  uint r = kT * tr + (t >> 4u), c = c0 + (t & 15u);
+  precise float v = p[0];
+  if (args.has_bias != 0u && c < args.cols) v = v + SB_LOAD(bias, args.bias_dtype, c);
+  bool live = r < args.rows && c < args.cols;
+  uint e = (bt * args.rows + r) * args.cols + c;
+  if (sb_per_word(args.dtype) == 2u) {  // the host keeps cols even: columns c, c + 1 share a word
+    s_o[t] = v;
+    barrier();
+    if (live && (t & 1u) == 0u) o[e >> 1u] = sb_encode_word(v, s_o[t + 1u], args.dtype);
+  } else if (live) {
+    o[e] = floatBitsToUint(v);
+  }
+}
+#else
 shared float s_part[32];
 shared float s_out[2];
 
@@ -61,3 +126,4 @@ void main() {
   if (two) dot32(i + 1u, 1u);
   if (gl_LocalInvocationID.x == 0u) o[wg] = sb_encode_word(s_out[0], two ? s_out[1] : 0.0, args.dtype);
 }
+#endif

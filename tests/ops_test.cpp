@@ -686,6 +686,19 @@ TEST(Matmul, SmallIntegersAreExactInAnyOrder) {
   check_matmul(kF32, {3, 16}, {5, 16}, true, true, Tolerance::exact(), true);
   check_matmul(kF32, {2, 3, 16}, {16, 5}, false, true, Tolerance::exact(), true);
 }
+// 16 and more rows and columns: the GPU's tiled kernel (16 x 16 outputs per workgroup, 32
+// partial sums per thread); partial tiles, k not a multiple of 32, 16-bit outputs of even
+// width (odd widths keep the per-output kernel), grouped batches.
+TEST(Matmul, TiledShapes) {
+  check_matmul(kF32, {40, 70}, {36, 70}, true, true, kF32Matmul);
+  check_matmul(kF32, {2, 17, 64}, {64, 17}, false, false, kF32Matmul);
+  check_matmul(kBF16, {2, 20, 50}, {50, 18}, false, true, kBF16Matmul);
+  check_matmul(kF16, {20, 40}, {17, 40}, true, true, kF16Matmul);
+  check_matmul(kF32, {18, 45}, {45, 20}, false, true, Tolerance::exact(), true);
+  check_batch_matmul(kF32, {4, 20, 40}, {2, 24, 40}, true, kF32Matmul);
+  check_batch_matmul(kBF16, {2, 17, 33}, {1, 33, 18}, false, kBF16Matmul);
+}
+
 // K = 0: the sum is empty, so out = zeros (+ bias) exactly.
 TEST(Matmul, EmptyInnerDimGivesZeros) {
   check_matmul(kF32, {2, 0}, {0, 3}, false, false, Tolerance::exact());

@@ -624,6 +624,17 @@ Status gather_mm(KernelContext& ctx, const fb::OpNodeUnion& op) {
   return ctx.out(n->out.get(), std::move(out));
 }
 
+// Matmul / BatchMatmul: 16 x 16 output tiles per workgroup (matmul_tile) when rows and
+// columns both fill tiles (prefill), else one output word per 32-lane workgroup (decode
+// GEMVs: the lanes split k). 16-bit outputs of odd width share words across rows, which
+// only the per-output kernel handles.
+Status dispatch_matmul(Runtime& rt, const k::MatmulArgs& args, DType dtype, const std::vector<BufferRef>& binds) {
+  const uint64_t batch = args.batch, rows = args.rows, cols = args.cols;
+  if (rows >= 16 && cols >= 16 && (dtype == DType::kF32 || cols % 2 == 0))
+    return rt.dispatch("matmul_tile", binds, &args, sizeof(args), 256 * batch * ((rows + 15) / 16) * ((cols + 15) / 16));
+  return rt.dispatch("matmul", binds, &args, sizeof(args), 32 * words_of(dtype, static_cast<int64_t>(batch * rows * cols)));
+}
+
 Status matmul(KernelContext& ctx, const fb::OpNodeUnion& op) {
   const auto* n = op.AsMatmulNode();
   Runtime& rt = rt_of(ctx);
@@ -644,8 +655,7 @@ Status matmul(KernelContext& ctx, const fb::OpNodeUnion& op) {
   k::MatmulArgs args{static_cast<uint32_t>(rows), static_cast<uint32_t>(cols), static_cast<uint32_t>(kdim),
                      static_cast<uint32_t>(a.dtype()), static_cast<uint32_t>(b.dtype()), n->transpose_b,
                      bias.defined(), bias.defined() ? static_cast<uint32_t>(bias.dtype()) : 0, 1, 1, 0, 0};
-  // One workgroup of 32 lanes per output word (matmul.comp).
-  SB_RETURN_IF_ERROR(rt.dispatch("matmul", {ba, bb, bbias, bo}, &args, sizeof(args), 32 * words_of(a.dtype(), rows * cols)));
+  SB_RETURN_IF_ERROR(dispatch_matmul(rt, args, a.dtype(), {ba, bb, bbias, bo}));
   return ctx.out(n->out.get(), std::move(out));
 }
 
@@ -711,8 +721,7 @@ Status batch_matmul(KernelContext& ctx, const fb::OpNodeUnion& op) {
   k::MatmulArgs args{static_cast<uint32_t>(m), static_cast<uint32_t>(cols), static_cast<uint32_t>(kdim),
                      static_cast<uint32_t>(a.dtype()), static_cast<uint32_t>(b.dtype()), n->transpose_b, 0, 0,
                      static_cast<uint32_t>(batch), static_cast<uint32_t>(dims.group), 0, 0};
-  SB_RETURN_IF_ERROR(rt.dispatch("matmul", {ba, bb, ba, bo}, &args, sizeof(args),
-                                 32 * words_of(a.dtype(), batch * m * cols)));
+  SB_RETURN_IF_ERROR(dispatch_matmul(rt, args, a.dtype(), {ba, bb, ba, bo}));
   return ctx.out(n->out.get(), std::move(out));
 }
 

@@ -106,6 +106,8 @@ inline constexpr KernelInfo kKernels[] = {
      true},
     {"matmul", "matmul", 4, {A::kRead, A::kRead, A::kRead, A::kWrite}, sizeof(MatmulArgs), SB_STR(SB_MATMUL_ARGS), 32,
      true},
+    {"matmul_tile", "matmul", 4, {A::kRead, A::kRead, A::kRead, A::kWrite}, sizeof(MatmulArgs),
+     SB_STR(SB_MATMUL_ARGS), 256, true},
     {"softmax", "norm", 2, {A::kRead, A::kReadWrite}, sizeof(NormArgs), SB_STR(SB_NORM_ARGS), 64, true},
     {"rms_norm", "norm", 3, {A::kRead, A::kRead, A::kReadWrite}, sizeof(NormArgs), SB_STR(SB_NORM_ARGS), 64, true},
     {"softmax_row", "norm", 2, {A::kRead, A::kReadWrite}, sizeof(NormArgs), SB_STR(SB_NORM_ARGS), 256, true},
