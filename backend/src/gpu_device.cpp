@@ -551,13 +551,14 @@ Status gate_up_glu(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>* 
   SB_ASSIGN_OR_RETURN(QmmSetup u, qmm_setup(ctx, up));
   const bool same = g.scales.shape() == u.scales.shape() && g.scales.dtype() == u.scales.dtype() &&
                     g.w.numel() == u.w.numel();
-  if (!same || (!qmm_row_plan(g, 2) && qmm_row_plan(g, 1))) {
+  const bool one_row_kernel = same && qmm_row_plan(g, 2);  // sets g.args for qmm_row_glu
+  if (!same || (!one_row_kernel && qmm_row_plan(g, 1))) {
     // Different shapes, or rows too many for one qmm_row_glu but few enough for qmm_row:
     // the three kernels one by one.
     for (int i = 0; i < 2; ++i) SB_RETURN_IF_ERROR(gather_qmm(ctx, ins[i]->op));
     return glu(ctx, ins[2]->op);
   }
-  if (!qmm_row_plan(g, 2)) {
+  if (!one_row_kernel) {
     // Many rows (prefill): x quantized once and one tile list for both projections (same
     // x and indices: GpuDevice::fuse checks), then the two matmuls and the Glu.
     SB_ASSIGN_OR_RETURN(Q8Blocks q8, quantize_rows(rt, g));

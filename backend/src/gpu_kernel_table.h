@@ -41,6 +41,9 @@ struct KernelInfo {
 #define SB_STR(x) SB_STR_(x)
 
 using A = Access;
+// The bindings of qmm, qmm_tile, qmm_mma and qmm_mma4: 9 inputs, out, the error word.
+#define SB_QMM_ACCESS \
+  {A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kWrite, A::kReadWrite}
 inline constexpr KernelInfo kKernels[] = {
     {"binary", "elementwise", 4, {A::kRead, A::kRead, A::kWrite, A::kReadWrite}, sizeof(BinaryArgs),
      SB_STR(SB_BINARY_ARGS), 256, true},
@@ -65,9 +68,7 @@ inline constexpr KernelInfo kKernels[] = {
      SB_STR(SB_PERMUTE_ARGS), 256, true},
     {"quantize_q8", "gather_qmm", 4, {A::kRead, A::kWrite, A::kWrite, A::kWrite}, sizeof(Q8Args), SB_STR(SB_Q8_ARGS),
      64, true},
-    {"qmm", "gather_qmm", 11,
-     {A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kWrite,
-      A::kReadWrite},
+    {"qmm", "gather_qmm", 11, SB_QMM_ACCESS,
      sizeof(QmmArgs), SB_STR(SB_QMM_ARGS), 64, true},
     {"qmm_row", "gather_qmm", 9,
      {A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kWrite, A::kReadWrite},
@@ -78,17 +79,11 @@ inline constexpr KernelInfo kKernels[] = {
      sizeof(QmmGluArgs), SB_STR(SB_QMM_GLU_ARGS), 256, true},
     {"qmm_tiles", "gather_qmm", 4, {A::kRead, A::kRead, A::kWrite, A::kReadWrite}, sizeof(QmmArgs), SB_STR(SB_QMM_ARGS),
      256, true},
-    {"qmm_tile", "gather_qmm", 11,
-     {A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kWrite,
-      A::kReadWrite},
+    {"qmm_tile", "gather_qmm", 11, SB_QMM_ACCESS,
      sizeof(QmmArgs), SB_STR(SB_QMM_ARGS), 256, true},
-    {"qmm_mma", "gather_qmm", 11,
-     {A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kWrite,
-      A::kReadWrite},
+    {"qmm_mma", "gather_qmm", 11, SB_QMM_ACCESS,
      sizeof(QmmArgs), SB_STR(SB_QMM_ARGS), 256, true, false, false, true},
-    {"qmm_mma4", "gather_qmm", 11,
-     {A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kWrite,
-      A::kReadWrite},
+    {"qmm_mma4", "gather_qmm", 11, SB_QMM_ACCESS,
      sizeof(QmmArgs), SB_STR(SB_QMM_ARGS), 256, true, false, false, true},
     {"qmm_mma_probe", "gather_qmm", 1, {A::kWrite}, sizeof(ProbeArgs), SB_STR(SB_PROBE_ARGS), 32, true, false, false,
      true},
