@@ -111,6 +111,24 @@ std::vector<Case> cases() {
                  return b.gather_qmm(in.x, experts(b, c, "d", r, 64, 2048, 768), o);
                },
                false, true, {8, 768}});
+  // A whole Qwen3-30B-A3B MoE block as decode runs it, chained (layer r reads layer r-1's
+  // output): RMSNorm, router logits, softmax top-8 of 128, gate/up/SwiGLU, down + combine.
+  // Its device time per op is the decode cost of one MoE layer, launches and waits included.
+  v.push_back({"moe_layer_qwen3_30b_4bit (chained)", 8.0 * 3 * 768 * 2048 * (0.5 + 4.0 / 64) + 128.0 * 2048 * 4,
+               [](ProgramBuilder& b, int r, const In& in, std::map<std::string, Tensor>& c) {
+                 const std::string id = std::to_string(r);
+                 c["mn" + id] = filled(DType::kF32, {2048}, 23 + r, 1.f);
+                 c["mr" + id] = filled(DType::kF32, {128, 2048}, 29 + r, 0.02f);
+                 TensorRef h = b.rms_norm(in.x, b.constant("mn" + id, DType::kF32, {2048}));
+                 RouterSpec spec;
+                 spec.k = 8;
+                 spec.renormalize = true;
+                 RouterOut ro = b.router(b.matmul(h, b.constant("mr" + id, DType::kF32, {128, 2048})), spec);
+                 MoeExperts e{experts(b, c, "mg", r, 128, 768, 2048), experts(b, c, "mu", r, 128, 768, 2048),
+                              experts(b, c, "md", r, 128, 2048, 768)};
+                 return b.moe_experts(h, ro.weights, ro.indices, e);
+               },
+               true});
   v.push_back({"qmm_qproj_4096x2048_4bit", 4096.0 * 2048 * (0.5 + 4.0 / 64),
                [](ProgramBuilder& b, int r, const In& in, std::map<std::string, Tensor>& c) {
                  return b.gather_qmm(in.x, experts(b, c, "q", r, 1, 4096, 2048));

@@ -86,16 +86,17 @@ void dot32(uint e, uint slot) {
   uint r = e / args.cols, c = e % args.cols;  // r: row over all batches
   uint boff = (r / args.rows / args.group) * args.cols * args.k;  // b's batch (grouped)
   precise float part = 0.0;
-  // Eight (a, b) pairs loaded before they are used: one memory wait per eight terms.
-  for (uint i0 = lane; i0 < args.k; i0 += 256u) {
-    float av[8], bv[8];
-    for (uint j = 0u; j < 8u; ++j) {
-      uint i = i0 + 32u * j;
+  // Sixteen (a, b) pairs loaded before any is used, at clamped indices (no branch around
+  // a load): one memory wait per sixteen terms. Decode's few outputs are latency-bound.
+  for (uint i0 = lane; i0 < args.k; i0 += 512u) {
+    float av[16], bv[16];
+    [[unroll]] for (uint j = 0u; j < 16u; ++j) {
+      uint i = min(i0 + 32u * j, args.k - 1u);
       uint bi = boff + (args.transpose_b != 0u ? c * args.k + i : i * args.cols + c);
-      av[j] = i < args.k ? SB_LOAD(a, args.dtype, r * args.k + i) : 0.0;
-      bv[j] = i < args.k ? SB_LOAD(b, args.b_dtype, bi) : 0.0;
+      av[j] = SB_LOAD(a, args.dtype, r * args.k + i);
+      bv[j] = SB_LOAD(b, args.b_dtype, bi);
     }
-    for (uint j = 0u; j < 8u; ++j)
+    [[unroll]] for (uint j = 0u; j < 16u; ++j)
       if (i0 + 32u * j < args.k) part = part + av[j] * bv[j];
   }
   s_part[lane] = part;

@@ -1,5 +1,6 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
+#extension GL_EXT_control_flow_attributes : require
 // Fused MoE routers (softmax -> top-k, top-k -> softmax, sigmoid + bias + grouped
 // top-k); twin of cpu_fallback/router.cpp. Thread -> output: workgroup t (256 threads)
 // routes token t. Elementwise steps run in parallel; sums run on thread 0 in index (or slot)
@@ -29,7 +30,10 @@ shared uint r_i[kThreads];
 shared float s_w[kMaxK];
 shared uint s_id[kMaxK];
 shared uint s_rank[kMaxExperts];
+shared uint s_key[kMaxExperts];  // selection key: higher is better, NaN highest; 0: not allowed
 shared float s_m;
+shared int s_max_key;
+shared uint s_zeros, s_first_nan;
 
 // Higher first, NaN above everything, ties to the lower id; NONE loses to all.
 bool better(float va, uint ia, float vb, uint ib) {
@@ -73,27 +77,36 @@ uint pick(bool use_c, uint lo, uint hi) {
 // Top-k without rounds: an allowed expert's slot is the number of allowed experts
 // better than it ("better" is a strict total order, so slots are distinct); slots
 // left empty (fewer than k allowed) raise SB_ERR_ROUTER and hold expert 0, as pick() does.
+// "better" as one unsigned key per expert: the value's order key (NaN highest), ties
+// to the lower id; keys of allowed experts are >= 0x00800000, so key 0 marks the others.
 // Thread -> (expert i, part q): the parts split the comparisons of i (integer counts,
 // added in any order), so a router of few experts still keeps every thread busy.
 void select_by_rank(bool use_c, uint e) {
   uint tid = gl_LocalInvocationID.x;
   for (uint j = tid; j < args.k; j += kThreads) s_id[j] = NONE;
-  for (uint i = tid; i < e; i += kThreads) s_rank[i] = 0u;
+  for (uint i = tid; i < e; i += kThreads) {
+    float v = use_c ? s_c[i] : s_v[i];
+    s_key[i] = (s_f[i] & ALLOWED) == 0u ? 0u : sb_isnan(v) ? 0xffffffffu : uint(sb_key(v)) ^ 0x80000000u;
+    s_rank[i] = 0u;
+  }
   barrier();
   uint parts = max(1u, kThreads / e);
   for (uint u = tid; u < e * parts; u += kThreads) {
-    uint i = u % e, q = u / e;
-    if ((s_f[i] & ALLOWED) == 0u) continue;
-    float v = use_c ? s_c[i] : s_v[i];
-    uint count = 0u;
-    for (uint j = q * e / parts; j < (q + 1u) * e / parts; ++j)
-      if ((s_f[j] & ALLOWED) != 0u && better(use_c ? s_c[j] : s_v[j], j, v, i)) ++count;
+    uint i = u % e, q = u / e, ki = s_key[i];
+    if (ki == 0u) continue;
+    uint count = 0u, lo = q * e / parts, hi = (q + 1u) * e / parts;
+    for (uint j0 = lo; j0 < hi; j0 += 8u) {
+      uint kj[8];
+      [[unroll]] for (uint d = 0u; d < 8u; ++d) kj[d] = s_key[min(j0 + d, hi - 1u)];
+      [[unroll]] for (uint d = 0u; d < 8u; ++d)
+        if (j0 + d < hi && (kj[d] > ki || (kj[d] == ki && j0 + d < i))) ++count;
+    }
     if (count != 0u) atomicAdd(s_rank[i], count);
   }
   barrier();
   for (uint i = tid; i < e; i += kThreads) {
     uint rank = s_rank[i];
-    if ((s_f[i] & ALLOWED) != 0u && rank < args.k) {
+    if (s_key[i] != 0u && rank < args.k) {
       s_id[rank] = i;
       s_w[rank] = s_v[i];
     }
@@ -108,6 +121,29 @@ void select_by_rank(bool use_c, uint e) {
     }
   }
   barrier();
+}
+
+// The running max of s_v[0..e) in index order (max_f32: a NaN sticks, equal values
+// AND their bits) without the serial loop: it is the first NaN if there is one, else
+// the value of the largest order key, where the key 0 (+-0) gives the AND of all zeros'
+// bits. s_max_key / s_zeros / s_first_nan were set in main's first pass.
+float softmax_max() {
+  if (s_first_nan != NONE) return s_v[s_first_nan];
+  int key = s_max_key;
+  if (key == 0) return uintBitsToFloat(s_zeros);
+  return key > 0 ? intBitsToFloat(key) : uintBitsToFloat(uint(-key) | 0x80000000u);
+}
+
+// s_v[0] + ... + s_v[e - 1] in index order (thread 0), eight shared reads at a time.
+float sum_in_order(uint e) {
+  precise float sum = 0.0;
+  for (uint i0 = 0u; i0 < e; i0 += 8u) {
+    float v[8];
+    [[unroll]] for (uint d = 0u; d < 8u; ++d) v[d] = s_v[min(i0 + d, e - 1u)];
+    [[unroll]] for (uint d = 0u; d < 8u; ++d)
+      if (i0 + d < e) sum = sum + v[d];
+  }
+  return sum;
 }
 
 // Softmax over s_w[0..k) in slot order (thread 0).
@@ -132,6 +168,12 @@ void main() {
   uint t = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
   if (t >= args.tokens) return;  // uniform over the workgroup
   uint tid = gl_LocalInvocationID.x, e = args.experts;
+  if (tid == 0u) {
+    s_max_key = int(0x80000000u);
+    s_zeros = 0xffffffffu;
+    s_first_nan = NONE;
+  }
+  barrier();
   for (uint i = tid; i < e; i += kThreads) {
     float v = SB_LOAD(logits, args.dtype, t * e + i);
     s_f[i] = live[i] != 0u ? ALLOWED : 0u;
@@ -142,26 +184,26 @@ void main() {
       s_c[i] = args.has_bias != 0u ? cv : s;
     } else {
       s_v[i] = v;
+      if (args.kind == 0u) {  // for softmax_max
+        int key = sb_key(v);
+        if (sb_isnan(v)) {
+          atomicMin(s_first_nan, i);
+        } else {
+          atomicMax(s_max_key, key);
+          if (key == 0) atomicAnd(s_zeros, floatBitsToUint(v));
+        }
+      }
     }
   }
   barrier();
   if (args.kind == 0u) {  // softmax over all experts: max and sum in index order
-    if (tid == 0u) {
-      float m = s_v[0];
-      for (uint i = 0u; i < e; ++i) m = sb_max(m, s_v[i]);
-      s_m = m;
-    }
-    barrier();
+    float m = softmax_max();
     for (uint i = tid; i < e; i += kThreads) {
-      precise float d = s_v[i] - s_m;
+      precise float d = s_v[i] - m;
       s_v[i] = sb_exp(d);
     }
     barrier();
-    if (tid == 0u) {
-      precise float sum = 0.0;
-      for (uint i = 0u; i < e; ++i) sum = sum + s_v[i];
-      s_m = sb_rcp(sum);
-    }
+    if (tid == 0u) s_m = sb_rcp(sum_in_order(e));
     barrier();
     for (uint i = tid; i < e; i += kThreads) {
       precise float p = s_v[i] * s_m;
