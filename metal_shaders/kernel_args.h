@@ -49,6 +49,8 @@
 // QMM_TILES: the work list of QMM_TILE (at most `tiles` entries). QMM_TILE: workgroup
 // (entry t, column block c of `tiles` blocks of 64) over pairs sorted by expert.
 #define SB_QMM_STAGE_K 8192  // longest K whose Q8 row QMM_ROW stages in shared memory
+#define SB_QMM_ROW_SMALL_K 2048  // longest K of qmm_row_2k / qmm_row_glu_2k
+#define SB_QMM_ROW_TERMS 1024  // QMM_ROW's group terms per workgroup: projections * per_wg * groups
 #define SB_QMM_TILE_PAIRS 32u  // pairs per QMM_TILE work-list entry
 #define SB_QMM_ARGS \
   uint pairs; uint n; uint k; uint groups; \

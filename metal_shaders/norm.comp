@@ -1,5 +1,6 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
+#extension GL_EXT_control_flow_attributes : require
 // Row normalizations along the last axis, in the order of docs/numerics.md; twin of
 // cpu_fallback/norm.cpp. Thread -> output: invocation r computes row r (sequential
 // over d: running max / sums in index order) and writes its words; rows are whole
@@ -97,12 +98,10 @@ void put_word(uint r, uint k, float lo, float hi) {
   o[(r * args.d) / 2u + k] = sb_encode16(lo, args.out_dtype) | (sb_encode16(hi, args.out_dtype) << 16);
 }
 
-// x[r, i0 + j*kRow] for j < 8 (0 past the row): eight loads in flight per thread.
+// x[r, i0 + j*kRow] for j < 8 (past the row: the row's last element, which callers skip):
+// eight loads in flight per thread, at clamped indices so no branch holds one back.
 void load8(uint r, uint i0, out float v[8]) {
-  for (uint j = 0u; j < 8u; ++j) {
-    uint i = i0 + j * kRow;
-    v[j] = i < args.d ? xin(r, i) : 0.0;
-  }
+  [[unroll]] for (uint j = 0u; j < 8u; ++j) v[j] = xin(r, min(i0 + j * kRow, args.d - 1u));
 }
 
 void main() {
@@ -115,7 +114,7 @@ void main() {
   float m = xin(r, 0u);  // max is order-free: any grouping gives the sequential result
   for (uint i0 = t; i0 < args.d; i0 += 8u * kRow) {
     load8(r, i0, v);
-    for (uint j = 0u; j < 8u; ++j)
+    [[unroll]] for (uint j = 0u; j < 8u; ++j)
       if (i0 + j * kRow < args.d) m = sb_max(m, v[j]);
   }
   part[t] = m;
@@ -128,7 +127,7 @@ void main() {
   m = part[0];
   for (uint i0 = t; i0 < args.d; i0 += 8u * kRow) {
     load8(r, i0, v);
-    for (uint j = 0u; j < 8u; ++j) {
+    [[unroll]] for (uint j = 0u; j < 8u; ++j) {
       uint i = i0 + j * kRow;
       precise float d = v[j] - m;
       if (i < args.d) TERM(i) = sb_exp(d);
@@ -147,7 +146,7 @@ void main() {
 #ifdef RMS_NORM
   for (uint i0 = t; i0 < args.d; i0 += 8u * kRow) {
     load8(r, i0, v);
-    for (uint j = 0u; j < 8u; ++j) {
+    [[unroll]] for (uint j = 0u; j < 8u; ++j) {
       uint i = i0 + j * kRow;
       precise float sq = v[j] * v[j];
       if (i < args.d) TERM(i) = sq;
@@ -163,15 +162,14 @@ void main() {
   // Four words per thread in flight: their x and weight loads issue before the math.
   for (uint k0 = t; k0 < words; k0 += 4u * kRow) {
     float xs[8], ws[8];
-    for (uint j = 0u; j < 4u; ++j) {
-      uint k = k0 + j * kRow, i = k * per;
-      bool in_row = k < words;
-      xs[2u * j] = in_row ? xin(r, i) : 0.0;
-      ws[2u * j] = in_row ? SB_LOAD(w, args.dtype, i) : 0.0;
-      xs[2u * j + 1u] = in_row && per == 2u ? xin(r, i + 1u) : 0.0;
-      ws[2u * j + 1u] = in_row && per == 2u ? SB_LOAD(w, args.dtype, i + 1u) : 0.0;
+    [[unroll]] for (uint j = 0u; j < 4u; ++j) {  // clamped indices: words past the row are skipped below
+      uint i = min(k0 + j * kRow, words - 1u) * per, i1 = min(i + 1u, args.d - 1u);
+      xs[2u * j] = xin(r, i);
+      ws[2u * j] = SB_LOAD(w, args.dtype, i);
+      xs[2u * j + 1u] = xin(r, i1);
+      ws[2u * j + 1u] = SB_LOAD(w, args.dtype, i1);
     }
-    for (uint j = 0u; j < 4u; ++j) {
+    [[unroll]] for (uint j = 0u; j < 4u; ++j) {
       if (k0 + j * kRow >= words) continue;
       precise float lo = (xs[2u * j] * inv) * ws[2u * j];
       precise float hi = (xs[2u * j + 1u] * inv) * ws[2u * j + 1u];

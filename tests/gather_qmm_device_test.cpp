@@ -414,6 +414,9 @@ TEST(GatherQmmDevices, FusedGateUpGlu) {
   clamped.c.x_dtype = DType::kF16;
   clamped.c.special_x = true;
   clamped.c.group = 32;
+  GluCase wide = decode;  // K past qmm_row_glu_2k: the kernel with room for K = 8192
+  wide.c.k = 4096;
+  wide.c.n = 24;
   GluCase many = decode;  // 40 pairs: past the row kernel, one Q8 pass for both projections
   many.c.tokens = 5;
   many.c.rhs.clear();
@@ -434,7 +437,7 @@ TEST(GatherQmmDevices, FusedGateUpGlu) {
   shared.gate_is_output = true;
   GluCase later = decode;  // ... or read after the Glu
   later.gate_read_later = true;
-  for (const GluCase* gc : {&decode, &geglu, &clamped, &many, &tiled, &shared, &later}) {
+  for (const GluCase* gc : {&decode, &geglu, &clamped, &wide, &many, &tiled, &shared, &later}) {
     SCOPED_TRACE("kind " + std::to_string(static_cast<int>(gc->kind)) + ", pairs " + std::to_string(gc->c.rhs.size()));
     run_glu(*gc);
   }

@@ -356,8 +356,9 @@ Status bind_indices(KernelContext& ctx, const std::unique_ptr<fb::Tid>& lhs_tid,
 // GatherQmm takes the one-dispatch row kernel (qmm_row) up to this many (pair) rows:
 // each of its workgroups quantizes a row of x, cheap while rows are few (decode).
 constexpr int64_t kQmmRowMaxPairs = 32;
-// Workgroups qmm_row keeps at least, widening its tiles only above it (fills a large GPU).
-constexpr int64_t kQmmRowMinWorkgroups = 1056;
+// qmm_row widens its tiles while more workgroups than this would run (H100, 132 SMs:
+// 528 beat 264 and 1056+).
+constexpr int64_t kQmmRowWorkgroups = 528;
 // Sorted pairs (or pairs without rhs) from this many on, and with rhs at least
 // kQmmTilePairsPerExpert per expert on average, take the tiled kernel (qmm_tile): weights read once per tile of 32 pairs
 // instead of once per pair. Below that its tiles run mostly empty (H100: at 2 pairs per
@@ -428,21 +429,29 @@ Result<QmmSetup> qmm_setup(KernelContext& ctx, const fb::GatherQmmNodeT* n) {
 }
 
 // Whether qmm_row (and qmm_row_glu) take these rows; then its outputs per workgroup and
-// tiles per pair: enough (output, group) tasks for 256 threads, widening only while
-// the GPU stays full. `projections` (1 or 2) share the shader's 1024 task slots.
+// tiles per pair: at least one (output, group) task per thread, widening while more than
+// kQmmRowWorkgroups workgroups would run. Decode is latency-bound: each workgroup
+// quantizes its row and ends in serial sums, so fewer, wider workgroups win (H100, Qwen3
+// decode: gate/up/Glu 25 -> 21 us). `projections` (1 or 2) share SB_QMM_ROW_TERMS.
 bool qmm_row_plan(QmmSetup& q, int64_t projections) {
   const int64_t groups = q.groups, nout = q.nout, pairs = q.pairs;
-  if (pairs > kQmmRowMaxPairs || q.kdim > SB_QMM_STAGE_K || 2 * projections * groups > 1024 ||
+  if (pairs > kQmmRowMaxPairs || q.kdim > SB_QMM_STAGE_K || 2 * projections * groups > SB_QMM_ROW_TERMS ||
       (q.x.dtype() != DType::kF32 && nout % 2 != 0))
     return false;
   int64_t per_wg = std::max<int64_t>(2, 256 / (projections * groups)) & ~int64_t{1};
   auto tiles = [&](int64_t t) { return (nout + t - 1) / t; };
-  while (2 * per_wg * groups * projections <= 1024 && 2 * per_wg <= 256 &&
-         pairs * tiles(2 * per_wg) >= kQmmRowMinWorkgroups)
+  while (2 * per_wg * groups * projections <= SB_QMM_ROW_TERMS && 2 * per_wg <= 256 &&
+         pairs * tiles(per_wg) > kQmmRowWorkgroups)
     per_wg *= 2;
   q.args.per_wg = static_cast<uint32_t>(per_wg);
   q.args.tiles = static_cast<uint32_t>(tiles(per_wg));
   return true;
+}
+
+// The row kernel for these rows: the *_2k twin (less shared memory) where K allows.
+const char* qmm_row_kernel(const QmmSetup& q, bool glu) {
+  if (q.kdim <= SB_QMM_ROW_SMALL_K) return glu ? "qmm_row_glu_2k" : "qmm_row_2k";
+  return glu ? "qmm_row_glu" : "qmm_row";
 }
 
 // Q8 activation blocks of a GatherQmm's x (quantize_q8); the fused gate/up path makes
@@ -522,7 +531,7 @@ Status gather_qmm(KernelContext& ctx, const fb::OpNodeUnion& op) {
   SB_ASSIGN_OR_RETURN(BufferRef bo, rt.bind(out, false));
   if (qmm_row_plan(q, 1)) {
     // One workgroup per (pair, tile of outputs) quantizes its row itself: no Q8 dispatch.
-    SB_RETURN_IF_ERROR(rt.dispatch("qmm_row", {q.bx, q.bw, q.bs, q.bb, q.bl, q.br, q.bi, bo, rt.error_word()}, &q.args,
+    SB_RETURN_IF_ERROR(rt.dispatch(qmm_row_kernel(q, false), {q.bx, q.bw, q.bs, q.bb, q.bl, q.br, q.bi, bo, rt.error_word()}, &q.args,
                                    sizeof(q.args), 256 * static_cast<uint64_t>(q.pairs) * q.args.tiles));
   } else {
     SB_ASSIGN_OR_RETURN(Q8Blocks q8, quantize_rows(rt, q));
@@ -582,7 +591,7 @@ Status gate_up_glu(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>* 
   args.glu_kind = static_cast<uint32_t>(glu_node->kind);
   args.glu_alpha = glu_node->alpha;
   args.glu_limit = glu_node->limit;
-  SB_RETURN_IF_ERROR(rt.dispatch("qmm_row_glu", {g.bx, g.bw, g.bs, g.bb, g.bl, g.br, g.bi, bo, rt.error_word(), u.bw, u.bs, u.bb},
+  SB_RETURN_IF_ERROR(rt.dispatch(qmm_row_kernel(g, true), {g.bx, g.bw, g.bs, g.bb, g.bl, g.br, g.bi, bo, rt.error_word(), u.bw, u.bs, u.bb},
                                  &args, sizeof(args), 256 * static_cast<uint64_t>(g.pairs) * args.tiles));
   return ctx.out(glu_node->out.get(), std::move(out));
 }

@@ -44,6 +44,11 @@ using A = Access;
 // The bindings of qmm, qmm_tile, qmm_mma and qmm_mma4: 9 inputs, out, the error word.
 #define SB_QMM_ACCESS \
   {A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kWrite, A::kReadWrite}
+#define SB_QMM_ROW_ACCESS \
+  {A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kWrite, A::kReadWrite}
+#define SB_QMM_ROW_GLU_ACCESS                                                                                      \
+  {A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kWrite, A::kReadWrite, A::kRead, A::kRead, \
+   A::kRead}
 inline constexpr KernelInfo kKernels[] = {
     {"binary", "elementwise", 4, {A::kRead, A::kRead, A::kWrite, A::kReadWrite}, sizeof(BinaryArgs),
      SB_STR(SB_BINARY_ARGS), 256, true},
@@ -70,13 +75,10 @@ inline constexpr KernelInfo kKernels[] = {
      64, true},
     {"qmm", "gather_qmm", 11, SB_QMM_ACCESS,
      sizeof(QmmArgs), SB_STR(SB_QMM_ARGS), 64, true},
-    {"qmm_row", "gather_qmm", 9,
-     {A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kWrite, A::kReadWrite},
-     sizeof(QmmArgs), SB_STR(SB_QMM_ARGS), 256, true},
-    {"qmm_row_glu", "gather_qmm", 12,
-     {A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kWrite, A::kReadWrite, A::kRead, A::kRead,
-      A::kRead},
-     sizeof(QmmGluArgs), SB_STR(SB_QMM_GLU_ARGS), 256, true},
+    {"qmm_row", "gather_qmm", 9, SB_QMM_ROW_ACCESS, sizeof(QmmArgs), SB_STR(SB_QMM_ARGS), 256, true},
+    {"qmm_row_2k", "gather_qmm", 9, SB_QMM_ROW_ACCESS, sizeof(QmmArgs), SB_STR(SB_QMM_ARGS), 256, true},
+    {"qmm_row_glu", "gather_qmm", 12, SB_QMM_ROW_GLU_ACCESS, sizeof(QmmGluArgs), SB_STR(SB_QMM_GLU_ARGS), 256, true},
+    {"qmm_row_glu_2k", "gather_qmm", 12, SB_QMM_ROW_GLU_ACCESS, sizeof(QmmGluArgs), SB_STR(SB_QMM_GLU_ARGS), 256, true},
     {"qmm_tiles", "gather_qmm", 4, {A::kRead, A::kRead, A::kWrite, A::kReadWrite}, sizeof(QmmArgs), SB_STR(SB_QMM_ARGS),
      256, true},
     {"qmm_tile", "gather_qmm", 11, SB_QMM_ACCESS,

@@ -622,16 +622,18 @@ Status VulkanRuntime::dispatch(const char* kernel, const std::vector<gpu::Buffer
   return Status::ok();
 }
 
-// Device writes so far -> later dispatches and the host; forgets the pending accesses.
-void VulkanRuntime::barrier() {
+// Device writes so far -> later dispatches (and the host, at the end of a submission);
+// forgets the pending accesses. Between dispatches the barrier names no host access:
+// that would ask for more than a compute-to-compute dependency every time.
+void VulkanRuntime::barrier(bool to_host) {
   Context& c = *ctx_;
   VkCommandBuffer cmd = c.cmds[slice_];
   VkMemoryBarrier mb{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
   mb.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT;
-  mb.dstAccessMask = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_HOST_READ_BIT;
+  mb.dstAccessMask = to_host ? VK_ACCESS_HOST_READ_BIT : VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT;
   c.vkCmdPipelineBarrier(cmd, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
-                         VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &mb, 0, nullptr, 0,
-                         nullptr);
+                         to_host ? VK_PIPELINE_STAGE_HOST_BIT : VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, 0, 1, &mb, 0,
+                         nullptr, 0, nullptr);
   reads_.clear();
   writes_.clear();
 }
@@ -676,7 +678,7 @@ Status VulkanRuntime::sync() {
   if (!recording_) return Status::ok();
   Context& c = *ctx_;
   recording_ = false;
-  barrier();  // the host reads what the last dispatches wrote
+  barrier(true);  // the host reads what the last dispatches wrote
   if (c.timestamps && !per_dispatch_timing_)
     c.vkCmdWriteTimestamp(c.cmds[slice_], VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, c.timestamps, 1);
   SB_RETURN_IF_ERROR(submit_slice());

@@ -35,7 +35,7 @@ class VulkanRuntime final : public gpu::MappedRuntime {
   Status begin_slice();
   Status submit_slice();
   void log_timestamps();
-  void barrier();  // into the current slice
+  void barrier(bool to_host = false);  // into the current slice
   bool hazard(const std::vector<gpu::BufferRef>& bindings, const kernels::Access* access);
   void track(const std::vector<gpu::BufferRef>& bindings, const kernels::Access* access);
   bool status_word(const gpu::BufferRef& b);  // the SB_ERR_* word every kernel may atomicOr
