@@ -8,8 +8,8 @@
 #extension GL_NV_cooperative_matrix : require
 #extension GL_NV_integer_cooperative_matrix : require
 #extension GL_EXT_shader_explicit_arithmetic_types_int8 : require
-#extension GL_EXT_control_flow_attributes : require
 #endif
+#extension GL_EXT_control_flow_attributes : require
 // GatherQmm on the integer contract of docs/numerics.md; twin of
 // cpu_fallback/gather_qmm.cpp. QUANTIZE makes the Q8 activation blocks, QMM the
 // quantized expert matmul. Integer dots are exact in any order; the float steps
@@ -72,7 +72,7 @@ int q8_code(float x, float scale) {
     if (bits == 4u || bits == 2u || bits == 8u) {                                    \
       uint per_word = 32u / bits;                                                    \
       for (uint w = 0u; w < bits; ++w) {                                             \
-        uint cw = CODES[base + w];                                                   \
+        uint cw = CODES(base + w);                                                   \
         for (uint i = 0u; i < per_word; ++i) {                                       \
           uint idx = w * per_word + i;                                               \
           int xv = bitfieldExtract(int(QBUF[qb + (idx >> 2)]), int(8u * (idx & 3u)), 8); \
@@ -84,8 +84,8 @@ int q8_code(float x, float scale) {
     for (uint i = 0u; i < 32u; ++i) {                                                \
       uint bit = i * bits;                                                           \
       uint sh = bit & 31u;                                                           \
-      uint v = CODES[base + (bit >> 5)] >> sh;                                       \
-      if (sh + bits > 32u) v |= CODES[base + (bit >> 5) + 1u] << (32u - sh);         \
+      uint v = CODES(base + (bit >> 5)) >> sh;                                       \
+      if (sh + bits > 32u) v |= CODES(base + (bit >> 5) + 1u) << (32u - sh);         \
       iq += int(v & mask) * bitfieldExtract(int(QBUF[qb + (i >> 2)]), int(8u * (i & 3u)), 8); \
     }                                                                                \
     return iq;                                                                       \
@@ -149,7 +149,8 @@ const uint kMaxPerWg = 64u;
 shared float s_term[kMaxTerms];
 shared float s_out[kMaxPerWg];
 
-SB_BLOCK_DOT(block_dot, codes, q)
+#define codes_word(i) codes[i]
+SB_BLOCK_DOT(block_dot, codes_word, q)
 
 // Group g's term of output e (0 on bad data, which raises an error bit).
 float group_term(uint e, uint g) {
@@ -223,7 +224,7 @@ void main() {
 // same pairs (gate, then up: tasks [0, T) and [T, 2T)); thread o rounds both sums to
 // the output dtype, as stored outputs would be, and writes their Glu.
 layout(std430, binding = 0) readonly buffer X { uint x[]; };
-layout(std430, binding = 1) readonly buffer Wt { uint codes[]; };
+layout(std430, binding = 1) readonly buffer Wt { uvec4 codes4[]; };  // 16-byte loads of 4-bit blocks
 layout(std430, binding = 2) readonly buffer Sc { uint scales[]; };
 layout(std430, binding = 3) readonly buffer Bi { uint biases[]; };
 layout(std430, binding = 4) readonly buffer L { int lhs[]; };
@@ -232,7 +233,7 @@ layout(std430, binding = 6) readonly buffer Ex { uint expert_info[]; };  // [E] 
 layout(std430, binding = 7) writeonly buffer O { uint o[]; };
 layout(std430, binding = 8) buffer Er { uint err[]; };
 #ifdef QMM_ROW_GLU
-layout(std430, binding = 9) readonly buffer Wu { uint codes_up[]; };
+layout(std430, binding = 9) readonly buffer Wu { uvec4 codes_up4[]; };
 layout(std430, binding = 10) readonly buffer Su { uint scales_up[]; };
 layout(std430, binding = 11) readonly buffer Bu { uint biases_up[]; };
 layout(push_constant) uniform Args { SB_QMM_GLU_ARGS } args;
@@ -253,12 +254,15 @@ shared float s_d[kBlocks];
 shared float s_term[kMaxTerms];
 shared float s_out[kMaxPerWg];
 
-// 4-bit block: 4 code words against 8 staged activation words.
-#define SB_STAGED_DOT4(NAME, CODES)                                                                              \
+#define row_code(i) codes4[(i) >> 2u][(i)&3u]
+#define row_code_up(i) codes_up4[(i) >> 2u][(i)&3u]
+
+// 4-bit block at a multiple of 4 words: one 16-byte load against 8 staged activation words.
+#define SB_STAGED_DOT4(NAME, CODES4)                                                                             \
   int NAME(uint base, uint qb) {                                                                                 \
-    uint cw[4] = uint[4](CODES[base], CODES[base + 1u], CODES[base + 2u], CODES[base + 3u]);                     \
+    uvec4 cw = CODES4[base >> 2u];                                                                               \
     int iq = 0;                                                                                                  \
-    for (uint w = 0u; w < 4u; ++w) {                                                                             \
+    [[unroll]] for (uint w = 0u; w < 4u; ++w) {                                                                  \
       int xa = int(s_q[qb + 2u * w]), xb = int(s_q[qb + 2u * w + 1u]);                                           \
       uint c = cw[w];                                                                                            \
       iq += int(c & 15u) * bitfieldExtract(xa, 0, 8) + int((c >> 4u) & 15u) * bitfieldExtract(xa, 8, 8) +        \
@@ -277,9 +281,10 @@ shared float s_out[kMaxPerWg];
     float sc = SB_LOAD(SCALES, args.scale_dtype, sidx);                                              \
     float bc = SB_LOAD(BIASES, args.scale_dtype, sidx);                                              \
     uint row = wbase + oi * row_words;                                                               \
+    bool v16 = bits == 4u && (wbase & 3u) == 0u; /* rows are whole 16-byte units */                    \
     precise float pg = 0.0, xg = 0.0;                                                                \
     for (uint j = g * per_group; j < (g + 1u) * per_group; ++j) {                                    \
-      int iq = bits == 4u ? DOT4(row + j * 4u, j * 8u) : DOT(row + j * bits, bits, j * 8u);          \
+      int iq = v16 ? DOT4(row + j * 4u, j * 8u) : DOT(row + j * bits, bits, j * 8u);                 \
       float d = s_d[j];                                                                              \
       pg = pg + float(iq) * d;                                                                       \
       xg = xg + float(s_sum[j]) * d;                                                                 \
@@ -288,13 +293,13 @@ shared float s_out[kMaxPerWg];
     return term;                                                                                     \
   }
 
-SB_BLOCK_DOT(staged_dot, codes, s_q)
-SB_STAGED_DOT4(staged_dot4, codes)
-SB_ROW_TERM(row_term, codes, scales, biases, staged_dot, staged_dot4)
+SB_BLOCK_DOT(staged_dot, row_code, s_q)
+SB_STAGED_DOT4(staged_dot4, codes4)
+SB_ROW_TERM(row_term, codes4, scales, biases, staged_dot, staged_dot4)
 #ifdef QMM_ROW_GLU
-SB_BLOCK_DOT(staged_dot_up, codes_up, s_q)
-SB_STAGED_DOT4(staged_dot4_up, codes_up)
-SB_ROW_TERM(row_term_up, codes_up, scales_up, biases_up, staged_dot_up, staged_dot4_up)
+SB_BLOCK_DOT(staged_dot_up, row_code_up, s_q)
+SB_STAGED_DOT4(staged_dot4_up, codes_up4)
+SB_ROW_TERM(row_term_up, codes_up4, scales_up, biases_up, staged_dot_up, staged_dot4_up)
 #endif
 
 // The sum of output oi's group terms from s_term[first ...], in group order.
