@@ -310,6 +310,46 @@ float row_sum(uint first) {
 }
 
 // Row r of x -> s_q (int8 codes), s_d, s_sum: unit u = elements [8u, 8u + 8) of block u / 4.
+#ifdef QMM_ROW_2K
+// K <= 2048: at most one unit per thread, its 8 values loaded once (before the first
+// barrier) and kept in registers for both passes.
+void stage_row(uint r, uint tid) {
+  uint blocks = args.k / 32u, units = args.k / 8u, xbase = r * args.k, u = min(tid, units - 1u);
+  float v[8];
+  [[unroll]] for (uint i = 0u; i < 8u; ++i) v[i] = SB_LOAD(x, args.x_dtype, xbase + u * 8u + i);
+  if (tid < blocks) {
+    s_amax[tid] = 0u;
+    s_sum[tid] = 0;
+  }
+  barrier();
+  if (tid < units) {
+    uint m = 0u;
+    [[unroll]] for (uint i = 0u; i < 8u; ++i) m = max(m, floatBitsToUint(v[i]) & 0x7fffffffu);
+    atomicMax(s_amax[u >> 2u], m);
+  }
+  barrier();
+  if (tid < units) {
+    float scale, d;
+    bool zero;
+    q8_params(s_amax[u >> 2u], scale, d, zero);
+    uint w0 = 0u, w1 = 0u;
+    int s = 0;
+    if (!zero) {
+      [[unroll]] for (uint i = 0u; i < 8u; ++i) {
+        int c = q8_code(v[i], scale);
+        s += c;
+        if (i < 4u) w0 |= (uint(c) & 0xffu) << (8u * i);
+        else w1 |= (uint(c) & 0xffu) << (8u * (i - 4u));
+      }
+    }
+    s_q[2u * u] = w0;
+    s_q[2u * u + 1u] = w1;
+    if (s != 0) atomicAdd(s_sum[u >> 2u], s);
+    if ((u & 3u) == 0u) s_d[u >> 2u] = d;
+  }
+  barrier();
+}
+#else
 void stage_row(uint r, uint tid) {
   uint blocks = args.k / 32u, units = args.k / 8u, xbase = r * args.k;
   for (uint b = tid; b < blocks; b += kThreads) {
@@ -341,6 +381,7 @@ void stage_row(uint r, uint tid) {
   }
   barrier();
 }
+#endif
 
 void main() {
   uint wg = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;

@@ -8,8 +8,9 @@
 // a word, so the host runs 16-bit odd-d rows through an f32 temporary.
 // SOFTMAX_ROW / RMS_NORM_ROW (d <= SB_NORM_ROW_MAX): workgroup g computes row g; its
 // 256 threads stage the row's terms (exps, squares) in shared memory and write the
-// outputs, invocation t the row's words t, t + 256, ...; thread 0 alone adds the terms,
-// in index order, so the bits are the sequential kernel's.
+// outputs, invocation t the row's words t, t + 256, ... (their elements loaded once and
+// kept in registers); thread 0 alone adds the terms, in index order, so the bits are the
+// sequential kernel's; softmax's running max is an order-free reduction (row_max).
 #include "common.glsl"
 #ifdef SOFTMAX_ROW
 #define SOFTMAX
@@ -98,40 +99,70 @@ void put_word(uint r, uint k, float lo, float hi) {
   o[(r * args.d) / 2u + k] = sb_encode16(lo, args.out_dtype) | (sb_encode16(hi, args.out_dtype) << 16);
 }
 
-// x[r, i0 + j*kRow] for j < 8 (past the row: the row's last element, which callers skip):
-// eight loads in flight per thread, at clamped indices so no branch holds one back.
-void load8(uint r, uint i0, out float v[8]) {
-  [[unroll]] for (uint j = 0u; j < 8u; ++j) v[j] = xin(r, min(i0 + j * kRow, args.d - 1u));
+// The thread's elements stay in registers from the one load to the output (decode rows
+// are latency-bound: no second trip to memory). Thread t owns words t + kRow * j; element
+// q of its kElems: f32 word q, 16-bit the two halves of word q / 2.
+const uint kElems = SB_NORM_ROW_MAX / kRow;
+uint elem(uint t, uint q, uint per) { return per == 1u ? t + kRow * q : 2u * (t + kRow * (q >> 1u)) + (q & 1u); }
+
+// xs[q] = x[r, elem q] (past the row: its last element, never used): all loads issued at once.
+void load_elems(uint r, uint t, uint per, out float xs[kElems]) {
+  [[unroll]] for (uint q = 0u; q < kElems; ++q) xs[q] = xin(r, min(elem(t, q, per), args.d - 1u));
 }
+
+#ifdef SOFTMAX
+shared int s_key[kRow];
+shared uint s_zeros[kRow], s_nan[kRow];
+
+// The running max of the row in index order (max_f32: a NaN sticks, equal values AND
+// their bits) as an order-free reduction: the first NaN if any, else the value of the
+// largest order key; for the key 0 (+-0) the AND of all zeros' bits.
+float row_max(uint r, uint t, uint per, float xs[kElems]) {
+  int key = int(0x80000000u);
+  uint zeros = 0xffffffffu, nan_at = 0xffffffffu;
+  [[unroll]] for (uint q = 0u; q < kElems; ++q) {
+    uint e = elem(t, q, per);
+    if (e >= args.d) continue;
+    if (sb_isnan(xs[q])) {
+      nan_at = min(nan_at, e);
+    } else {
+      int k = sb_key(xs[q]);
+      key = max(key, k);
+      if (k == 0) zeros &= floatBitsToUint(xs[q]);
+    }
+  }
+  s_key[t] = key;
+  s_zeros[t] = zeros;
+  s_nan[t] = nan_at;
+  barrier();
+  for (uint s = kRow / 2u; s > 0u; s >>= 1u) {
+    if (t < s) {
+      s_key[t] = max(s_key[t], s_key[t + s]);
+      s_zeros[t] &= s_zeros[t + s];
+      s_nan[t] = min(s_nan[t], s_nan[t + s]);
+    }
+    barrier();
+  }
+  if (s_nan[0] != 0xffffffffu) return xin(r, s_nan[0]);
+  key = s_key[0];
+  if (key == 0) return uintBitsToFloat(s_zeros[0]);
+  return key > 0 ? intBitsToFloat(key) : uintBitsToFloat(uint(-key) | 0x80000000u);
+}
+#endif
 
 void main() {
   uint r = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
   if (r >= args.rows) return;  // uniform across the workgroup
   uint t = gl_LocalInvocationID.x;
   uint per = args.out_dtype == SB_DT_F32 ? 1u : 2u, words = args.d / per;
-  float v[8];
+  float xs[kElems];
+  load_elems(r, t, per, xs);
 #ifdef SOFTMAX
-  float m = xin(r, 0u);  // max is order-free: any grouping gives the sequential result
-  for (uint i0 = t; i0 < args.d; i0 += 8u * kRow) {
-    load8(r, i0, v);
-    [[unroll]] for (uint j = 0u; j < 8u; ++j)
-      if (i0 + j * kRow < args.d) m = sb_max(m, v[j]);
-  }
-  part[t] = m;
-  barrier();
-  if (t == 0u) {
-    for (uint j = 1u; j < kRow; ++j) m = sb_max(m, part[j]);
-    part[0] = m;
-  }
-  barrier();
-  m = part[0];
-  for (uint i0 = t; i0 < args.d; i0 += 8u * kRow) {
-    load8(r, i0, v);
-    [[unroll]] for (uint j = 0u; j < 8u; ++j) {
-      uint i = i0 + j * kRow;
-      precise float d = v[j] - m;
-      if (i < args.d) TERM(i) = sb_exp(d);
-    }
+  float m = row_max(r, t, per, xs);
+  [[unroll]] for (uint q = 0u; q < kElems; ++q) {
+    uint e = elem(t, q, per);
+    precise float d = xs[q] - m;
+    if (e < args.d) TERM(e) = sb_exp(d);
   }
   barrier();
   if (t == 0u) part[0] = sb_rcp(sum_in_order(args.d));
@@ -144,13 +175,12 @@ void main() {
   }
 #endif
 #ifdef RMS_NORM
-  for (uint i0 = t; i0 < args.d; i0 += 8u * kRow) {
-    load8(r, i0, v);
-    [[unroll]] for (uint j = 0u; j < 8u; ++j) {
-      uint i = i0 + j * kRow;
-      precise float sq = v[j] * v[j];
-      if (i < args.d) TERM(i) = sq;
-    }
+  float ws[kElems];  // the weights too, loaded with x
+  [[unroll]] for (uint q = 0u; q < kElems; ++q) ws[q] = SB_LOAD(w, args.dtype, min(elem(t, q, per), args.d - 1u));
+  [[unroll]] for (uint q = 0u; q < kElems; ++q) {
+    uint e = elem(t, q, per);
+    precise float sq = xs[q] * xs[q];
+    if (e < args.d) TERM(e) = sq;
   }
   barrier();
   if (t == 0u) {
@@ -159,21 +189,17 @@ void main() {
   }
   barrier();
   float inv = part[0];
-  // Four words per thread in flight: their x and weight loads issue before the math.
-  for (uint k0 = t; k0 < words; k0 += 4u * kRow) {
-    float xs[8], ws[8];
-    [[unroll]] for (uint j = 0u; j < 4u; ++j) {  // clamped indices: words past the row are skipped below
-      uint i = min(k0 + j * kRow, words - 1u) * per, i1 = min(i + 1u, args.d - 1u);
-      xs[2u * j] = xin(r, i);
-      ws[2u * j] = SB_LOAD(w, args.dtype, i);
-      xs[2u * j + 1u] = xin(r, i1);
-      ws[2u * j + 1u] = SB_LOAD(w, args.dtype, i1);
+  // Output word t + kRow * j from elements j (f32) or 2j, 2j + 1 (16-bit), constant indices.
+  if (per == 1u) {
+    [[unroll]] for (uint j = 0u; j < kElems; ++j) {
+      precise float lo = (xs[j] * inv) * ws[j];
+      if (t + kRow * j < words) put_word(r, t + kRow * j, lo, 0.0);
     }
-    [[unroll]] for (uint j = 0u; j < 4u; ++j) {
-      if (k0 + j * kRow >= words) continue;
+  } else {
+    [[unroll]] for (uint j = 0u; j < kElems / 2u; ++j) {
       precise float lo = (xs[2u * j] * inv) * ws[2u * j];
       precise float hi = (xs[2u * j + 1u] * inv) * ws[2u * j + 1u];
-      put_word(r, k0 + j * kRow, lo, per == 2u ? hi : 0.0);
+      if (t + kRow * j < words) put_word(r, t + kRow * j, lo, hi);
     }
   }
 #endif

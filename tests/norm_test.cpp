@@ -119,6 +119,35 @@ TEST(Softmax, RowsOfEveryLengthAndDtype) {
     }
 }
 
+// Rows where the running max's details decide the bits: -0 or +0 as the max (equal zeros
+// AND their bits), NaN anywhere (it sticks: every output NaN), all -inf (inf - inf: NaN),
+// subnormals, and a row long enough for every thread to hold several elements.
+TEST(Softmax, EdgeRowsFollowTheSequentialMax) {
+  const double inf = INFINITY, nan = NAN;
+  const int64_t d = 6;
+  std::vector<double> v = {-0.0, -0.0, -1, -2, -3, -4,    -1, 0.0, -0.0, -2, -3, -4,
+                           1,    nan,  3,  -inf, 0, 2,    -inf, -inf, -inf, -inf, -inf, -inf,
+                           1e-45, -1e-45, 0.0, -0.0, 3e-39, -3e-39,  2, 1, nan, 2, nan, -inf};
+  const int64_t rows = static_cast<int64_t>(v.size()) / d;
+  ProgramBuilder b;
+  b.output("y", b.softmax(b.input("x", kF32, {rows, d})));
+  auto ref = [&](const Inputs& in) {
+    const std::vector<double> xv = in.at("x").to_doubles();
+    RefTensor r{{rows, d}, {}, {}};
+    for (int64_t row = 0; row < rows; ++row) {
+      bool any_nan = false, all_ninf = true;
+      for (int64_t j = 0; j < d; ++j) {
+        any_nan |= std::isnan(xv[row * d + j]);
+        all_ninf &= xv[row * d + j] == -inf;
+      }
+      for (int64_t j = 0; j < d; ++j)
+        r.values.push_back(any_nan || all_ninf ? nan : softmax_ref(xv, static_cast<size_t>(row), d, j));
+    }
+    return Expected{{"y", r}};
+  };
+  check_op(b, {{"x", make(kF32, {rows, d}, v)}}, ref, Tolerance::rel(1e-5));
+}
+
 TEST(RmsNorm, RowsOfEveryLengthAndDtype) {
   for (DType dt : {kF32, kF16, kBF16})
     for (int64_t d : {1, 3, 128, 255, 2048, 4100}) {
