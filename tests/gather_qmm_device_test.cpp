@@ -183,16 +183,12 @@ TEST(GatherQmmDevices, RowAndBatchSchedules) {
     special_many.rhs.push_back(i % 4);
   }
   special_many.x_dtype = DType::kF32;
-  Case unaligned;  // a 4-bit expert after 603 words of a 3-bit one: rows not in 16-byte units
+  Case unaligned = longest;  // a 4-bit expert after 603 words of a 3-bit one: rows not in 16-byte units
   unaligned.bits = {3, 4};
-  unaligned.experts = 2;
-  unaligned.uniform = false;
   unaligned.n = 67;
   unaligned.k = 96;
   unaligned.group = 32;
-  unaligned.tokens = 2;
-  unaligned.lhs = {0, 1, 1};
-  unaligned.rhs = {1, 0, 1};
+  unaligned.x_dtype = DType::kF32;
   for (const Case* c : {&many, &longest, &too_long, &wide, &special, &special_many, &unaligned}) {
     SCOPED_TRACE("k " + std::to_string(c->k) + ", n " + std::to_string(c->n));
     run(*c);
