@@ -8,6 +8,7 @@
 #include <cmath>
 #include <random>
 
+#include "exact_math.h"
 #include "gather_qmm.h"
 #include "op_harness.h"
 
@@ -446,6 +447,105 @@ TEST(GatherQmmDevices, FusedGateUpGlu) {
   for (const GluCase* gc : {&decode, &geglu, &clamped, &wide, &many, &tiled, &shared, &later}) {
     SCOPED_TRACE("kind " + std::to_string(static_cast<int>(gc->kind)) + ", pairs " + std::to_string(gc->c.rhs.size()));
     run_glu(*gc);
+  }
+}
+
+// The down projection with combine_weights: out[t] = base[t] + sum over slots s of
+// w[t, s] * y[t*k + s] (each product stored, i.e. rounded to x's dtype, first; slot
+// order), base = sigmoid(gate) * shared, shared, or +0. GPUs run the projection, then
+// combine.comp over the stored products.
+struct CombineCase {
+  Case c;  // pairs = tokens * slots, pair p reads row p (no lhs)
+  int64_t slots = 8;
+  bool shared = false, gate = false;
+};
+
+void run_combine(const CombineCase& cc) {
+  const Case& c = cc.c;
+  Built in = make_inputs(c);
+  const int64_t tokens = c.tokens / cc.slots;
+  std::mt19937 rng(c.seed + 99);
+  std::uniform_real_distribution<double> u(-1.0, 1.0);
+  std::vector<double> w(static_cast<size_t>(c.tokens)), sh(static_cast<size_t>(tokens * c.n)), g(static_cast<size_t>(tokens));
+  for (double& v : w) v = u(rng);
+  for (double& v : sh) v = 4 * u(rng);
+  for (double& v : g) v = 3 * u(rng);
+  in.inputs["cw"] = make(DType::kF32, {tokens, cc.slots}, w);
+  if (cc.shared) in.inputs["shared"] = make(c.x_dtype, {tokens, c.n}, sh);
+  if (cc.gate) in.inputs["gate"] = make(c.x_dtype, {tokens, 1}, g);
+  ProgramBuilder b;
+  QuantizedExperts q;
+  q.w = b.input("w", DType::kU32, std::vector<Dim>(in.inputs.at("w").shape().begin(), in.inputs.at("w").shape().end()));
+  q.scales = b.input("scales", c.scale_dtype, {c.experts, c.n, c.k / c.group});
+  q.biases = b.input("biases", c.scale_dtype, {c.experts, c.n, c.k / c.group});
+  q.group_size = c.group;
+  if (c.uniform) q.bits = c.bits[0];
+  else q.expert_bits.assign(c.bits.begin(), c.bits.end());
+  GatherOptions o;
+  o.rhs_indices = b.input("rhs", DType::kI32, {static_cast<int64_t>(c.rhs.size())});
+  o.combine_weights = b.input("cw", DType::kF32, {tokens, cc.slots});
+  if (cc.shared) o.shared = b.input("shared", c.x_dtype, {tokens, c.n});
+  if (cc.gate) o.shared_gate = b.input("gate", c.x_dtype, {tokens, 1});
+  b.output("y", b.gather_qmm(b.input("x", c.x_dtype, {c.tokens, c.k}), q, o));
+  auto ref = [&](const Inputs& i) {
+    const std::vector<double> y = oracle(c, i).at("y").values, cw = i.at("cw").to_doubles();
+    std::vector<double> shv = cc.shared ? i.at("shared").to_doubles() : std::vector<double>{};
+    std::vector<double> gv = cc.gate ? i.at("gate").to_doubles() : std::vector<double>{};
+    RefTensor r{{tokens, c.n}, {}, {}};
+    for (int64_t t = 0; t < tokens; ++t)
+      for (int64_t n = 0; n < c.n; ++n) {
+        float acc = 0.0f;
+        if (cc.shared) {
+          const float s = static_cast<float>(shv[static_cast<size_t>(t * c.n + n)]);
+          acc = cc.gate ? exact::sigmoid(static_cast<float>(gv[static_cast<size_t>(t)])) * s : s;
+        }
+        for (int64_t j = 0; j < cc.slots; ++j)
+          acc = acc + static_cast<float>(cw[static_cast<size_t>(t * cc.slots + j)]) *
+                          static_cast<float>(y[static_cast<size_t>((t * cc.slots + j) * c.n + n)]);
+        r.values.push_back(round_to(c.x_dtype, acc));
+      }
+    return Expected{{"y", r}};
+  };
+  check_op(b, in.inputs, ref, Tolerance::exact());
+}
+
+TEST(GatherQmmDevices, DownProjectionWithCombine) {
+  CombineCase decode;  // one token, 8 slots of 4-bit experts, K = 768 (Qwen3's down projection shape)
+  decode.c.experts = 16;
+  decode.c.bits.assign(16, 4);
+  decode.c.n = 96;
+  decode.c.k = 768;
+  decode.c.tokens = 8;
+  decode.c.rhs = {3, 15, 0, 7, 9, 2, 11, 5};
+  CombineCase shared = decode;  // three tokens, bf16, a plain shared expert, groups of 32
+  shared.c.k = 256;
+  shared.c.n = 40;
+  shared.c.group = 32;
+  shared.c.x_dtype = DType::kBF16;
+  shared.c.tokens = 24;
+  shared.c.rhs.clear();
+  for (int i = 0; i < 24; ++i) shared.c.rhs.push_back((i * 5) % 16);
+  shared.shared = true;
+  CombineCase gated;  // two tokens of 4 slots, mixed widths, f16, a sigmoid-gated shared expert
+  gated.c.experts = 6;
+  gated.c.bits = {4, 3, 8, 2, 4, 6};
+  gated.c.uniform = false;
+  gated.c.n = 34;
+  gated.c.k = 192;
+  gated.c.x_dtype = DType::kF16;
+  gated.c.special_x = true;
+  gated.c.tokens = 8;
+  gated.c.rhs = {1, 0, 5, 2, 3, 4, 0, 1};
+  gated.slots = 4;
+  gated.shared = gated.gate = true;
+  CombineCase wide = decode;  // K = 2048, a gated shared expert
+  wide.c.k = 2048;
+  wide.c.n = 20;
+  wide.shared = wide.gate = true;
+  for (const CombineCase* cc : {&decode, &shared, &gated, &wide}) {
+    SCOPED_TRACE("k " + std::to_string(cc->c.k) + ", slots " + std::to_string(cc->slots) + ", pairs " +
+                 std::to_string(cc->c.tokens));
+    run_combine(*cc);
   }
 }
 

@@ -188,27 +188,40 @@ Status glu(KernelContext& ctx, const fb::OpNodeUnion& op) {
   return ctx.out(n->out.get(), std::move(out));
 }
 
-// out = base + sum over slots of weights * y (slot order), y: [T*k, D] on the device.
-Status combine_impl(KernelContext& ctx, const Tensor& y, BufferRef by, const fb::Tid* weights_tid, const fb::Tid* shared_tid,
-                    const fb::Tid* gate_tid, const fb::Tid* out_tid) {
-  Runtime& rt = rt_of(ctx);
+// Combine's operands besides y: weights [T, k] f32, optional shared [T, D] and its gate
+// [T, 1] (absent ones stand in as the weights' binding, never read).
+struct CombineOperands {
   Tensor w, shared, gate;
-  SB_ASSIGN_OR_RETURN(BufferRef bw, bind_in(ctx, weights_tid, &w));
-  const int64_t tokens = w.dim(0), slots = w.dim(1), dim = y.dim(1);
-  SB_CHECK_OR_RETURN(y.dim(0) == tokens * slots, StatusCode::kInvalidArgument, "y %s does not hold %lld x %lld rows",
-                     shape_str(y.shape()).c_str(), (long long)tokens, (long long)slots);
-  BufferRef bs = bw, bgate = bw;  // stand-ins for absent operands (never read)
+  BufferRef bw, bs, bgate;
+  int64_t tokens = 0, slots = 0;
+};
+
+Result<CombineOperands> bind_combine(KernelContext& ctx, const fb::Tid* weights_tid, const fb::Tid* shared_tid,
+                                     const fb::Tid* gate_tid, int64_t dim) {
+  CombineOperands c;
+  SB_ASSIGN_OR_RETURN(c.bw, bind_in(ctx, weights_tid, &c.w));
+  c.tokens = c.w.dim(0), c.slots = c.w.dim(1);
+  c.bs = c.bgate = c.bw;
   if (shared_tid) {
-    SB_ASSIGN_OR_RETURN(bs, bind_in(ctx, shared_tid, &shared));
-    SB_CHECK_OR_RETURN(shared.shape() == (Shape{tokens, dim}), StatusCode::kInvalidArgument,
-                       "shared %s, expected [%lld, %lld]", shape_str(shared.shape()).c_str(), (long long)tokens,
+    SB_ASSIGN_OR_RETURN(c.bs, bind_in(ctx, shared_tid, &c.shared));
+    SB_CHECK_OR_RETURN(c.shared.shape() == (Shape{c.tokens, dim}), StatusCode::kInvalidArgument,
+                       "shared %s, expected [%lld, %lld]", shape_str(c.shared.shape()).c_str(), (long long)c.tokens,
                        (long long)dim);
   }
   if (gate_tid) {
-    SB_ASSIGN_OR_RETURN(bgate, bind_in(ctx, gate_tid, &gate));
-    SB_CHECK_OR_RETURN(gate.shape() == (Shape{tokens, 1}), StatusCode::kInvalidArgument,
-                       "shared_gate %s, expected [%lld, 1]", shape_str(gate.shape()).c_str(), (long long)tokens);
+    SB_ASSIGN_OR_RETURN(c.bgate, bind_in(ctx, gate_tid, &c.gate));
+    SB_CHECK_OR_RETURN(c.gate.shape() == (Shape{c.tokens, 1}), StatusCode::kInvalidArgument,
+                       "shared_gate %s, expected [%lld, 1]", shape_str(c.gate.shape()).c_str(), (long long)c.tokens);
   }
+  return c;
+}
+
+// out = base + sum over slots of weights * y (slot order), y: [T*k, D] on the device.
+Status combine_impl(KernelContext& ctx, const Tensor& y, BufferRef by, const CombineOperands& c, const fb::Tid* out_tid) {
+  Runtime& rt = rt_of(ctx);
+  const int64_t tokens = c.tokens, slots = c.slots, dim = y.dim(1);
+  SB_CHECK_OR_RETURN(y.dim(0) == tokens * slots, StatusCode::kInvalidArgument, "y %s does not hold %lld x %lld rows",
+                     shape_str(y.shape()).c_str(), (long long)tokens, (long long)slots);
   SB_ASSIGN_OR_RETURN(Tensor out, rt.alloc(y.dtype(), {tokens, dim}));
   SB_ASSIGN_OR_RETURN(BufferRef bo, rt.bind(out, false));
   k::CombineArgs args{};
@@ -217,11 +230,12 @@ Status combine_impl(KernelContext& ctx, const Tensor& y, BufferRef by, const fb:
   SB_ASSIGN_OR_RETURN(args.dim, u32_count(dim, "Combine"));
   SB_RETURN_IF_ERROR(u32_count(y.numel(), "Combine").status());
   args.dtype = static_cast<uint32_t>(y.dtype());
-  args.has_shared = shared.defined();
-  args.shared_dtype = shared.defined() ? static_cast<uint32_t>(shared.dtype()) : 0;
-  args.has_gate = gate.defined();
-  args.gate_dtype = gate.defined() ? static_cast<uint32_t>(gate.dtype()) : 0;
-  SB_RETURN_IF_ERROR(rt.dispatch("combine", {by, bw, bs, bgate, bo}, &args, sizeof(args), words_of(y.dtype(), tokens * dim)));
+  args.has_shared = c.shared.defined();
+  args.shared_dtype = c.shared.defined() ? static_cast<uint32_t>(c.shared.dtype()) : 0;
+  args.has_gate = c.gate.defined();
+  args.gate_dtype = c.gate.defined() ? static_cast<uint32_t>(c.gate.dtype()) : 0;
+  SB_RETURN_IF_ERROR(
+      rt.dispatch("combine", {by, c.bw, c.bs, c.bgate, bo}, &args, sizeof(args), words_of(y.dtype(), tokens * dim)));
   return ctx.out(out_tid, std::move(out));
 }
 
@@ -229,7 +243,9 @@ Status combine(KernelContext& ctx, const fb::OpNodeUnion& op) {
   const auto* n = op.AsCombineNode();
   Tensor y;
   SB_ASSIGN_OR_RETURN(BufferRef by, bind_in(ctx, n->y.get(), &y));
-  return combine_impl(ctx, y, by, n->weights.get(), n->shared.get(), n->shared_gate.get(), n->out.get());
+  SB_ASSIGN_OR_RETURN(CombineOperands c, bind_combine(ctx, n->weights.get(), n->shared.get(), n->shared_gate.get(),
+                                                      y.rank() == 2 ? y.dim(1) : 0));
+  return combine_impl(ctx, y, by, c, n->out.get());
 }
 
 Status argsort(KernelContext& ctx, const fb::OpNodeUnion& op) {
@@ -527,6 +543,13 @@ Status gather_qmm(KernelContext& ctx, const fb::OpNodeUnion& op) {
   const auto* n = op.AsGatherQmmNode();
   Runtime& rt = rt_of(ctx);
   SB_ASSIGN_OR_RETURN(QmmSetup q, qmm_setup(ctx, n));
+  CombineOperands c;
+  if (n->combine_weights) {
+    SB_ASSIGN_OR_RETURN(c, bind_combine(ctx, n->combine_weights.get(), n->shared.get(), n->shared_gate.get(), q.nout));
+    SB_CHECK_OR_RETURN(c.tokens * c.slots == q.pairs, StatusCode::kInvalidArgument,
+                       "combine_weights %s does not match %lld pairs", shape_str(c.w.shape()).c_str(),
+                       (long long)q.pairs);
+  }
   SB_ASSIGN_OR_RETURN(Tensor out, rt.alloc(q.x.dtype(), {q.pairs, q.nout}));
   SB_ASSIGN_OR_RETURN(BufferRef bo, rt.bind(out, false));
   if (qmm_row_plan(q, 1)) {
@@ -543,8 +566,9 @@ Status gather_qmm(KernelContext& ctx, const fb::OpNodeUnion& op) {
   }
   if (!n->combine_weights) return ctx.out(n->out.get(), std::move(out));
   // Fused down-projection + combine: by the contract its bits are those of the stored
-  // (rounded) product followed by Combine, which is what the device runs.
-  return combine_impl(ctx, out, bo, n->combine_weights.get(), n->shared.get(), n->shared_gate.get(), n->out.get());
+  // (rounded) product followed by Combine, which is what the device runs (a one-kernel
+  // version that staged every slot's row per workgroup was slower: bench/RESULTS.md).
+  return combine_impl(ctx, out, bo, c, n->out.get());
 }
 
 // The fused gate/up/Glu of decode (GpuDevice::fuse): ins[0..1] are GatherQmm of the
