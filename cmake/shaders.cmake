@@ -35,6 +35,7 @@ set(SB_KERNEL_VARIANTS
   router:ROUTER:router
   gather_mm:GATHER_MM:gather_mm
   matmul:MATMUL:matmul
+  matmul:MATMUL_ROWS16:matmul_rows16
   matmul:MATMUL_TILE:matmul_tile
   norm:SOFTMAX:softmax
   norm:RMS_NORM:rms_norm

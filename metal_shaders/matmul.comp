@@ -12,8 +12,15 @@ layout(local_size_x = 256) in;
 #else
 layout(local_size_x = 32) in;
 #endif
+#ifdef MATMUL_ROWS16
+// MATMUL_ROWS16: `matmul` for rows of whole 16-byte units (the host checks args.rows16).
+#define MATMUL
+layout(std430, binding = 0) readonly buffer A { uvec4 a4[]; };
+layout(std430, binding = 1) readonly buffer B { uvec4 b4[]; };
+#else
 layout(std430, binding = 0) readonly buffer A { uint a[]; };
 layout(std430, binding = 1) readonly buffer B { uint b[]; };
+#endif
 layout(std430, binding = 2) readonly buffer Bias { uint bias[]; };
 layout(std430, binding = 3) writeonly buffer O { uint o[]; };
 layout(push_constant) uniform Args { SB_MATMUL_ARGS } args;
@@ -80,14 +87,54 @@ void main() {
 #else
 shared float s_part[32];
 shared float s_out[2];
+#ifdef MATMUL_ROWS16
+const uint kChunk = 2048u;  // elements of a and b staged per pass
+shared uint s_aw[kChunk], s_bw[kChunk];
+
+// Partial `lane` += a[r, i] * b[c, i] for i = lane, lane + 32, ... in [0, k) (b transposed,
+// both rows whole 16-byte units): each pass copies kChunk elements of both rows into shared
+// memory with 16-byte loads, all issued before any is used — a quarter of the load
+// instructions of one word per element, which is what a latency-bound decode GEMV waits
+// on (H100: router logits 23 -> 7 us) — then adds them in index order.
+void dot32_rows16(uint lane, uint r, uint c, uint boff, inout precise float part) {
+  uint pa = sb_per_word(args.dtype), pb = sb_per_word(args.b_dtype);
+  uint qa = r * args.k / (4u * pa), qb = (boff + c * args.k) / (4u * pb);
+  for (uint c0 = 0u; c0 < args.k; c0 += kChunk) {
+    uint len = min(kChunk, args.k - c0), na = len / (4u * pa), nb = len / (4u * pb);
+    uint a0 = qa + c0 / (4u * pa), b0 = qb + c0 / (4u * pb);
+    uvec4 va[16], vb[16];
+    [[unroll]] for (uint j = 0u; j < 16u; ++j) {
+      va[j] = a4[a0 + min(lane + 32u * j, na - 1u)];
+      vb[j] = b4[b0 + min(lane + 32u * j, nb - 1u)];
+    }
+    [[unroll]] for (uint j = 0u; j < 16u; ++j) {
+      uint q = lane + 32u * j;
+      [[unroll]] for (uint w = 0u; w < 4u; ++w) {
+        if (q < na) s_aw[4u * q + w] = va[j][w];
+        if (q < nb) s_bw[4u * q + w] = vb[j][w];
+      }
+    }
+    barrier();
+    for (uint i = lane; i < len; i += 32u) {
+      float av = sb_decode(s_aw[sb_word(args.dtype, i)], args.dtype, i);
+      float bv = sb_decode(s_bw[sb_word(args.b_dtype, i)], args.b_dtype, i);
+      part = part + av * bv;
+    }
+    barrier();
+  }
+}
+#endif
 
 void dot32(uint e, uint slot) {
   uint lane = gl_LocalInvocationID.x;
   uint r = e / args.cols, c = e % args.cols;  // r: row over all batches
   uint boff = (r / args.rows / args.group) * args.cols * args.k;  // b's batch (grouped)
   precise float part = 0.0;
+#ifdef MATMUL_ROWS16
+  dot32_rows16(lane, r, c, boff, part);
+#else
   // Sixteen (a, b) pairs loaded before any is used, at clamped indices (no branch around
-  // a load): one memory wait per sixteen terms. Decode's few outputs are latency-bound.
+  // a load): one memory wait per sixteen terms.
   for (uint i0 = lane; i0 < args.k; i0 += 512u) {
     float av[16], bv[16];
     [[unroll]] for (uint j = 0u; j < 16u; ++j) {
@@ -99,6 +146,7 @@ void dot32(uint e, uint slot) {
     [[unroll]] for (uint j = 0u; j < 16u; ++j)
       if (i0 + 32u * j < args.k) part = part + av[j] * bv[j];
   }
+#endif
   s_part[lane] = part;
   barrier();
   for (uint s = 16u; s >= 1u; s >>= 1) {

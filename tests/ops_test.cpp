@@ -676,10 +676,16 @@ TEST(Matmul, BF16WithBias) {
   check_matmul(kBF16, {2, 2, 8}, {8, 5}, false, false, kBF16Matmul);
 }
 // Small integers: every partial sum is an integer below 2^24, exact in f32 in any order, so exact.
-// Rows past 256: each GPU lane loads its terms in several batches of eight.
+// Long rows: each GPU lane loads its terms in several batches; rows of >= 1024 elements in
+// whole 16-byte units with b transposed are copied in passes of 2048 elements (one pass at
+// k = 1536, two at 2500 and 2056).
 TEST(Matmul, LongRowsTakeSeveralLoadBatches) {
   check_matmul(kF32, {2, 600}, {3, 600}, true, true, kF32Matmul);
   check_matmul(kBF16, {1, 777}, {777, 4}, false, false, kBF16Matmul);
+  check_matmul(kF32, {1, 1536}, {4, 1536}, true, false, kF32Matmul);
+  check_matmul(kF32, {1, 2500}, {5, 2500}, true, true, kF32Matmul);
+  check_matmul(kBF16, {2, 2056}, {3, 2056}, true, false, kBF16Matmul);
+  check_matmul(kF16, {1, 130}, {3, 130}, true, false, kF16Matmul);  // 130 % 8 != 0: word loads
 }
 
 TEST(Matmul, SmallIntegersAreExactInAnyOrder) {

@@ -103,6 +103,8 @@ inline constexpr KernelInfo kKernels[] = {
      true},
     {"matmul", "matmul", 4, {A::kRead, A::kRead, A::kRead, A::kWrite}, sizeof(MatmulArgs), SB_STR(SB_MATMUL_ARGS), 32,
      true},
+    {"matmul_rows16", "matmul", 4, {A::kRead, A::kRead, A::kRead, A::kWrite}, sizeof(MatmulArgs), SB_STR(SB_MATMUL_ARGS),
+     32, true},
     {"matmul_tile", "matmul", 4, {A::kRead, A::kRead, A::kRead, A::kWrite}, sizeof(MatmulArgs),
      SB_STR(SB_MATMUL_ARGS), 256, true},
     {"softmax", "norm", 2, {A::kRead, A::kReadWrite}, sizeof(NormArgs), SB_STR(SB_NORM_ARGS), 64, true},
