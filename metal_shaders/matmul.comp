@@ -4,7 +4,8 @@
 // Matmul / linear and BatchMatmul with the dot32 order of docs/numerics.md (then +
 // bias); twin of cpu_fallback/matmul.cpp. Thread -> output: workgroup w writes word w
 // of out [batch, rows, cols] (1 or 2 elements); lane l keeps partial sum l over k = l, l+32, ...
-// (product, then add), and the halving tree 16..1 combines them.
+// (product, then add), and the halving tree 16..1 combines them (MATMUL_ROWS16 the same,
+// reading the rows through shared memory).
 #include "common.glsl"
 
 #ifdef MATMUL_TILE
