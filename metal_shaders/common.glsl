@@ -95,6 +95,12 @@ int sb_key(float x) {
   int b = floatBitsToInt(x);
   return b < 0 ? -(b & 0x7fffffff) : b;
 }
+// The float of order key `key` (sb_key's inverse); the key 0 stands for +-0, whose bits
+// the caller gives (the AND of the zeros seen, as a running max_f32 leaves them).
+float sb_from_key(int key, uint zero_bits) {
+  if (key == 0) return uintBitsToFloat(zero_bits);
+  return key > 0 ? intBitsToFloat(key) : uintBitsToFloat(uint(-key) | 0x80000000u);
+}
 bool sb_lt(float a, float b) { return !sb_isnan(a) && !sb_isnan(b) && sb_key(a) < sb_key(b); }
 bool sb_gt(float a, float b) { return sb_lt(b, a); }
 bool sb_le(float a, float b) { return !sb_isnan(a) && !sb_isnan(b) && sb_key(a) <= sb_key(b); }

@@ -95,12 +95,10 @@
   uint rank; uint elem_bytes; uint numel; uint invocations;
 
 // matmul.comp: out [batch, rows, cols] = dot32(a[i, r, :], B[i / group, :, c]) (+ bias[c]).
-// rows16: B transposed and every row of a and b whole 16-byte units from 16-byte aligned
-// bindings (the host checks): `matmul_rows16` copies rows with 16-byte loads.
 #define SB_MATMUL_ARGS \
   uint rows; uint cols; uint k; uint dtype; \
   uint b_dtype; uint transpose_b; uint has_bias; uint bias_dtype; \
-  uint batch; uint group; uint rows16; uint pad1;
+  uint batch; uint group; uint pad0; uint pad1;
 
 // norm.comp: x viewed as [rows, d] (SOFTMAX; RMS_NORM with weight [d], inv_d = f32(1/d)).
 #define SB_NORM_ROW_MAX 4096  // longest row the workgroup-per-row variants stage in shared memory

@@ -14,7 +14,8 @@ layout(local_size_x = 256) in;
 layout(local_size_x = 32) in;
 #endif
 #ifdef MATMUL_ROWS16
-// MATMUL_ROWS16: `matmul` for rows of whole 16-byte units (the host checks args.rows16).
+// MATMUL_ROWS16: `matmul` for b transposed and rows of a and b in whole 16-byte units from
+// 16-byte aligned bindings (the host checks).
 #define MATMUL
 layout(std430, binding = 0) readonly buffer A { uvec4 a4[]; };
 layout(std430, binding = 1) readonly buffer B { uvec4 b4[]; };
@@ -89,19 +90,20 @@ void main() {
 shared float s_part[32];
 shared float s_out[2];
 #ifdef MATMUL_ROWS16
-const uint kChunk = 2048u;  // elements of a and b staged per pass
-shared uint s_aw[kChunk], s_bw[kChunk];
+const uint kChunkWords = 2048u;  // words of a and of b staged per pass (16 per lane)
+shared uint s_aw[kChunkWords], s_bw[kChunkWords];
 
 // Partial `lane` += a[r, i] * b[c, i] for i = lane, lane + 32, ... in [0, k) (b transposed,
-// both rows whole 16-byte units): each pass copies kChunk elements of both rows into shared
-// memory with 16-byte loads, all issued before any is used — a quarter of the load
-// instructions of one word per element, which is what a latency-bound decode GEMV waits
-// on (H100: router logits 23 -> 7 us) — then adds them in index order.
+// both rows whole 16-byte units): each pass copies up to kChunkWords words of both rows
+// into shared memory with 16-byte loads, all issued before any is used — a quarter of the
+// load instructions of one word per element, which is what a latency-bound decode GEMV
+// waits on (H100: router logits 23 -> 10 us) — then adds them in index order.
 void dot32_rows16(uint lane, uint r, uint c, uint boff, inout precise float part) {
   uint pa = sb_per_word(args.dtype), pb = sb_per_word(args.b_dtype);
   uint qa = r * args.k / (4u * pa), qb = (boff + c * args.k) / (4u * pb);
-  for (uint c0 = 0u; c0 < args.k; c0 += kChunk) {
-    uint len = min(kChunk, args.k - c0), na = len / (4u * pa), nb = len / (4u * pb);
+  uint chunk = kChunkWords * min(pa, pb);  // elements per pass: a multiple of 32
+  for (uint c0 = 0u; c0 < args.k; c0 += chunk) {
+    uint len = min(chunk, args.k - c0), na = len / (4u * pa), nb = len / (4u * pb);
     uint a0 = qa + c0 / (4u * pa), b0 = qb + c0 / (4u * pb);
     uvec4 va[16], vb[16];
     [[unroll]] for (uint j = 0u; j < 16u; ++j) {

@@ -143,10 +143,7 @@ float row_max(uint r, uint t, uint per, float xs[kElems]) {
     }
     barrier();
   }
-  if (s_nan[0] != 0xffffffffu) return xin(r, s_nan[0]);
-  key = s_key[0];
-  if (key == 0) return uintBitsToFloat(s_zeros[0]);
-  return key > 0 ? intBitsToFloat(key) : uintBitsToFloat(uint(-key) | 0x80000000u);
+  return s_nan[0] != 0xffffffffu ? xin(r, s_nan[0]) : sb_from_key(s_key[0], s_zeros[0]);
 }
 #endif
 

@@ -128,10 +128,7 @@ void select_by_rank(bool use_c, uint e) {
 // the value of the largest order key, where the key 0 (+-0) gives the AND of all zeros'
 // bits. s_max_key / s_zeros / s_first_nan were set in main's first pass.
 float softmax_max() {
-  if (s_first_nan != NONE) return s_v[s_first_nan];
-  int key = s_max_key;
-  if (key == 0) return uintBitsToFloat(s_zeros);
-  return key > 0 ? intBitsToFloat(key) : uintBitsToFloat(uint(-key) | 0x80000000u);
+  return s_first_nan != NONE ? s_v[s_first_nan] : sb_from_key(s_max_key, s_zeros);
 }
 
 // s_v[0] + ... + s_v[e - 1] in index order (thread 0), eight shared reads at a time.

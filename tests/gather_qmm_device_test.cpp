@@ -66,20 +66,30 @@ Built make_inputs(const Case& c) {
   return out;
 }
 
-void build(ProgramBuilder& b, const Case& c, const Built& in) {
+// The case's experts as program inputs w<suffix>, scales<suffix>, biases<suffix>.
+QuantizedExperts experts_input(ProgramBuilder& b, const Case& c, const Built& in, const std::string& suffix = "") {
   QuantizedExperts q;
-  q.w = b.input("w", DType::kU32, std::vector<Dim>(in.inputs.at("w").shape().begin(), in.inputs.at("w").shape().end()));
-  const Shape ss{c.experts, c.n, c.k / c.group};
-  q.scales = b.input("scales", c.scale_dtype, {ss[0], ss[1], ss[2]});
-  q.biases = b.input("biases", c.scale_dtype, {ss[0], ss[1], ss[2]});
+  const Shape ws = in.inputs.at("w").shape();
+  q.w = b.input("w" + suffix, DType::kU32, std::vector<Dim>(ws.begin(), ws.end()));
+  q.scales = b.input("scales" + suffix, c.scale_dtype, {c.experts, c.n, c.k / c.group});
+  q.biases = b.input("biases" + suffix, c.scale_dtype, {c.experts, c.n, c.k / c.group});
   q.group_size = c.group;
   if (c.uniform) q.bits = c.bits[0];
   else q.expert_bits.assign(c.bits.begin(), c.bits.end());
+  return q;
+}
+
+// The case's lhs / rhs inputs (where given) and sortedness.
+GatherOptions index_inputs(ProgramBuilder& b, const Case& c) {
   GatherOptions o;
   if (!c.lhs.empty()) o.lhs_indices = b.input("lhs", DType::kI32, {static_cast<int64_t>(c.lhs.size())});
   if (!c.rhs.empty()) o.rhs_indices = b.input("rhs", DType::kI32, {static_cast<int64_t>(c.rhs.size())});
   o.sorted_indices = c.sorted ? 1 : 0;
-  b.output("y", b.gather_qmm(b.input("x", c.x_dtype, {c.tokens, c.k}), q, o));
+  return o;
+}
+
+void build(ProgramBuilder& b, const Case& c, const Built& in) {
+  b.output("y", b.gather_qmm(b.input("x", c.x_dtype, {c.tokens, c.k}), experts_input(b, c, in), index_inputs(b, c)));
 }
 
 // The oracle: the contract's portable implementation, then the store to x's dtype.
@@ -358,21 +368,8 @@ void run_glu(const GluCase& gc) {
   for (const char* k : {"w", "scales", "biases"}) in.inputs[std::string(k) + "_up"] = in_up.inputs.at(k);
   ProgramBuilder b;
   const Case& c = gc.c;
-  auto experts = [&](const std::string& suffix) {
-    QuantizedExperts q;
-    const Shape ws = in.inputs.at("w").shape();
-    q.w = b.input("w" + suffix, DType::kU32, std::vector<Dim>(ws.begin(), ws.end()));
-    q.scales = b.input("scales" + suffix, c.scale_dtype, {c.experts, c.n, c.k / c.group});
-    q.biases = b.input("biases" + suffix, c.scale_dtype, {c.experts, c.n, c.k / c.group});
-    q.group_size = c.group;
-    if (c.uniform) q.bits = c.bits[0];
-    else q.expert_bits.assign(c.bits.begin(), c.bits.end());
-    return q;
-  };
-  GatherOptions o;
-  o.sorted_indices = c.sorted ? 1 : 0;
-  if (!c.lhs.empty()) o.lhs_indices = b.input("lhs", DType::kI32, {static_cast<int64_t>(c.lhs.size())});
-  if (!c.rhs.empty()) o.rhs_indices = b.input("rhs", DType::kI32, {static_cast<int64_t>(c.rhs.size())});
+  auto experts = [&](const std::string& suffix) { return experts_input(b, c, in, suffix); };
+  GatherOptions o = index_inputs(b, c);
   TensorRef x = b.input("x", c.x_dtype, {c.tokens, c.k});
   TensorRef g, u;
   if (gc.up_first) {
@@ -474,19 +471,11 @@ void run_combine(const CombineCase& cc) {
   if (cc.shared) in.inputs["shared"] = make(c.x_dtype, {tokens, c.n}, sh);
   if (cc.gate) in.inputs["gate"] = make(c.x_dtype, {tokens, 1}, g);
   ProgramBuilder b;
-  QuantizedExperts q;
-  q.w = b.input("w", DType::kU32, std::vector<Dim>(in.inputs.at("w").shape().begin(), in.inputs.at("w").shape().end()));
-  q.scales = b.input("scales", c.scale_dtype, {c.experts, c.n, c.k / c.group});
-  q.biases = b.input("biases", c.scale_dtype, {c.experts, c.n, c.k / c.group});
-  q.group_size = c.group;
-  if (c.uniform) q.bits = c.bits[0];
-  else q.expert_bits.assign(c.bits.begin(), c.bits.end());
-  GatherOptions o;
-  o.rhs_indices = b.input("rhs", DType::kI32, {static_cast<int64_t>(c.rhs.size())});
+  GatherOptions o = index_inputs(b, c);  // rhs only: pair p reads row p
   o.combine_weights = b.input("cw", DType::kF32, {tokens, cc.slots});
   if (cc.shared) o.shared = b.input("shared", c.x_dtype, {tokens, c.n});
   if (cc.gate) o.shared_gate = b.input("gate", c.x_dtype, {tokens, 1});
-  b.output("y", b.gather_qmm(b.input("x", c.x_dtype, {c.tokens, c.k}), q, o));
+  b.output("y", b.gather_qmm(b.input("x", c.x_dtype, {c.tokens, c.k}), experts_input(b, c, in), o));
   auto ref = [&](const Inputs& i) {
     const std::vector<double> y = oracle(c, i).at("y").values, cw = i.at("cw").to_doubles();
     std::vector<double> shv = cc.shared ? i.at("shared").to_doubles() : std::vector<double>{};

@@ -243,8 +243,8 @@ Status combine(KernelContext& ctx, const fb::OpNodeUnion& op) {
   const auto* n = op.AsCombineNode();
   Tensor y;
   SB_ASSIGN_OR_RETURN(BufferRef by, bind_in(ctx, n->y.get(), &y));
-  SB_ASSIGN_OR_RETURN(CombineOperands c, bind_combine(ctx, n->weights.get(), n->shared.get(), n->shared_gate.get(),
-                                                      y.rank() == 2 ? y.dim(1) : 0));
+  SB_ASSIGN_OR_RETURN(CombineOperands c,
+                      bind_combine(ctx, n->weights.get(), n->shared.get(), n->shared_gate.get(), y.dim(1)));
   return combine_impl(ctx, y, by, c, n->out.get());
 }
 
@@ -658,13 +658,14 @@ Status gather_mm(KernelContext& ctx, const fb::OpNodeUnion& op) {
   return ctx.out(n->out.get(), std::move(out));
 }
 
+// Rows from which matmul_rows16 takes a GEMV (below, attention heads keep `matmul`).
+constexpr uint32_t kMatmulRows16MinK = 1024;
+
 // Matmul / BatchMatmul: 16 x 16 output tiles per workgroup (matmul_tile) when rows and
 // columns both fill tiles (prefill), else one output word per 32-lane workgroup (decode
 // GEMVs: the lanes split k). 16-bit outputs of odd width share words across rows, which
 // only the per-output kernel handles.
-constexpr uint32_t kMatmulRows16MinK = 1024;
-
-Status dispatch_matmul(Runtime& rt, k::MatmulArgs args, DType dtype, const std::vector<BufferRef>& binds) {
+Status dispatch_matmul(Runtime& rt, const k::MatmulArgs& args, DType dtype, const std::vector<BufferRef>& binds) {
   const uint64_t batch = args.batch, rows = args.rows, cols = args.cols;
   if (rows >= 16 && cols >= 16 && (dtype == DType::kF32 || cols % 2 == 0))
     return rt.dispatch("matmul_tile", binds, &args, sizeof(args), 256 * batch * ((rows + 15) / 16) * ((cols + 15) / 16));
@@ -672,11 +673,10 @@ Status dispatch_matmul(Runtime& rt, k::MatmulArgs args, DType dtype, const std::
   // matmul_rows16 copies them with 16-byte loads (decode GEMVs such as the router logits
   // are latency-bound). Short rows (attention heads) keep `matmul`: the copy's shared
   // memory costs occupancy there (H100 whole-model decode 55 -> 47 tok/s with head rows).
-  const uint32_t units_a = 4 * (dtype_size(dtype) == 2 ? 2 : 1);
-  const uint32_t units_b = 4 * (dtype_size(static_cast<DType>(args.b_dtype)) == 2 ? 2 : 1);
-  args.rows16 = args.transpose_b != 0 && args.k >= kMatmulRows16MinK && args.k % units_a == 0 && args.k % units_b == 0 &&
-                binds[0].offset % 16 == 0 && binds[1].offset % 16 == 0;
-  return rt.dispatch(args.rows16 ? "matmul_rows16" : "matmul", binds, &args, sizeof(args),
+  const bool rows16 = args.transpose_b != 0 && args.k >= kMatmulRows16MinK && args.k % (16 / dtype_size(dtype)) == 0 &&
+                     args.k % (16 / dtype_size(static_cast<DType>(args.b_dtype))) == 0 && binds[0].offset % 16 == 0 &&
+                     binds[1].offset % 16 == 0;
+  return rt.dispatch(rows16 ? "matmul_rows16" : "matmul", binds, &args, sizeof(args),
                      32 * words_of(dtype, static_cast<int64_t>(batch * rows * cols)));
 }
 
