@@ -93,7 +93,7 @@ int q8_code(float x, float scale) {
 
 #ifdef QUANTIZE
 // Thread -> output: invocation b quantizes 32-block b (row b / (k/32)): 8 words of
-// int8 codes, its scale d = 2^-sh and its code sum.
+// int8 codes (in qmm_mma4's order with `permute`), its scale d = 2^-sh and its code sum.
 layout(std430, binding = 0) readonly buffer X { uint x[]; };
 layout(std430, binding = 1) writeonly buffer Q { uint q[]; };
 layout(std430, binding = 2) writeonly buffer D { float dq[]; };
@@ -114,7 +114,8 @@ void main() {
   for (uint w = 0u; w < 8u; ++w) {
     uint word = 0u;
     for (uint j = 0u; !zero && j < 4u; ++j) {
-      int c = q8_code(SB_LOAD(x, args.dtype, base + w * 4u + j), scale);
+      uint at = args.permute != 0u ? 8u * (w >> 1u) + 2u * j + (w & 1u) : w * 4u + j;
+      int c = q8_code(SB_LOAD(x, args.dtype, base + at), scale);
       s += c;
       word |= (uint(c) & 0xffu) << (8u * j);
     }
@@ -772,6 +773,15 @@ shared uint s_raw[128u * 8u];  // each thread's weight words, for the widths oth
 // lives in local memory on NVIDIA); the rare widths go through shared memory, in a
 // loop kept rolled (the unrolled one doubled the binary and cost 12% in icache misses).
 void stage_block(uint bits, uint w[8], uint dst) {
+#ifdef SB_MMA_BITS4
+  // The K order inside each 8-code word is permuted to 0, 2, 4, 6, 1, 3, 5, 7 on both
+  // sides (quantize_q8 wrote x so): an exact integer dot does not depend on the order.
+  [[unroll]] for (uint i = 0u; i < 4u; ++i) {
+    s_b[dst + 2u * i] = w[i] & 0x0f0f0f0fu;
+    s_b[dst + 2u * i + 1u] = (w[i] >> 4u) & 0x0f0f0f0fu;
+  }
+  return;
+#endif
   if (bits == 4u) {
     [[unroll]] for (uint i = 0u; i < 4u; ++i) {
       uint a = w[i] & 0x0f0f0f0fu, c = (w[i] >> 4u) & 0x0f0f0f0fu;  // codes 0,2,4,6 and 1,3,5,7
@@ -798,33 +808,37 @@ void stage_block(uint bits, uint w[8], uint dst) {
   }
 }
 
+// Where this thread's loads of chunk 0 start (mma_load); chunk j0 adds j0 blocks.
+struct MmaBases {
+  int xrow;    // Q8 row of pair tid / 8 (-1: none)
+  int drow;    // Q8 row of pair tid / 2 for d and the code sum (-1: none, or tid >= 64)
+  uint w;      // first word of column tid / 2's block tid % 2
+  bool wlive;  // tid < 128 and the column inside n
+  uint s;      // scale index of column tid % 64, group 0
+};
+
 // This thread's global words of chunk j0 (blocks j0, j0 + 1) into registers: 2 words
 // of Q8 codes (pair tid / 8, words 2 (tid % 8) + [0, 2) of the chunk), d and code sum
 // (threads < 64: pair tid / 2, block tid % 2); threads < 128: one column block's weight
 // words (column tid / 2, block tid % 2) and the scale and bias of column tid % 64 in
-// block j0 + tid / 64's group.
-void mma_load(uint j0, uint blocks, uint n0, uint wbase, uint row_words, uint bits, uint ex, uint per_group,
-              out uint xa[2], out uint ds[2], out uint w[8], out float sb[2]) {
+// block j0 + tid / 64's group (group_size is a power of two: a shift).
+void mma_load(uint j0, uint blocks, uint bits, uint gshift, MmaBases b, out uint xa[2], out uint ds[2], out uint w[8],
+              out float sb[2]) {
   uint tid = gl_LocalInvocationID.x;
-  int r = s_row[tid >> 3u];
   {
     uint j = j0 + ((tid & 7u) >> 2u);
-    uvec2 v = r >= 0 && j < blocks ? q2[(uint(r) * blocks + j) * 4u + (tid & 3u)] : uvec2(0u);
+    uvec2 v = b.xrow >= 0 && j < blocks ? q2[(uint(b.xrow) * blocks + j) * 4u + (tid & 3u)] : uvec2(0u);
     xa[0] = v.x;
     xa[1] = v.y;
   }
   ds[0] = ds[1] = 0u;
-  if (tid < 2u * kTp) {
-    int rr = s_row[tid >> 1u];
-    uint j = j0 + (tid & 1u);
-    if (rr >= 0 && j < blocks) {
-      ds[0] = floatBitsToUint(dq[uint(rr) * blocks + j]);
-      ds[1] = uint(sq[uint(rr) * blocks + j]);
-    }
+  uint jd = j0 + (tid & 1u);
+  if (b.drow >= 0 && jd < blocks) {
+    ds[0] = floatBitsToUint(dq[uint(b.drow) * blocks + jd]);
+    ds[1] = uint(sq[uint(b.drow) * blocks + jd]);
   }
-  uint c = (tid >> 1u) & 63u, j = j0 + (tid & 1u);
-  bool live = tid < 128u && n0 + c < args.n && j < blocks;
-  uint base = wbase + (n0 + c) * row_words + j * bits;
+  bool live = b.wlive && jd < blocks;
+  uint base = b.w + j0 * bits;
   if (bits == 4u && (base & 3u) == 0u) {  // the common case: one 16-byte load
     uvec4 v = live ? codes4[base >> 2u] : uvec4(0u);
     w[0] = v.x;
@@ -835,8 +849,7 @@ void mma_load(uint j0, uint blocks, uint n0, uint wbase, uint row_words, uint bi
   } else {
     [[unroll]] for (uint i = 0u; i < 8u; ++i) w[i] = live && i < bits ? codes[base + i] : 0u;
   }
-  uint sj = min(j0 + ((tid >> 6u) & 1u), blocks - 1u);
-  uint sidx = (ex * args.n + min(n0 + (tid & 63u), args.n - 1u)) * args.groups + sj / per_group;
+  uint sidx = b.s + (min(j0 + ((tid >> 6u) & 1u), blocks - 1u) >> gshift);
   sb[0] = SB_LOAD(scales, args.scale_dtype, sidx);
   sb[1] = SB_LOAD(biases, args.scale_dtype, sidx);
 }
@@ -872,9 +885,19 @@ void main() {
   [[unroll]] for (uint i = 0u; i < 8u; ++i) acc[i] = pg[i] = 0.0;
   xg[0] = xg[1] = 0.0;
   barrier();
+  MmaBases mb;
+  {
+    uint c = (tid >> 1u) & 63u;
+    mb.xrow = s_row[tid >> 3u];
+    mb.drow = tid < 2u * kTp ? s_row[(tid >> 1u) & (kTp - 1u)] : -1;
+    mb.w = wbase + (n0 + c) * row_words + (tid & 1u) * bits;
+    mb.wlive = tid < 128u && n0 + c < args.n;
+    mb.s = (ex * args.n + min(n0 + (tid & 63u), args.n - 1u)) * args.groups;
+  }
+  uint gshift = uint(findLSB(per_group));
   uint xa[2], ds[2], w[8];
   float sb[2];
-  mma_load(0u, blocks, n0, wbase, row_words, bits, ex, per_group, xa, ds, w, sb);
+  mma_load(0u, blocks, bits, gshift, mb, xa, ds, w, sb);
   uint mr = 16u * (warp & 1u), mc = 16u * (warp >> 1u);
   for (uint j0 = 0u, parity = 0u; j0 < blocks; j0 += 2u, parity ^= 1u) {
     s_a[(tid >> 3u) * kAb + 2u * (tid & 7u)] = xa[0];
@@ -890,26 +913,37 @@ void main() {
       stage_block(bits, w, (tid >> 1u) * kAb + 8u * (tid & 1u));
     }
     barrier();
-    if (j0 + 2u < blocks) mma_load(j0 + 2u, blocks, n0, wbase, row_words, bits, ex, per_group, xa, ds, w, sb);
-    uint cb = min(2u, blocks - j0);
-    for (uint jb = 0u; jb < cb; ++jb) {  // uniform: the cooperative-matrix ops stay in uniform control flow
+    if (j0 + 2u < blocks) mma_load(j0 + 2u, blocks, bits, gshift, mb, xa, ds, w, sb);
+    [[unroll]] for (uint jb = 0u; jb < 2u; ++jb) {
+      uint j = j0 + jb;
+      if (j >= blocks) break;  // uniform: the cooperative-matrix ops stay in uniform control flow
       icoopmatNV<8, 3, 16, 32> ma;
       coopMatLoadNV(ma, s_a, mr * kAb + 8u * jb, kAb, false);
-      icoopmatNV<8, 3, 32, 16> mb;
-      coopMatLoadNV(mb, s_b, mc * kAb + 8u * jb, kAb, true);
+      icoopmatNV<8, 3, 32, 16> mw;
+      coopMatLoadNV(mw, s_b, mc * kAb + 8u * jb, kAb, true);
       icoopmatNV<32, 3, 16, 16> md = icoopmatNV<32, 3, 16, 16>(0);
-      md = coopMatMulAddNV(ma, mb, md);
+      md = coopMatMulAddNV(ma, mw, md);
       uint at = (parity * 2u + jb) * kTp;
       float d[2] = float[2](s_d[at + r0], s_d[at + r0 + 8u]);
       int sx[2] = int[2](s_sx[at + r0], s_sx[at + r0 + 8u]);
-      xg[0] = xg[0] + float(sx[0]) * d[0];
-      xg[1] = xg[1] + float(sx[1]) * d[1];
-      [[unroll]] for (uint e = 0u; e < 8u; ++e) {
-        uint h = e >> 2u;  // row r0 + 8h
-        int iq = md[e] + (bits == 8u ? 128 * sx[h] : 0);
-        pg[e] = pg[e] + float(iq) * d[h];
+      // A group's first block assigns P and X instead of adding to 0: the same bits,
+      // since float(Iq) d and float(Sx) d are never -0 (d >= 0 or NaN, and Iq = 0 if d = 0).
+      if ((j & (per_group - 1u)) == 0u) {  // uniform
+        xg[0] = float(sx[0]) * d[0];
+        xg[1] = float(sx[1]) * d[1];
+        [[unroll]] for (uint e = 0u; e < 8u; ++e) {
+          int iq = md[e] + (bits == 8u ? 128 * sx[e >> 2u] : 0);
+          pg[e] = float(iq) * d[e >> 2u];
+        }
+      } else {
+        xg[0] = xg[0] + float(sx[0]) * d[0];
+        xg[1] = xg[1] + float(sx[1]) * d[1];
+        [[unroll]] for (uint e = 0u; e < 8u; ++e) {
+          int iq = md[e] + (bits == 8u ? 128 * sx[e >> 2u] : 0);
+          pg[e] = pg[e] + float(iq) * d[e >> 2u];
+        }
       }
-      if ((j0 + jb + 1u) % per_group == 0u) {  // a group ends: acc += s*P + b*X per output
+      if (((j + 1u) & (per_group - 1u)) == 0u) {  // a group ends: acc += s*P + b*X per output
         // Columns c0 + {0, 1, 8, 9} (past n, for odd f32 widths: column n - 1's scales,
         // not stored); element e has column c0 + 8 ((e / 2) % 2) + e % 2.
         uint sat = (parity * 2u + jb) * kTn + c0;
@@ -919,9 +953,7 @@ void main() {
           uint h = e >> 2u, c = (e & 1u) + 2u * ((e >> 1u) & 1u);
           precise float t = sc[c] * pg[e] + bc[c] * xg[h];
           acc[e] = acc[e] + t;
-          pg[e] = 0.0;
         }
-        xg[0] = xg[1] = 0.0;
       }
     }
     barrier();

@@ -41,7 +41,8 @@
   uint tokens; uint slots; uint dim; uint dtype; \
   uint has_shared; uint shared_dtype; uint has_gate; uint gate_dtype;
 // gather_qmm.comp QUANTIZE: x [rows, k] -> q (int8 in words), d, sum per 32-block.
-#define SB_Q8_ARGS uint rows; uint k; uint dtype; uint pad0;
+// `permute`: each 8-code word pair in qmm_mma4's K order (0, 2, 4, 6, 1, 3, 5, 7).
+#define SB_Q8_ARGS uint rows; uint k; uint dtype; uint permute;
 // gather_qmm.comp QMM: out [pairs, n] (x's dtype), experts of per-expert bits.
 // QMM: `per_wg` consecutive outputs per workgroup (even: whole f16/bf16 words).
 // QMM_ROW: workgroup (pair p, tile t) computes outputs [t*per_wg, t*per_wg + per_wg)

@@ -264,6 +264,8 @@ TEST(GatherQmmDevices, TiledScheduleForSortedPairs) {
   odd.x_dtype = DType::kF32;
   odd.scale_dtype = DType::kBF16;
   sorted_pairs(odd, {3, 40, 0, 0, 64, 1, 2}, true);
+  Case odd4 = odd;  // the same, every expert 4-bit (qmm_mma4: one-block chunk, groups of one block)
+  odd4.bits.assign(7, 4);
   Case by_pair;  // no lhs: pair p reads row p (the down projection), groups of 128
   by_pair.bits.assign(3, 4);
   by_pair.experts = 3;
@@ -298,7 +300,7 @@ TEST(GatherQmmDevices, TiledScheduleForSortedPairs) {
   Case dense_lhs = dense;  // rows picked by lhs, no rhs
   dense_lhs.x_dtype = DType::kBF16;
   for (int i = 0; i < 70; ++i) dense_lhs.lhs.push_back((i * 37) % 100);
-  for (const Case* c : {&mixed, &odd, &by_pair, &special, &extreme, &dense, &dense_lhs}) {
+  for (const Case* c : {&mixed, &odd, &odd4, &by_pair, &special, &extreme, &dense, &dense_lhs}) {
     SCOPED_TRACE("k " + std::to_string(c->k) + ", n " + std::to_string(c->n) + ", pairs " +
                  std::to_string(c->rhs.size()));
     run(*c);

@@ -475,9 +475,11 @@ const char* qmm_row_kernel(const QmmSetup& q, bool glu) {
 struct Q8Blocks {
   Tensor xq, d, s;
   BufferRef bq, bd, bsum;
+  bool permuted = false;
 };
 
-Result<Q8Blocks> quantize_rows(Runtime& rt, const QmmSetup& q) {
+// `permute`: in qmm_mma4's K order (only that kernel reads them).
+Result<Q8Blocks> quantize_rows(Runtime& rt, const QmmSetup& q, bool permute) {
   Q8Blocks b;
   const int64_t blocks = q.rows * (q.kdim / 32);
   SB_ASSIGN_OR_RETURN(b.xq, rt.alloc(DType::kI32, {q.rows * q.kdim / 4}));
@@ -486,8 +488,10 @@ Result<Q8Blocks> quantize_rows(Runtime& rt, const QmmSetup& q) {
   SB_ASSIGN_OR_RETURN(b.bq, rt.bind(b.xq, false));
   SB_ASSIGN_OR_RETURN(b.bd, rt.bind(b.d, false));
   SB_ASSIGN_OR_RETURN(b.bsum, rt.bind(b.s, false));
-  k::Q8Args qa{static_cast<uint32_t>(q.rows), static_cast<uint32_t>(q.kdim), static_cast<uint32_t>(q.x.dtype()), 0};
+  k::Q8Args qa{static_cast<uint32_t>(q.rows), static_cast<uint32_t>(q.kdim), static_cast<uint32_t>(q.x.dtype()),
+                 permute ? 1u : 0u};
   SB_RETURN_IF_ERROR(rt.dispatch("quantize_q8", {q.bx, b.bq, b.bd, b.bsum}, &qa, sizeof(qa), static_cast<uint64_t>(blocks)));
+  b.permuted = permute;
   return b;
 }
 
@@ -496,6 +500,17 @@ bool qmm_tiled(const QmmSetup& q) {
   return q.pairs >= kQmmTileMinPairs &&
          (q.rhs.defined() ? q.sorted != 0 && q.pairs >= kQmmTilePairsPerExpert * q.experts : true) &&
          (q.x.dtype() == DType::kF32 || q.nout % 2 == 0);
+}
+
+// The kernel of the tiles: int8 tensor cores where the device has them (Vulkan, NVIDIA),
+// the all-4-bit twin when every expert is 4-bit.
+const char* qmm_tile_kernel(Runtime& rt, const QmmSetup& q) {
+  return rt.int8_mma() ? (q.all_4bit ? "qmm_mma4" : "qmm_mma") : "qmm_tile";
+}
+
+// Whether a GatherQmm's Q8 blocks are made in qmm_mma4's order.
+bool q8_permuted(Runtime& rt, const QmmSetup& q) {
+  return qmm_tiled(q) && std::strcmp(qmm_tile_kernel(rt, q), "qmm_mma4") == 0;
 }
 
 // The work list of runs of <= 32 pairs of one expert (qmm_tiles), for every projection
@@ -519,12 +534,12 @@ Result<QmmTileList> qmm_tile_list(Runtime& rt, QmmSetup& q) {
 // GatherQmm from Q8 blocks into bo: tiles of 32 pairs x 64 outputs that read each
 // weight once per tile (`tiles` set: sorted pairs, or all expert 0's), else per pair.
 Status qmm_from_q8(Runtime& rt, QmmSetup& q, const Q8Blocks& q8, const QmmTileList* tiles, BufferRef bo) {
+  SB_CHECK_OR_RETURN(q8.permuted == (tiles && q8_permuted(rt, q)), StatusCode::kInternal,
+                     "GatherQmm: Q8 blocks in the wrong K order for its kernel");
   k::QmmArgs& args = q.args;
   if (tiles) {
     args.tiles = static_cast<uint32_t>((q.nout + 63) / 64);
-    // The same tiles on int8 tensor cores where the device has them (Vulkan, NVIDIA).
-    const bool mma = rt.int8_mma();
-    return rt.dispatch(mma ? (q.all_4bit ? "qmm_mma4" : "qmm_mma") : "qmm_tile",
+    return rt.dispatch(qmm_tile_kernel(rt, q),
                        {q8.bq, q8.bd, q8.bsum, q.bw, q.bs, q.bb, q.bl, tiles->bt, q.bi, bo, rt.error_word()}, &args,
                        sizeof(args), 256 * static_cast<uint64_t>(tiles->max_tiles) * args.tiles);
   }
@@ -557,7 +572,7 @@ Status gather_qmm(KernelContext& ctx, const fb::OpNodeUnion& op) {
     SB_RETURN_IF_ERROR(rt.dispatch(qmm_row_kernel(q, false), {q.bx, q.bw, q.bs, q.bb, q.bl, q.br, q.bi, bo, rt.error_word()}, &q.args,
                                    sizeof(q.args), 256 * static_cast<uint64_t>(q.pairs) * q.args.tiles));
   } else {
-    SB_ASSIGN_OR_RETURN(Q8Blocks q8, quantize_rows(rt, q));
+    SB_ASSIGN_OR_RETURN(Q8Blocks q8, quantize_rows(rt, q, q8_permuted(rt, q)));
     QmmTileList tiles;
     if (qmm_tiled(q)) {
       SB_ASSIGN_OR_RETURN(tiles, qmm_tile_list(rt, q));
@@ -594,7 +609,9 @@ Status gate_up_glu(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>* 
   if (!one_row_kernel) {
     // Many rows (prefill): x quantized once and one tile list for both projections (same
     // x and indices: GpuDevice::fuse checks), then the two matmuls and the Glu.
-    SB_ASSIGN_OR_RETURN(Q8Blocks q8, quantize_rows(rt, g));
+    // Both projections read the one Q8 pass: in qmm_mma4's order only if both run it.
+    if (q8_permuted(rt, g) != q8_permuted(rt, u)) g.all_4bit = u.all_4bit = false;
+    SB_ASSIGN_OR_RETURN(Q8Blocks q8, quantize_rows(rt, g, q8_permuted(rt, g)));
     QmmTileList tiles;
     if (qmm_tiled(g)) {
       SB_ASSIGN_OR_RETURN(tiles, qmm_tile_list(rt, g));
