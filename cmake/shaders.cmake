@@ -19,6 +19,7 @@ set(SB_KERNEL_VARIANTS
   glu:GLU:glu
   combine:COMBINE:combine
   permute:GATHER_ROWS:gather_rows
+  permute:GATHER_ROWS16:gather_rows16
   permute:INVERT:invert_permutation
   gather_qmm:QUANTIZE:quantize_q8
   gather_qmm:QMM:qmm

@@ -151,15 +151,20 @@ TEST(GatherRows, RowsOfEachDtypeWithRepeats) {
   check_gather_rows(row_data(kF32, {5, 2, 3}), idx);
   check_gather_rows(row_data(kI32, {6}), {5, 0, 3});
   check_gather_rows(row_data(kF32, {5, 3}), {});
+  // Rows of whole 16-byte units (the GPU's 16-byte copy): 16, 48 and 32 bytes.
+  check_gather_rows(row_data(kI32, {5, 4}), idx);
+  check_gather_rows(row_data(kBF16, {5, 24}), idx);
+  check_gather_rows(row_data(kF32, {5, 2, 4}), idx);
 }
 
 TEST(GatherRows, OutOfRangeIndexFails) {
-  for (const std::vector<int64_t>& idx : {std::vector<int64_t>{0, 5}, std::vector<int64_t>{-1}}) {
-    ProgramBuilder b;
-    b.output("y", b.gather_rows(b.input("x", kF32, {5, 3}), b.input("idx", kI32, {Dim::dynamic(0, 64)})));
-    check_op_error(b, {{"x", row_data(kF32, {5, 3})}, {"idx", make_ints(kI32, {int64_t(idx.size())}, idx)}},
-                   "out of range");
-  }
+  for (const std::vector<int64_t>& idx : {std::vector<int64_t>{0, 5}, std::vector<int64_t>{-1}})
+    for (int64_t width : {3, 4}) {  // 4: rows of one 16-byte unit
+      ProgramBuilder b;
+      b.output("y", b.gather_rows(b.input("x", kF32, {5, width}), b.input("idx", kI32, {Dim::dynamic(0, 64)})));
+      check_op_error(b, {{"x", row_data(kF32, {5, width})}, {"idx", make_ints(kI32, {int64_t(idx.size())}, idx)}},
+                     "out of range");
+    }
 }
 
 std::vector<int64_t> inverse(const std::vector<int64_t>& perm) {
@@ -190,6 +195,7 @@ TEST(ScatterRows, InvertsGatherRowsBySamePermutation) {
   const std::vector<int64_t> perm = {3, 0, 5, 1, 4, 2}, reversed = {5, 4, 3, 2, 1, 0};
   for (DType t : {kF32, kBF16, kI32}) check_round_trip(row_data(t, {6, 4}), perm);
   check_round_trip(row_data(kF32, {6, 2, 2}), reversed);
+  check_round_trip(row_data(kBF16, {6, 16}), perm);  // 32-byte rows
   check_round_trip(row_data(kI32, {6}), perm);
   check_round_trip(row_data(kF32, {1, 3}), {0});
   check_round_trip(row_data(kF32, {0, 3}), {});

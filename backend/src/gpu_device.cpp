@@ -326,7 +326,11 @@ Status gather_rows_impl(KernelContext& ctx, const Tensor& x, BufferRef bx, Buffe
   SB_RETURN_IF_ERROR(u32_count(out_rows * static_cast<int64_t>(args.row_units), "GatherRows").status());
   const uint64_t words = words_of(x.dtype(), out.numel());
   args.out_words = static_cast<uint32_t>(words);
-  SB_RETURN_IF_ERROR(rt.dispatch("gather_rows", {bx, bidx, bo, rt.error_word()}, &args, sizeof(args), words));
+  // Rows of whole 16-byte units at aligned offsets: gather_rows16 (16 bytes per thread).
+  const bool by16 = args.row_units * args.unit_bytes % 16 == 0 && args.row_units > 0 && bx.offset % 16 == 0 &&
+                    bo.offset % 16 == 0;
+  SB_RETURN_IF_ERROR(rt.dispatch(by16 ? "gather_rows16" : "gather_rows", {bx, bidx, bo, rt.error_word()}, &args,
+                                 sizeof(args), by16 ? words / 4 : words));
   return ctx.out(out_tid, std::move(out));
 }
 

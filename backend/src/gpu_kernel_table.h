@@ -69,6 +69,8 @@ inline constexpr KernelInfo kKernels[] = {
      SB_STR(SB_COMBINE_ARGS), 256, true},
     {"gather_rows", "permute", 4, {A::kRead, A::kRead, A::kWrite, A::kReadWrite}, sizeof(PermuteArgs),
      SB_STR(SB_PERMUTE_ARGS), 256, true},
+    {"gather_rows16", "permute", 4, {A::kRead, A::kRead, A::kWrite, A::kReadWrite}, sizeof(PermuteArgs),
+     SB_STR(SB_PERMUTE_ARGS), 256, true},
     {"invert_permutation", "permute", 3, {A::kRead, A::kReadWrite, A::kReadWrite}, sizeof(PermuteArgs),
      SB_STR(SB_PERMUTE_ARGS), 256, true},
     {"quantize_q8", "gather_qmm", 4, {A::kRead, A::kWrite, A::kWrite, A::kWrite}, sizeof(Q8Args), SB_STR(SB_Q8_ARGS),
