@@ -22,6 +22,7 @@ set(SB_KERNEL_VARIANTS
   permute:GATHER_ROWS16:gather_rows16
   permute:INVERT:invert_permutation
   gather_qmm:QUANTIZE:quantize_q8
+  gather_qmm:QUANTIZE16:quantize_q8_16
   gather_qmm:QMM:qmm
   gather_qmm:QMM_ROW:qmm_row
   gather_qmm:QMM_ROW_GLU:qmm_row_glu

@@ -91,36 +91,78 @@ int q8_code(float x, float scale) {
     return iq;                                                                       \
   }
 
-#ifdef QUANTIZE
+#if defined(QUANTIZE) || defined(QUANTIZE16)
 // Thread -> output: invocation b quantizes 32-block b (row b / (k/32)): 8 words of
 // int8 codes (in qmm_mma4's order with `permute`), its scale d = 2^-sh and its code sum.
+// The block's values are loaded once into registers; QUANTIZE16 (x and q bound at
+// 16-byte aligned offsets: the host checks) loads and stores 16 bytes at a time.
+#ifdef QUANTIZE16
+layout(std430, binding = 0) readonly buffer X { uvec4 x4[]; };
+layout(std430, binding = 1) writeonly buffer Q { uvec4 q4[]; };
+#else
 layout(std430, binding = 0) readonly buffer X { uint x[]; };
 layout(std430, binding = 1) writeonly buffer Q { uint q[]; };
+#endif
 layout(std430, binding = 2) writeonly buffer D { float dq[]; };
 layout(std430, binding = 3) writeonly buffer S { int sq[]; };
 layout(push_constant) uniform Args { SB_Q8_ARGS } args;
+
+// Word i of the block's words (16 of f16/bf16, 32 of f32) starting at word `first`.
+uint block_word(uint first, uint i) {
+#ifdef QUANTIZE16
+  return x4[(first >> 2u) + (i >> 2u)][i & 3u];
+#else
+  return x[first + i];
+#endif
+}
 
 void main() {
   uint blk = sb_linear_id();
   uint blocks = args.k / 32u;
   if (blk >= args.rows * blocks) return;
-  uint base = blk * 32u;  // element index: row-major [rows, k] and blocks are contiguous
+  float v[32];
+  if (sb_is16(args.dtype)) {
+    [[unroll]] for (uint i = 0u; i < 16u; ++i) {
+      uint w = block_word(blk * 16u, i);
+      v[2u * i] = sb_decode(w, args.dtype, 0u);
+      v[2u * i + 1u] = sb_decode(w, args.dtype, 1u);
+    }
+  } else {
+    [[unroll]] for (uint i = 0u; i < 32u; ++i) v[i] = uintBitsToFloat(block_word(blk * 32u, i));
+  }
   uint amax = 0u;
-  for (uint i = 0u; i < 32u; ++i) amax = max(amax, floatBitsToUint(SB_LOAD(x, args.dtype, base + i)) & 0x7fffffffu);
+  [[unroll]] for (uint i = 0u; i < 32u; ++i) amax = max(amax, floatBitsToUint(v[i]) & 0x7fffffffu);
   float scale, d;
   bool zero;
   q8_params(amax, scale, d, zero);
   int s = 0;
-  for (uint w = 0u; w < 8u; ++w) {
-    uint word = 0u;
-    for (uint j = 0u; !zero && j < 4u; ++j) {
-      uint at = args.permute != 0u ? 8u * (w >> 1u) + 2u * j + (w & 1u) : w * 4u + j;
-      int c = q8_code(SB_LOAD(x, args.dtype, base + at), scale);
-      s += c;
-      word |= (uint(c) & 0xffu) << (8u * j);
+  uint words[8];
+  // Register arrays take constant indices only, so each order has its own unrolled loop.
+  if (args.permute != 0u) {
+    [[unroll]] for (uint w = 0u; w < 8u; ++w) {
+      words[w] = 0u;
+      [[unroll]] for (uint j = 0u; j < 4u; ++j) {
+        int c = zero ? 0 : q8_code(v[8u * (w >> 1u) + 2u * j + (w & 1u)], scale);
+        s += c;
+        words[w] |= (uint(c) & 0xffu) << (8u * j);
+      }
     }
-    q[blk * 8u + w] = word;
+  } else {
+    [[unroll]] for (uint w = 0u; w < 8u; ++w) {
+      words[w] = 0u;
+      [[unroll]] for (uint j = 0u; j < 4u; ++j) {
+        int c = zero ? 0 : q8_code(v[4u * w + j], scale);
+        s += c;
+        words[w] |= (uint(c) & 0xffu) << (8u * j);
+      }
+    }
   }
+#ifdef QUANTIZE16
+  q4[blk * 2u] = uvec4(words[0], words[1], words[2], words[3]);
+  q4[blk * 2u + 1u] = uvec4(words[4], words[5], words[6], words[7]);
+#else
+  [[unroll]] for (uint w = 0u; w < 8u; ++w) q[blk * 8u + w] = words[w];
+#endif
   dq[blk] = d;
   sq[blk] = s;
 }

@@ -494,7 +494,9 @@ Result<Q8Blocks> quantize_rows(Runtime& rt, const QmmSetup& q, bool permute) {
   SB_ASSIGN_OR_RETURN(b.bsum, rt.bind(b.s, false));
   k::Q8Args qa{static_cast<uint32_t>(q.rows), static_cast<uint32_t>(q.kdim), static_cast<uint32_t>(q.x.dtype()),
                  permute ? 1u : 0u};
-  SB_RETURN_IF_ERROR(rt.dispatch("quantize_q8", {q.bx, b.bq, b.bd, b.bsum}, &qa, sizeof(qa), static_cast<uint64_t>(blocks)));
+  const bool by16 = q.bx.offset % 16 == 0 && b.bq.offset % 16 == 0;  // 16-byte loads and stores
+  SB_RETURN_IF_ERROR(rt.dispatch(by16 ? "quantize_q8_16" : "quantize_q8", {q.bx, b.bq, b.bd, b.bsum}, &qa, sizeof(qa),
+                                 static_cast<uint64_t>(blocks)));
   b.permuted = permute;
   return b;
 }

@@ -75,6 +75,8 @@ inline constexpr KernelInfo kKernels[] = {
      SB_STR(SB_PERMUTE_ARGS), 256, true},
     {"quantize_q8", "gather_qmm", 4, {A::kRead, A::kWrite, A::kWrite, A::kWrite}, sizeof(Q8Args), SB_STR(SB_Q8_ARGS),
      64, true},
+    {"quantize_q8_16", "gather_qmm", 4, {A::kRead, A::kWrite, A::kWrite, A::kWrite}, sizeof(Q8Args),
+     SB_STR(SB_Q8_ARGS), 64, true},
     {"qmm", "gather_qmm", 11, SB_QMM_ACCESS,
      sizeof(QmmArgs), SB_STR(SB_QMM_ARGS), 64, true},
     {"qmm_row", "gather_qmm", 9, SB_QMM_ROW_ACCESS, sizeof(QmmArgs), SB_STR(SB_QMM_ARGS), 256, true},
