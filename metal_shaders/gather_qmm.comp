@@ -478,9 +478,9 @@ void main() {
 #ifdef QMM_TILES
 // The work list of QMM_TILE for pairs sorted by expert (or all of expert 0, without
 // rhs): one entry (first pair, pair count, expert) per run of up to SB_QMM_TILE_PAIRS
-// pairs of one expert, after the
-// count in word 0. One workgroup; thread -> experts tid, tid + 256, ...: it finds its
-// expert's run by binary search; thread 0 lays the runs' tiles out in expert order.
+// pairs of one expert, after the count in word 0. One workgroup; thread -> experts
+// tid, tid + 256, ...: the runs' ends come from where the sorted experts change (one
+// pass over the pairs per 256 experts); thread 0 lays the tiles out in expert order.
 // Also raises the error bits for bad, pruned or unsorted experts.
 layout(std430, binding = 0) readonly buffer R { int rhs[]; };
 layout(std430, binding = 1) readonly buffer Ex { uint expert_info[]; };  // [E] bits, then [E] word offsets
@@ -490,37 +490,39 @@ layout(push_constant) uniform Args { SB_QMM_ARGS } args;
 
 shared uint s_n[256];
 shared uint s_base[256];
-
-// First pair whose expert is > e (the pairs are sorted; anything else raised an error).
-// Without rhs every pair is expert 0's.
-uint runs_end(int e) {
-  if (args.has_rhs == 0u) return e >= 0 ? args.pairs : 0u;
-  uint lo = 0u, hi = args.pairs;
-  while (lo < hi) {
-    uint mid = (lo + hi) >> 1u;
-    if (rhs[mid] > e) hi = mid;
-    else lo = mid + 1u;
-  }
-  return lo;
-}
+shared uint s_lo[256];  // run [lo, hi) of expert e0 + i, from the run boundaries
+shared uint s_hi[256];
 
 void main() {
   uint tid = gl_LocalInvocationID.x;
   if (tid == 0u && args.has_rhs == 0u && args.pairs > 0u && expert_info[0] == 0u) atomicOr(err[0], SB_ERR_PRUNED);
-  for (uint p = tid; args.has_rhs != 0u && p < args.pairs; p += 256u) {
-    int e = rhs[p];
-    if (e < 0 || uint(e) >= args.experts) atomicOr(err[0], SB_ERR_INDEX);
-    else if (expert_info[e] == 0u) atomicOr(err[0], SB_ERR_PRUNED);
-    if (p > 0u && rhs[p - 1u] > e) atomicOr(err[0], SB_ERR_UNSORTED);
-  }
   uint max_tiles = args.tiles, total = 0u;
   for (uint e0 = 0u; e0 < args.experts; e0 += 256u) {
-    uint e = e0 + tid, lo = 0u, hi = 0u, n = 0u;
-    if (e < args.experts && expert_info[e] != 0u) {
-      lo = runs_end(int(e) - 1);
-      hi = runs_end(int(e));
-      n = hi > lo ? (hi - lo + SB_QMM_TILE_PAIRS - 1u) / SB_QMM_TILE_PAIRS : 0u;
+    s_lo[tid] = 0u;
+    s_hi[tid] = 0u;
+    barrier();
+    if (args.has_rhs == 0u) {  // every pair is expert 0's
+      if (e0 == 0u && tid == 0u) s_hi[0] = args.pairs;
     }
+    // Each run's ends are where the expert changes: independent loads, no search. On
+    // unsorted input (an error) the runs are wrong but stay inside the pairs.
+    for (uint p = tid; args.has_rhs != 0u && p < args.pairs; p += 256u) {
+      int e = rhs[p];
+      int prev = p > 0u ? rhs[p - 1u] : -1, next = p + 1u < args.pairs ? rhs[p + 1u] : -1;
+      if (e0 == 0u) {
+        if (e < 0 || uint(e) >= args.experts) atomicOr(err[0], SB_ERR_INDEX);
+        else if (expert_info[e] == 0u) atomicOr(err[0], SB_ERR_PRUNED);
+        if (prev > e) atomicOr(err[0], SB_ERR_UNSORTED);
+      }
+      uint rel = uint(e) - e0;  // experts below e0 wrap past 256
+      if (e >= 0 && rel < 256u) {
+        if (prev != e) s_lo[rel] = p;
+        if (next != e) s_hi[rel] = p + 1u;
+      }
+    }
+    barrier();
+    uint e = e0 + tid, lo = s_lo[tid], hi = s_hi[tid], n = 0u;
+    if (e < args.experts && expert_info[e] != 0u && hi > lo) n = (hi - lo + SB_QMM_TILE_PAIRS - 1u) / SB_QMM_TILE_PAIRS;
     s_n[tid] = n;
     barrier();
     if (tid == 0u) {

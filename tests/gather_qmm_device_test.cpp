@@ -291,6 +291,17 @@ TEST(GatherQmmDevices, TiledScheduleForSortedPairs) {
   extreme.tokens = 2;
   extreme.extreme = true;
   sorted_pairs(extreme, {40, 30, 20}, true);
+  Case many_experts;  // 300 experts: the work list scans the pairs once per 256 experts
+  many_experts.experts = 300;
+  many_experts.bits.assign(300, 4);
+  many_experts.n = 6;
+  many_experts.k = 64;
+  many_experts.tokens = 20;
+  {
+    std::vector<int> runs(300, 0);
+    runs[1] = 600, runs[255] = 33, runs[256] = 300, runs[299] = 267;
+    sorted_pairs(many_experts, runs, true);
+  }
   Case dense;  // no indices: every row is a pair of expert 0 (a dense projection)
   dense.bits = {4};
   dense.experts = 1;
@@ -300,7 +311,7 @@ TEST(GatherQmmDevices, TiledScheduleForSortedPairs) {
   Case dense_lhs = dense;  // rows picked by lhs, no rhs
   dense_lhs.x_dtype = DType::kBF16;
   for (int i = 0; i < 70; ++i) dense_lhs.lhs.push_back((i * 37) % 100);
-  for (const Case* c : {&mixed, &odd, &odd4, &by_pair, &special, &extreme, &dense, &dense_lhs}) {
+  for (const Case* c : {&mixed, &odd, &odd4, &by_pair, &special, &extreme, &many_experts, &dense, &dense_lhs}) {
     SCOPED_TRACE("k " + std::to_string(c->k) + ", n " + std::to_string(c->n) + ", pairs " +
                  std::to_string(c->rhs.size()));
     run(*c);
