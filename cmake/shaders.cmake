@@ -18,6 +18,7 @@ set(SB_KERNEL_VARIANTS
   shape_ops:TRANSPOSE:transpose
   glu:GLU:glu
   combine:COMBINE:combine
+  combine:COMBINE16:combine16
   permute:GATHER_ROWS:gather_rows
   permute:GATHER_ROWS16:gather_rows16
   permute:INVERT:invert_permutation

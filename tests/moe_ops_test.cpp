@@ -398,10 +398,10 @@ Inputs combine_inputs(DType t, int64_t tokens, int64_t k, int64_t d, uint32_t se
           {"gate", make(t, {tokens, 1}, g)}};
 }
 
-void check_combine(DType t, int64_t k, Shared sh) {
+void check_combine(DType t, int64_t k, Shared sh, int64_t d) {
   SCOPED_TRACE(std::string("combine ") + dtype_name(t) + " k=" + std::to_string(k) +
-               " shared=" + std::to_string(int(sh)));
-  const int64_t tokens = 5, d = 6;
+               " shared=" + std::to_string(int(sh)) + " d=" + std::to_string(d));
+  const int64_t tokens = 5;
   Inputs in = combine_inputs(t, tokens, k, d, static_cast<uint32_t>(100 + k * 3 + int(sh)));
   if (sh != Shared::kGated) in.erase("gate");
   if (sh == Shared::kNone) in.erase("shared");
@@ -417,7 +417,8 @@ void check_combine(DType t, int64_t k, Shared sh) {
 TEST(Combine, SlotOrderSumWithAndWithoutSharedExpert) {
   for (DType t : {kF32, kBF16})
     for (int64_t k : {1, 2, 8})
-      for (Shared sh : {Shared::kNone, Shared::kPlain, Shared::kGated}) check_combine(t, k, sh);
+      for (Shared sh : {Shared::kNone, Shared::kPlain, Shared::kGated})
+        for (int64_t d : {5, 6, 16}) check_combine(t, k, sh, d);  // odd rows; 16: whole 16-byte units
   // The f32 data must make the slot order matter, or the checks above could not tell the orders apart.
   Inputs in = combine_inputs(kF32, 5, 8, 6, 100 + 8 * 3 + int(Shared::kGated));
   EXPECT_NE(combine_ref(in, 8, Shared::kGated, kF32).values, combine_ref(in, 8, Shared::kGated, kF32, true).values);

@@ -67,6 +67,8 @@ inline constexpr KernelInfo kKernels[] = {
     {"glu", "glu", 3, {A::kRead, A::kRead, A::kWrite}, sizeof(GluArgs), SB_STR(SB_GLU_ARGS), 256, true},
     {"combine", "combine", 5, {A::kRead, A::kRead, A::kRead, A::kRead, A::kWrite}, sizeof(CombineArgs),
      SB_STR(SB_COMBINE_ARGS), 256, true},
+    {"combine16", "combine", 5, {A::kRead, A::kRead, A::kRead, A::kRead, A::kWrite}, sizeof(CombineArgs),
+     SB_STR(SB_COMBINE_ARGS), 256, true},
     {"gather_rows", "permute", 4, {A::kRead, A::kRead, A::kWrite, A::kReadWrite}, sizeof(PermuteArgs),
      SB_STR(SB_PERMUTE_ARGS), 256, true},
     {"gather_rows16", "permute", 4, {A::kRead, A::kRead, A::kWrite, A::kReadWrite}, sizeof(PermuteArgs),
