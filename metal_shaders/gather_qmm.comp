@@ -504,36 +504,50 @@ void main() {
     if (args.has_rhs == 0u) {  // every pair is expert 0's
       if (e0 == 0u && tid == 0u) s_hi[0] = args.pairs;
     }
-    // Each run's ends are where the expert changes: independent loads, no search. On
-    // unsorted input (an error) the runs are wrong but stay inside the pairs.
-    for (uint p = tid; args.has_rhs != 0u && p < args.pairs; p += 256u) {
-      int e = rhs[p];
-      int prev = p > 0u ? rhs[p - 1u] : -1, next = p + 1u < args.pairs ? rhs[p + 1u] : -1;
-      if (e0 == 0u) {
-        if (e < 0 || uint(e) >= args.experts) atomicOr(err[0], SB_ERR_INDEX);
-        else if (expert_info[e] == 0u) atomicOr(err[0], SB_ERR_PRUNED);
-        if (prev > e) atomicOr(err[0], SB_ERR_UNSORTED);
+    // Each run's ends are where the expert changes: no search. On unsorted input (an
+    // error) the runs are wrong but stay inside the pairs. Pairs go 8 at a time, their
+    // loads issued together (one at a time, the dependent loads' latency dominated).
+    for (uint p0 = tid; args.has_rhs != 0u && p0 < args.pairs; p0 += 8u * 256u) {
+      int e[8], prev[8], next[8];
+      [[unroll]] for (uint i = 0u; i < 8u; ++i) {
+        uint p = p0 + 256u * i;
+        e[i] = p < args.pairs ? rhs[p] : -1;
+        prev[i] = p > 0u && p <= args.pairs ? rhs[p - 1u] : -1;
+        next[i] = p + 1u < args.pairs ? rhs[p + 1u] : -1;
       }
-      uint rel = uint(e) - e0;  // experts below e0 wrap past 256
-      if (e >= 0 && rel < 256u) {
-        if (prev != e) s_lo[rel] = p;
-        if (next != e) s_hi[rel] = p + 1u;
+      [[unroll]] for (uint i = 0u; i < 8u; ++i) {
+        uint p = p0 + 256u * i;
+        if (p >= args.pairs) break;
+        if (e0 == 0u) {
+          if (e[i] < 0 || uint(e[i]) >= args.experts) atomicOr(err[0], SB_ERR_INDEX);
+          else if (expert_info[e[i]] == 0u) atomicOr(err[0], SB_ERR_PRUNED);
+          if (prev[i] > e[i]) atomicOr(err[0], SB_ERR_UNSORTED);
+        }
+        uint rel = uint(e[i]) - e0;  // experts below e0 wrap past 256
+        if (e[i] >= 0 && rel < 256u) {
+          if (prev[i] != e[i]) s_lo[rel] = p;
+          if (next[i] != e[i]) s_hi[rel] = p + 1u;
+        }
       }
     }
     barrier();
     uint e = e0 + tid, lo = s_lo[tid], hi = s_hi[tid], n = 0u;
     if (e < args.experts && expert_info[e] != 0u && hi > lo) n = (hi - lo + SB_QMM_TILE_PAIRS - 1u) / SB_QMM_TILE_PAIRS;
+    // The tiles before expert e0 + tid: an inclusive scan of the counts in 8 doubling
+    // steps (s_n and s_base take turns), then total + that minus its own count.
     s_n[tid] = n;
     barrier();
-    if (tid == 0u) {
-      for (uint i = 0u; i < 256u; ++i) {
-        s_base[i] = total;
-        total += s_n[i];
-      }
+    [[unroll]] for (uint step = 0u; step < 8u; ++step) {
+      uint off = 1u << step;
+      if ((step & 1u) == 0u) s_base[tid] = s_n[tid] + (tid >= off ? s_n[tid - off] : 0u);
+      else s_n[tid] = s_base[tid] + (tid >= off ? s_base[tid - off] : 0u);
+      barrier();
     }
+    uint before = total + s_n[tid] - n;  // 8 steps end in s_n
+    total += s_n[255];
     barrier();
     for (uint t = 0u; t < n; ++t) {
-      uint slot = s_base[tid] + t;
+      uint slot = before + t;
       if (slot >= max_tiles) break;  // only on unsorted input, which raised an error
       uint first = lo + t * SB_QMM_TILE_PAIRS;
       tiles[1u + 3u * slot] = first;

@@ -291,7 +291,7 @@ TEST(GatherQmmDevices, TiledScheduleForSortedPairs) {
   extreme.tokens = 2;
   extreme.extreme = true;
   sorted_pairs(extreme, {40, 30, 20}, true);
-  Case many_experts;  // 300 experts: the work list scans the pairs once per 256 experts
+  Case many_experts;  // 300 experts: the work list scans the pairs once per 256 experts, 2,048 at a time
   many_experts.experts = 300;
   many_experts.bits.assign(300, 4);
   many_experts.n = 6;
@@ -299,7 +299,7 @@ TEST(GatherQmmDevices, TiledScheduleForSortedPairs) {
   many_experts.tokens = 20;
   {
     std::vector<int> runs(300, 0);
-    runs[1] = 600, runs[255] = 33, runs[256] = 300, runs[299] = 267;
+    runs[1] = 600, runs[255] = 33, runs[256] = 300, runs[299] = 1267;  // 2,200 pairs: two passes of 2,048
     sorted_pairs(many_experts, runs, true);
   }
   Case dense;  // no indices: every row is a pair of expert 0 (a dense projection)
