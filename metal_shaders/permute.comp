@@ -1,5 +1,6 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
+#extension GL_EXT_control_flow_attributes : require
 // GatherRows (out[p] = x[idx[p]]) and the inverse permutation that turns
 // ScatterRows (out[idx[p]] = x[p]) into a gather; twin of cpu_fallback/permute.cpp.
 #include "common.glsl"
@@ -100,9 +101,14 @@ void main() {
   if (i < args.n) {
     int v = keys[i];
     uint span = (args.n + 15u) / 16u, rank = 0u;
-    for (uint j = part * span; j < min(args.n, (part + 1u) * span); ++j) {
-      int u = keys[j];
-      if (u < v || (u == v && j < i)) ++rank;
+    uint lo = part * span, hi = min(args.n, (part + 1u) * span);
+    for (uint j0 = lo; j0 < hi; j0 += 8u) {  // 8 loads issued together (at clamped indices)
+      int u[8];
+      [[unroll]] for (uint d = 0u; d < 8u; ++d) u[d] = keys[min(j0 + d, hi - 1u)];
+      [[unroll]] for (uint d = 0u; d < 8u; ++d) {
+        uint j = j0 + d;
+        if (j < hi && (u[d] < v || (u[d] == v && j < i))) ++rank;
+      }
     }
     atomicAdd(s_rank[t & 15u], rank);
   }
