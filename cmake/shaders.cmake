@@ -19,6 +19,7 @@ set(SB_KERNEL_VARIANTS
   glu:GLU:glu
   combine:COMBINE:combine
   combine:COMBINE16:combine16
+  combine:COMBINE_ROWS:combine_rows
   permute:GATHER_ROWS:gather_rows
   permute:GATHER_ROWS16:gather_rows16
   permute:INVERT:invert_permutation

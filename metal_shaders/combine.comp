@@ -6,9 +6,15 @@
 // Thread -> output: COMBINE: invocation w writes word w of out [T, D] (1 or 2
 // elements); COMBINE16 (rows of whole 16-byte units, y and out bound at 16-byte aligned
 // offsets: the host checks): invocation u writes 16-byte unit u (4 or 8 elements).
+// COMBINE_ROWS: COMBINE16 reading row p of y at rows[p] (a fused ScatterRows: y's rows
+// by the inverse permutation, which invert_permutation checked).
 #include "common.glsl"
 
 layout(local_size_x = 256) in;
+#ifdef COMBINE_ROWS
+#define COMBINE16
+layout(std430, binding = 5) readonly buffer R { uint rows[]; };
+#endif
 #ifdef COMBINE16
 layout(std430, binding = 0) readonly buffer Y { uvec4 y4[]; };
 #else
@@ -44,7 +50,12 @@ void main() {
   for (uint j = 0u; j < args.slots; ++j) {
     uint p = t * args.slots + j;
     float w = weights[p];
+#ifdef COMBINE_ROWS
+    uint r = rows[p];
+    uvec4 v = r < args.tokens * args.slots ? y4[(r * args.dim + d) / n] : uvec4(0u);  // else: an error was raised
+#else
     uvec4 v = y4[(p * args.dim + d) / n];
+#endif
     [[unroll]] for (uint e = 0u; e < 8u; ++e) {
       if (e < n) acc[e] = acc[e] + w * sb_decode(v[e / per], args.dtype, e);
     }

@@ -424,6 +424,36 @@ TEST(Combine, SlotOrderSumWithAndWithoutSharedExpert) {
   EXPECT_NE(combine_ref(in, 8, Shared::kGated, kF32).values, combine_ref(in, 8, Shared::kGated, kF32, true).values);
 }
 
+// ScatterRows straight into Combine (MoE prefill's end; a GPU reads y through the inverse
+// permutation instead of writing the scattered copy): the same bits as the two ops, and a
+// bad permutation still fails.
+TEST(Combine, OfScatteredRows) {
+  const int64_t tokens = 5, k = 2;
+  const std::vector<int64_t> perm = {3, 8, 0, 5, 1, 9, 4, 7, 2, 6};
+  for (DType t : {kF32, kBF16})
+    for (int64_t d : {6, 16}) {
+      SCOPED_TRACE(std::string("scatter + combine ") + dtype_name(t) + " d=" + std::to_string(d));
+      Inputs in = combine_inputs(t, tokens, k, d, 300 + uint32_t(d));
+      in.erase("shared");
+      in.erase("gate");
+      Inputs unsorted = in;  // the combine's y: row perm[p] of the scattered copy is row p of y
+      std::vector<double> y = in.at("y").to_doubles(), ys(y.size());
+      for (size_t p = 0; p < perm.size(); ++p)
+        for (int64_t c = 0; c < d; ++c) ys[size_t(perm[p] * d + c)] = y[size_t(int64_t(p) * d + c)];
+      unsorted["y"] = make(t, {tokens * k, d}, ys);
+      ProgramBuilder b;
+      TensorRef yin = b.input("y", t, {Dim::dynamic(1, 64), d}), pin = b.input("perm", kI32, {Dim::dynamic(0, 64)});
+      b.output("out", b.combine(b.scatter_rows(yin, pin), b.input("w", kF32, {Dim::dynamic(1, 64), k})));
+      in["perm"] = make_ints(kI32, {int64_t(perm.size())}, perm);
+      auto ref = [&](const Inputs&) { return Expected{{"out", combine_ref(unsorted, k, Shared::kNone, t)}}; };
+      check_op(b, in, ref, Tolerance::exact());
+      std::vector<int64_t> bad = perm;
+      bad[4] = bad[0];
+      in["perm"] = make_ints(kI32, {int64_t(bad.size())}, bad);
+      check_op_error(b, in, "not a permutation");
+    }
+}
+
 TEST(Combine, RowsThatAreNotTokensTimesKFail) {
   ProgramBuilder b;
   b.output("out", b.combine(b.input("y", kF32, {Dim::dynamic(1, 64), 2}), b.input("w", kF32, {3, 2})));

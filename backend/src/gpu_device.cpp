@@ -216,8 +216,16 @@ Result<CombineOperands> bind_combine(KernelContext& ctx, const fb::Tid* weights_
   return c;
 }
 
-// out = base + sum over slots of weights * y (slot order), y: [T*k, D] on the device.
-Status combine_impl(KernelContext& ctx, const Tensor& y, BufferRef by, const CombineOperands& c, const fb::Tid* out_tid) {
+// Whether Combine of y at `by` into `bo` takes combine16: rows of whole 16-byte units at
+// aligned offsets (4 or 8 elements a thread).
+bool combine_by16(const Tensor& y, BufferRef by, BufferRef bo) {
+  return y.dim(1) * static_cast<int64_t>(dtype_size(y.dtype())) % 16 == 0 && by.offset % 16 == 0 && bo.offset % 16 == 0;
+}
+
+// out = base + sum over slots of weights * y (slot order), y: [T*k, D] on the device;
+// with `rows` (combine_rows), slot p's row of y is rows[p].
+Status combine_impl(KernelContext& ctx, const Tensor& y, BufferRef by, const CombineOperands& c, const fb::Tid* out_tid,
+                    const BufferRef* rows = nullptr) {
   Runtime& rt = rt_of(ctx);
   const int64_t tokens = c.tokens, slots = c.slots, dim = y.dim(1);
   SB_CHECK_OR_RETURN(y.dim(0) == tokens * slots, StatusCode::kInvalidArgument, "y %s does not hold %lld x %lld rows",
@@ -234,12 +242,16 @@ Status combine_impl(KernelContext& ctx, const Tensor& y, BufferRef by, const Com
   args.shared_dtype = c.shared.defined() ? static_cast<uint32_t>(c.shared.dtype()) : 0;
   args.has_gate = c.gate.defined();
   args.gate_dtype = c.gate.defined() ? static_cast<uint32_t>(c.gate.dtype()) : 0;
-  // Rows of whole 16-byte units at aligned offsets: combine16 (4 or 8 elements a thread).
-  const bool by16 = dim * static_cast<int64_t>(dtype_size(y.dtype())) % 16 == 0 && by.offset % 16 == 0 &&
-                    bo.offset % 16 == 0;
+  const bool by16 = combine_by16(y, by, bo);
+  SB_CHECK_OR_RETURN(!rows || by16, StatusCode::kInternal, "combine_rows needs rows of 16-byte units");
   const uint64_t words = words_of(y.dtype(), tokens * dim);
-  SB_RETURN_IF_ERROR(rt.dispatch(by16 ? "combine16" : "combine", {by, c.bw, c.bs, c.bgate, bo}, &args, sizeof(args),
-                                 by16 ? words / 4 : words));
+  if (rows) {
+    SB_RETURN_IF_ERROR(
+        rt.dispatch("combine_rows", {by, c.bw, c.bs, c.bgate, bo, *rows}, &args, sizeof(args), words / 4));
+  } else {
+    SB_RETURN_IF_ERROR(rt.dispatch(by16 ? "combine16" : "combine", {by, c.bw, c.bs, c.bgate, bo}, &args,
+                                   sizeof(args), by16 ? words / 4 : words));
+  }
   return ctx.out(out_tid, std::move(out));
 }
 
@@ -251,6 +263,7 @@ Status combine(KernelContext& ctx, const fb::OpNodeUnion& op) {
                       bind_combine(ctx, n->weights.get(), n->shared.get(), n->shared_gate.get(), y.dim(1)));
   return combine_impl(ctx, y, by, c, n->out.get());
 }
+
 
 Status argsort(KernelContext& ctx, const fb::OpNodeUnion& op) {
   const auto* n = op.AsArgsortNode();
@@ -346,21 +359,49 @@ Status gather_rows(KernelContext& ctx, const fb::OpNodeUnion& op) {
   return gather_rows_impl(ctx, x, bx, bi, idx.numel(), n->out.get());
 }
 
+// ScatterRows' operands bound and its permutation inverted on the device (checked there:
+// a repeat or an index out of range raises SB_ERR_PERMUTATION).
+struct Scatter {
+  Tensor x, idx;
+  BufferRef bx, inv;
+};
+
+Result<Scatter> invert_scatter(KernelContext& ctx, const fb::ScatterRowsNodeT* n) {
+  Runtime& rt = rt_of(ctx);
+  Scatter s;
+  SB_ASSIGN_OR_RETURN(s.bx, bind_in(ctx, n->x.get(), &s.x));
+  SB_ASSIGN_OR_RETURN(BufferRef bi, bind_in(ctx, n->indices.get(), &s.idx));
+  SB_CHECK_OR_RETURN(s.idx.numel() == s.x.dim(0), StatusCode::kInvalidArgument, "%lld indices for %lld rows",
+                     (long long)s.idx.numel(), (long long)s.x.dim(0));
+  SB_ASSIGN_OR_RETURN(s.inv, rt.scratch(static_cast<size_t>(s.idx.numel()) * 4, 0xffffffffu));
+  k::PermuteArgs args{};
+  SB_ASSIGN_OR_RETURN(args.rows, u32_count(s.idx.numel(), "ScatterRows"));
+  SB_RETURN_IF_ERROR(rt.dispatch("invert_permutation", {bi, s.inv, rt.error_word()}, &args, sizeof(args),
+                                 static_cast<uint64_t>(args.rows)));
+  return s;
+}
+
 // out[idx[p]] = x[p]: the device inverts the permutation (checking it), then gathers.
 Status scatter_rows(KernelContext& ctx, const fb::OpNodeUnion& op) {
   const auto* n = op.AsScatterRowsNode();
-  Runtime& rt = rt_of(ctx);
-  Tensor x, idx;
-  SB_ASSIGN_OR_RETURN(BufferRef bx, bind_in(ctx, n->x.get(), &x));
-  SB_ASSIGN_OR_RETURN(BufferRef bi, bind_in(ctx, n->indices.get(), &idx));
-  SB_CHECK_OR_RETURN(idx.numel() == x.dim(0), StatusCode::kInvalidArgument, "%lld indices for %lld rows",
-                     (long long)idx.numel(), (long long)x.dim(0));
-  SB_ASSIGN_OR_RETURN(BufferRef inv, rt.scratch(static_cast<size_t>(idx.numel()) * 4, 0xffffffffu));
-  k::PermuteArgs args{};
-  SB_ASSIGN_OR_RETURN(args.rows, u32_count(idx.numel(), "ScatterRows"));
-  SB_RETURN_IF_ERROR(
-      rt.dispatch("invert_permutation", {bi, inv, rt.error_word()}, &args, sizeof(args), static_cast<uint64_t>(args.rows)));
-  return gather_rows_impl(ctx, x, bx, inv, x.dim(0), n->out.get());
+  SB_ASSIGN_OR_RETURN(Scatter s, invert_scatter(ctx, n));
+  return gather_rows_impl(ctx, s.x, s.bx, s.inv, s.x.dim(0), n->out.get());
+}
+
+// ScatterRows then Combine of its (private) output, as MoE prefill ends: Combine reads
+// y's rows through the checked inverse permutation (combine_rows), so the scattered
+// copy is never written. Rows not in 16-byte units take the two kernels.
+Status scatter_combine(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>* ins) {
+  const auto* sc = ins[0]->op.AsScatterRowsNode();
+  const auto* cn = ins[1]->op.AsCombineNode();
+  SB_ASSIGN_OR_RETURN(Scatter s, invert_scatter(ctx, sc));
+  if (s.x.rank() != 2 || !combine_by16(s.x, s.bx, BufferRef{})) {
+    SB_RETURN_IF_ERROR(gather_rows_impl(ctx, s.x, s.bx, s.inv, s.x.dim(0), sc->out.get()));
+    return combine(ctx, ins[1]->op);
+  }
+  SB_ASSIGN_OR_RETURN(CombineOperands c,
+                      bind_combine(ctx, cn->weights.get(), cn->shared.get(), cn->shared_gate.get(), s.x.dim(1)));
+  return combine_impl(ctx, s.x, s.bx, c, cn->out.get(), &s.inv);
 }
 
 // The optional lhs/rhs index operands of GatherQmm/GatherMm: bound (with the tensors
@@ -988,6 +1029,16 @@ GpuDevice::GpuDevice(std::unique_ptr<Runtime> rt, std::string name) : rt_(std::m
 // Glu of their two outputs, which nothing after the Glu reads. Same x, indices and widths.
 Fusion GpuDevice::fuse(const std::vector<std::unique_ptr<fb::InstructionT>>& ins, size_t i,
                        const PrivateTemp& private_temp) const {
+  if (i + 2 <= ins.size() && ins[i]->op.type == fb::OpNode::ScatterRowsNode &&
+      ins[i + 1]->op.type == fb::OpNode::CombineNode) {
+    const auto* sc = ins[i]->op.AsScatterRowsNode();
+    const auto* cn = ins[i + 1]->op.AsCombineNode();
+    const uint32_t ys = sc->out->idx();
+    const bool only_y = cn->y->idx() == ys && cn->weights->idx() != ys && (!cn->shared || cn->shared->idx() != ys) &&
+                        (!cn->shared_gate || cn->shared_gate->idx() != ys);
+    if (only_y && private_temp(sc->out.get(), i + 1)) return Fusion{scatter_combine, 2};
+    return {};
+  }
   if (i + 3 > ins.size() || ins[i]->op.type != fb::OpNode::GatherQmmNode ||
       ins[i + 1]->op.type != fb::OpNode::GatherQmmNode || ins[i + 2]->op.type != fb::OpNode::GluNode)
     return {};

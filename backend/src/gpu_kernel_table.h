@@ -69,6 +69,8 @@ inline constexpr KernelInfo kKernels[] = {
      SB_STR(SB_COMBINE_ARGS), 256, true},
     {"combine16", "combine", 5, {A::kRead, A::kRead, A::kRead, A::kRead, A::kWrite}, sizeof(CombineArgs),
      SB_STR(SB_COMBINE_ARGS), 256, true},
+    {"combine_rows", "combine", 6, {A::kRead, A::kRead, A::kRead, A::kRead, A::kWrite, A::kRead}, sizeof(CombineArgs),
+     SB_STR(SB_COMBINE_ARGS), 256, true},
     {"gather_rows", "permute", 4, {A::kRead, A::kRead, A::kWrite, A::kReadWrite}, sizeof(PermuteArgs),
      SB_STR(SB_PERMUTE_ARGS), 256, true},
     {"gather_rows16", "permute", 4, {A::kRead, A::kRead, A::kWrite, A::kReadWrite}, sizeof(PermuteArgs),
