@@ -17,7 +17,6 @@ set(SB_KERNEL_VARIANTS
   shape_ops:REGION:region
   shape_ops:TRANSPOSE:transpose
   glu:GLU:glu
-  glu:GLU16:glu16
   combine:COMBINE:combine
   combine:COMBINE16:combine16
   combine:COMBINE_ROWS:combine_rows

@@ -184,10 +184,7 @@ Status glu(KernelContext& ctx, const fb::OpNodeUnion& op) {
   args.kind = static_cast<uint32_t>(n->kind);
   args.alpha = n->alpha;
   args.limit = n->limit;
-  // Whole 16-byte units at aligned bindings: glu16 (4 or 8 independent elements a thread).
-  const uint64_t words = words_of(g.dtype(), g.numel());
-  const bool by16 = bg.offset % 16 == 0 && bu.offset % 16 == 0 && bo.offset % 16 == 0 && words % 4 == 0;
-  SB_RETURN_IF_ERROR(rt.dispatch(by16 ? "glu16" : "glu", {bg, bu, bo}, &args, sizeof(args), by16 ? words / 4 : words));
+  SB_RETURN_IF_ERROR(rt.dispatch("glu", {bg, bu, bo}, &args, sizeof(args), words_of(g.dtype(), g.numel())));
   return ctx.out(n->out.get(), std::move(out));
 }
 

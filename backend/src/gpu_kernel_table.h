@@ -65,7 +65,6 @@ inline constexpr KernelInfo kKernels[] = {
     {"cast", "cast", 2, {A::kRead, A::kWrite}, sizeof(CastArgs), SB_STR(SB_CAST_ARGS), 256, true},
     {"fill", "shape_ops", 1, {A::kWrite}, sizeof(FillArgs), SB_STR(SB_FILL_ARGS), 256, true},
     {"glu", "glu", 3, {A::kRead, A::kRead, A::kWrite}, sizeof(GluArgs), SB_STR(SB_GLU_ARGS), 256, true},
-    {"glu16", "glu", 3, {A::kRead, A::kRead, A::kWrite}, sizeof(GluArgs), SB_STR(SB_GLU_ARGS), 256, true},
     {"combine", "combine", 5, {A::kRead, A::kRead, A::kRead, A::kRead, A::kWrite}, sizeof(CombineArgs),
      SB_STR(SB_COMBINE_ARGS), 256, true},
     {"combine16", "combine", 5, {A::kRead, A::kRead, A::kRead, A::kRead, A::kWrite}, sizeof(CombineArgs),
