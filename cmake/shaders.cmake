@@ -37,6 +37,7 @@ set(SB_KERNEL_VARIANTS
   gather_qmm:QMM_MMA_PROBE:qmm_mma_probe:vulkan
   permute:ARGSORT:argsort
   router:ROUTER:router
+  router:ROUTER_E256:router_e256
   gather_mm:GATHER_MM:gather_mm
   matmul:MATMUL:matmul
   matmul:MATMUL_ROWS16:matmul_rows16
