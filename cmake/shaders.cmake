@@ -34,6 +34,7 @@ set(SB_KERNEL_VARIANTS
   gather_qmm:QMM_TILE:qmm_tile
   gather_qmm:QMM_MMA:qmm_mma:vulkan
   gather_qmm:QMM_MMA4:qmm_mma4:vulkan
+  gather_qmm:QMM_MMA4_GLU:qmm_mma4_glu:vulkan
   gather_qmm:QMM_MMA_PROBE:qmm_mma_probe:vulkan
   permute:ARGSORT:argsort
   router:ROUTER:router

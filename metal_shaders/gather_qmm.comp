@@ -1,5 +1,9 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
+#ifdef QMM_MMA4_GLU  // QMM_MMA4 for a gate and an up projection: out = the Q8 blocks of their Glu
+#define QMM_MMA4
+#define SB_MMA_GLU
+#endif
 #ifdef QMM_MMA4  // QMM_MMA for 4-bit experts only: 66 instead of 74 registers on the H100, 6% faster
 #define QMM_MMA
 #define SB_MMA_BITS4
@@ -811,14 +815,41 @@ layout(std430, binding = 5) readonly buffer Bi { uint biases[]; };
 layout(std430, binding = 6) readonly buffer L { int lhs[]; };
 layout(std430, binding = 7) readonly buffer T { uint tiles[]; };
 layout(std430, binding = 8) readonly buffer Ex { uint expert_info[]; };  // [E] bits, then [E] word offsets
-layout(std430, binding = 9) writeonly buffer O { uint o[]; };
+layout(std430, binding = 9) writeonly buffer O { uint o[]; };  // SB_MMA_GLU: h's Q8 codes
 layout(std430, binding = 10) buffer Er { uint err[]; };
+#ifdef SB_MMA_GLU
+// QMM_MMA4_GLU: workgroup (tile, c) computes gate and up columns [32c, 32c + 32) (the
+// weight columns 0..31 of the tile are gate rows, 32..63 up rows), then h = Glu of the
+// two rounded to the output dtype, and writes h's Q8 block c of each pair (the
+// QUANTIZE steps, in this kernel's permuted K order: the down projection's qmm_mma4
+// reads them). Thread -> block word after the MMAs: pair tid / 8, code word tid % 8.
+layout(std430, binding = 11) readonly buffer WtU { uint codes_up[]; };
+layout(std430, binding = 11) readonly buffer WtU4 { uvec4 codes_up4[]; };
+layout(std430, binding = 12) readonly buffer ScU { uint up_scales[]; };
+layout(std430, binding = 13) readonly buffer BiU { uint up_biases[]; };
+layout(std430, binding = 14) writeonly buffer HD { float hd[]; };
+layout(std430, binding = 15) writeonly buffer HS { int hs[]; };
+layout(push_constant) uniform Args { SB_QMM_GLU_ARGS } args;
+#define MMA_COLS 32u  // output columns per workgroup
+#else
 layout(push_constant) uniform Args { SB_QMM_ARGS } args;
+#define MMA_COLS 64u
+#endif
 
 const uint kTp = SB_QMM_TILE_PAIRS, kTn = 64u;
 const uint kAb = 20u;   // words per shared row of 64 int8 codes: 16 + 4 of padding (bank spread)
+#ifdef SB_MMA_GLU
+// s_a and s_b in one array: after the MMAs it holds the rounded gate and up results,
+// [pair][64] (the NVIDIA driver fits fewer workgroups per SM with more shared memory).
+shared uint s_ab[2048];
+#define s_a s_ab
+#define s_b s_ab
+const uint kA0 = 0u, kB0 = kTp * kAb;
+#else
 shared uint s_a[kTp * kAb];        // Q8 codes, row-major [pair][k]
 shared uint s_b[kTn * kAb];        // weight codes, [column][k]: B (k x n) column-major
+const uint kA0 = 0u, kB0 = 0u;
+#endif
 shared float s_d[2u * 2u * kTp];   // [chunk parity][block][pair]
 shared int s_sx[2u * 2u * kTp];
 shared float s_scale[2u * 2u * kTn];  // [chunk parity][block][column]: the block's group's s
@@ -873,6 +904,8 @@ struct MmaBases {
   uint w;      // first word of column tid / 2's block tid % 2
   bool wlive;  // tid < 128 and the column inside n
   uint s;      // scale index of column tid % 64, group 0
+  bool wup;    // SB_MMA_GLU: the weight words, and the scales, are the up projection's
+  bool sup;
 };
 
 // This thread's global words of chunk j0 (blocks j0, j0 + 1) into registers: 2 words
@@ -898,24 +931,92 @@ void mma_load(uint j0, uint blocks, uint bits, uint gshift, MmaBases b, out uint
   bool live = b.wlive && jd < blocks;
   uint base = b.w + j0 * bits;
   if (bits == 4u && (base & 3u) == 0u) {  // the common case: one 16-byte load
+#ifdef SB_MMA_GLU
+    uvec4 v = live ? (b.wup ? codes_up4[base >> 2u] : codes4[base >> 2u]) : uvec4(0u);
+#else
     uvec4 v = live ? codes4[base >> 2u] : uvec4(0u);
+#endif
     w[0] = v.x;
     w[1] = v.y;
     w[2] = v.z;
     w[3] = v.w;
     w[4] = w[5] = w[6] = w[7] = 0u;
   } else {
+#ifdef SB_MMA_GLU
+    [[unroll]] for (uint i = 0u; i < 8u; ++i)
+      w[i] = live && i < bits ? (b.wup ? codes_up[base + i] : codes[base + i]) : 0u;
+#else
     [[unroll]] for (uint i = 0u; i < 8u; ++i) w[i] = live && i < bits ? codes[base + i] : 0u;
+#endif
   }
   uint sidx = b.s + (min(j0 + ((tid >> 6u) & 1u), blocks - 1u) >> gshift);
+#ifdef SB_MMA_GLU
+  if (b.sup) {
+    sb[0] = SB_LOAD(up_scales, args.scale_dtype, sidx);
+    sb[1] = SB_LOAD(up_biases, args.scale_dtype, sidx);
+    return;
+  }
+#endif
   sb[0] = SB_LOAD(scales, args.scale_dtype, sidx);
   sb[1] = SB_LOAD(biases, args.scale_dtype, sidx);
 }
 
+#ifdef SB_MMA_GLU
+// v rounded to the output dtype, as a stored GatherQmm / Glu output would be.
+float round_out(float v) {
+  return sb_is16(args.out_dtype) ? sb_decode(sb_encode16(v, args.out_dtype), args.out_dtype, 0u) : v;
+}
+
+// The gate and up results rounded into s_ab (free after the MMAs' last barrier); then
+// h = Glu (rounded) and its Q8 block for each pair of the tile: pair tid / 8 owns the
+// block, thread tid % 8 its code word i (h columns 8 (i / 2) + 2 j + i % 2, j < 4:
+// qmm_mma4's K order); the block's amax and code sum by shared atomics on s_sx (free
+// too; integers: any order).
+void glu_q8_epilogue(float acc[8], uint r0, uint c0, uint first, uint count, uint n0) {
+  uint tid = gl_LocalInvocationID.x;
+  if (tid < 2u * kTp) s_sx[tid] = 0;  // [0, 32): amax bits per pair, [32, 64): code sums
+  [[unroll]] for (uint e = 0u; e < 8u; ++e)
+    s_ab[(r0 + 8u * (e >> 2u)) * 64u + c0 + 8u * ((e >> 1u) & 1u) + (e & 1u)] = floatBitsToUint(round_out(acc[e]));
+  barrier();
+  uint r = tid >> 3u, i = tid & 7u;
+  float hv[4];
+  uint amax = 0u;
+  [[unroll]] for (uint j = 0u; j < 4u; ++j) {
+    uint c = 8u * (i >> 1u) + 2u * j + (i & 1u);
+    float g = uintBitsToFloat(s_ab[r * 64u + c]), u = uintBitsToFloat(s_ab[r * 64u + 32u + c]);
+    hv[j] = round_out(sb_glu(g, u, args.glu_kind, args.glu_alpha, args.glu_limit));
+    amax = max(amax, floatBitsToUint(hv[j]) & 0x7fffffffu);
+  }
+  atomicMax(s_sx[r], int(amax));  // amax <= 0x7fffffff: an int keeps its order
+  barrier();
+  amax = uint(s_sx[r]);
+  float scale, d;
+  bool zero;
+  q8_params(amax, scale, d, zero);
+  uint word = 0u;
+  int part = 0;
+  [[unroll]] for (uint j = 0u; j < 4u; ++j) {
+    int code = zero ? 0 : q8_code(hv[j], scale);
+    part += code;
+    word |= (uint(code) & 0xffu) << (8u * j);
+  }
+  atomicAdd(s_sx[kTp + r], part);
+  barrier();
+  int sum = s_sx[kTp + r];
+  if (r >= count) return;
+  uint blocks = args.n / 32u, at = (first + r) * blocks + n0 / 32u;
+  o[at * 8u + i] = word;
+  if (i == 0u) {
+    hd[at] = d;
+    hs[at] = sum;
+  }
+}
+#endif
+
 void main() {
   uint wg = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
   uint tid = gl_LocalInvocationID.x, warp = tid >> 5u, cp = tid & 31u;
-  uint tile = wg / args.tiles, n0 = (wg % args.tiles) * kTn;
+  uint tile = wg / args.tiles, n0 = (wg % args.tiles) * MMA_COLS;
   if (tile >= tiles[0]) return;  // uniform over the workgroup
   uint first = tiles[1u + 3u * tile], count = tiles[2u + 3u * tile], ex = tiles[3u + 3u * tile];
 #ifdef SB_MMA_BITS4  // every expert 4-bit (the host checks): the other widths' code compiled out
@@ -945,12 +1046,20 @@ void main() {
   barrier();
   MmaBases mb;
   {
-    uint c = (tid >> 1u) & 63u;
+    uint c = (tid >> 1u) & 63u, sc = tid & 63u;
     mb.xrow = s_row[tid >> 3u];
     mb.drow = tid < 2u * kTp ? s_row[(tid >> 1u) & (kTp - 1u)] : -1;
+#ifdef SB_MMA_GLU  // tile columns 32..63 are the up projection's columns 0..31
+    mb.wup = c >= 32u;
+    mb.sup = sc >= 32u;
+    c &= 31u;
+    sc &= 31u;
+#else
+    mb.wup = mb.sup = false;
+#endif
     mb.w = wbase + (n0 + c) * row_words + (tid & 1u) * bits;
     mb.wlive = tid < 128u && n0 + c < args.n;
-    mb.s = (ex * args.n + min(n0 + (tid & 63u), args.n - 1u)) * args.groups;
+    mb.s = (ex * args.n + min(n0 + sc, args.n - 1u)) * args.groups;
   }
   uint gshift = uint(findLSB(per_group));
   uint xa[2], ds[2], w[8];
@@ -958,8 +1067,8 @@ void main() {
   mma_load(0u, blocks, bits, gshift, mb, xa, ds, w, sb);
   uint mr = 16u * (warp & 1u), mc = 16u * (warp >> 1u);
   for (uint j0 = 0u, parity = 0u; j0 < blocks; j0 += 2u, parity ^= 1u) {
-    s_a[(tid >> 3u) * kAb + 2u * (tid & 7u)] = xa[0];
-    s_a[(tid >> 3u) * kAb + 2u * (tid & 7u) + 1u] = xa[1];
+    s_a[kA0 + (tid >> 3u) * kAb + 2u * (tid & 7u)] = xa[0];
+    s_a[kA0 + (tid >> 3u) * kAb + 2u * (tid & 7u) + 1u] = xa[1];
     if (tid < 2u * kTp) {
       uint at = (parity * 2u + (tid & 1u)) * kTp + (tid >> 1u);
       s_d[at] = uintBitsToFloat(ds[0]);
@@ -968,7 +1077,7 @@ void main() {
     if (tid < 128u) {
       s_scale[parity * 2u * kTn + tid] = sb[0];
       s_bias[parity * 2u * kTn + tid] = sb[1];
-      stage_block(bits, w, (tid >> 1u) * kAb + 8u * (tid & 1u));
+      stage_block(bits, w, kB0 + (tid >> 1u) * kAb + 8u * (tid & 1u));
     }
     barrier();
     if (j0 + 2u < blocks) mma_load(j0 + 2u, blocks, bits, gshift, mb, xa, ds, w, sb);
@@ -976,9 +1085,9 @@ void main() {
       uint j = j0 + jb;
       if (j >= blocks) break;  // uniform: the cooperative-matrix ops stay in uniform control flow
       icoopmatNV<8, 3, 16, 32> ma;
-      coopMatLoadNV(ma, s_a, mr * kAb + 8u * jb, kAb, false);
+      coopMatLoadNV(ma, s_a, kA0 + mr * kAb + 8u * jb, kAb, false);
       icoopmatNV<8, 3, 32, 16> mw;
-      coopMatLoadNV(mw, s_b, mc * kAb + 8u * jb, kAb, true);
+      coopMatLoadNV(mw, s_b, kB0 + mc * kAb + 8u * jb, kAb, true);
       icoopmatNV<32, 3, 16, 16> md = icoopmatNV<32, 3, 16, 16>(0);
       md = coopMatMulAddNV(ma, mw, md);
       uint at = (parity * 2u + jb) * kTp;
@@ -1016,6 +1125,9 @@ void main() {
     }
     barrier();
   }
+#ifdef SB_MMA_GLU
+  glu_q8_epilogue(acc, r0, c0, first, count, n0);
+#else
   [[unroll]] for (uint e = 0u; e < 8u; e += 2u) {  // elements e, e + 1: columns n, n + 1 of one row
     uint pl = r0 + 8u * (e >> 2u), n = n0 + c0 + 8u * ((e >> 1u) & 1u);
     uint at = (first + pl) * args.n + n;
@@ -1028,6 +1140,7 @@ void main() {
       }
     }
   }
+#endif
 }
 #endif
 

@@ -11,6 +11,7 @@
 #include "exact_math.h"
 #include "gather_qmm.h"
 #include "op_harness.h"
+#include "quantize.h"
 
 namespace switchboard::optest {
 namespace {
@@ -548,6 +549,83 @@ TEST(GatherQmmDevices, DownProjectionWithCombine) {
     SCOPED_TRACE("k " + std::to_string(cc->c.k) + ", slots " + std::to_string(cc->slots) + ", pairs " +
                  std::to_string(cc->c.tokens));
     run_combine(*cc);
+  }
+}
+
+// The sorted MoE FFN as prefill runs it (router, argsort, gate/up GatherQmm, Glu, down
+// GatherQmm with combine): on a GPU with int8 tensor cores and 4-bit experts, one kernel
+// makes the Q8 blocks of h = Glu(gate, up) (qmm_mma4_glu) and h is never stored. Every
+// device must give the CPU's bits (the CPU's GatherQmm is checked against the oracle above).
+struct FfnCase {
+  DType dt;
+  GluKind kind;
+  int64_t f;  // the experts' hidden width (gate/up rows, down's K)
+  int group;
+  bool shared_gate;
+};
+
+TEST(GatherQmmDevices, SortedMoeFfn) {
+  const int64_t d = 256, experts = 8, k = 2, m = 48;  // 96 pairs: the tiled schedule
+  const FfnCase cases[] = {{DType::kBF16, GluKind::kSwiGLU, 96, 32, true},
+                           {DType::kF32, GluKind::kGEGLU, 128, 64, false},
+                           {DType::kF16, GluKind::kClampedSwiGLU, 128, 128, false}};
+  for (const FfnCase& fc : cases) {
+    SCOPED_TRACE(std::string(dtype_name(fc.dt)) + " glu " + std::to_string(static_cast<int>(fc.kind)) + " f " +
+                 std::to_string(fc.f));
+    std::mt19937 rng(static_cast<uint32_t>(fc.f));
+    std::normal_distribution<double> normal(0.0, 1.0);
+    auto values = [&](int64_t n, double scale) {
+      std::vector<double> v(static_cast<size_t>(n));
+      for (double& x : v) x = scale * normal(rng);
+      return v;
+    };
+    Inputs in;
+    ProgramBuilder b;
+    auto proj = [&](const std::string& name, int64_t n, int64_t kk) {
+      Tensor w = make(DType::kF32, {experts * n, kk}, values(experts * n * kk, 0.1));
+      auto q = affine_quantize(w, 4, fc.group, DType::kBF16);
+      EXPECT_TRUE(q.is_ok()) << q.status().to_string();
+      auto put = [&](const std::string& key, const Tensor& t, Shape shape) {
+        auto v = t.reshaped(shape);
+        EXPECT_TRUE(v.is_ok()) << key << ": " << v.status().to_string();
+        if (v.is_ok()) in[key] = *v;
+      };
+      if (q.is_ok()) {
+        put(name + ".w", q->w, {experts, n, kk / 8});
+        put(name + ".s", q->scales, {experts, n, kk / fc.group});
+        put(name + ".b", q->biases, {experts, n, kk / fc.group});
+      }
+      QuantizedExperts e;
+      e.w = b.input(name + ".w", DType::kU32, {experts, n, kk / 8});
+      e.scales = b.input(name + ".s", DType::kBF16, {experts, n, kk / fc.group});
+      e.biases = b.input(name + ".b", DType::kBF16, {experts, n, kk / fc.group});
+      e.group_size = fc.group;
+      return e;
+    };
+    MoeExperts e{proj("gate", fc.f, d), proj("up", fc.f, d), proj("down", d, fc.f)};
+    e.activation = fc.kind;
+    e.sort_cutoff = 0;  // always sorted
+    in["x"] = make(fc.dt, {m, d}, values(m * d, 1.0));
+    in["logits"] = make(DType::kF32, {m, experts}, values(m * experts, 2.0));
+    TensorRef x = b.input("x", fc.dt, {m, d});
+    RouterOut r = b.router(b.input("logits", DType::kF32, {m, experts}), RouterSpec{RouterKind::kSoftmaxTopK, int(k)});
+    TensorRef shared, gate;
+    if (fc.shared_gate) {
+      in["shared"] = make(fc.dt, {m, d}, values(m * d, 0.5));
+      in["sgate"] = make(fc.dt, {m, 1}, values(m, 1.0));
+      shared = b.input("shared", fc.dt, {m, d});
+      gate = b.input("sgate", fc.dt, {m, 1});
+    }
+    b.output("y", b.moe_experts(x, r.weights, r.indices, e, shared, gate));
+    // The reference: the CPU's result of the same program.
+    RefTensor want;
+    detail::for_each_device(b, in, [&](const Program&, Session& s, const std::string& dev) {
+      if (dev != "cpu") return;
+      ASSERT_TRUE(s.execute().is_ok());
+      Tensor y = *s.output("y");
+      want = RefTensor{y.shape(), y.to_doubles(), {}};
+    });
+    check_op(b, in, [&](const Inputs&) { return Expected{{"y", want}}; }, Tolerance::exact());
   }
 }
 

@@ -442,10 +442,17 @@ struct QmmSetup {
   bool all_4bit = false;  // every expert 4-bit (none pruned): qmm_mma4 may run
 };
 
-Result<QmmSetup> qmm_setup(KernelContext& ctx, const fb::GatherQmmNodeT* n) {
+// `x_shape`: x is never stored (a fused producer made its Q8 blocks); its shape and
+// dtype stand in and binding 0 of the row kernels is never used.
+Result<QmmSetup> qmm_setup(KernelContext& ctx, const fb::GatherQmmNodeT* n, const Tensor* x_shape = nullptr) {
   QmmSetup q;
-  SB_ASSIGN_OR_RETURN(q.bx, bind_in(ctx, n->x.get(), &q.x));
   SB_ASSIGN_OR_RETURN(q.bw, bind_in(ctx, n->w.get(), &q.w));
+  if (x_shape) {
+    q.x = *x_shape;
+    q.bx = q.bw;
+  } else {
+    SB_ASSIGN_OR_RETURN(q.bx, bind_in(ctx, n->x.get(), &q.x));
+  }
   SB_ASSIGN_OR_RETURN(q.bs, bind_in(ctx, n->scales.get(), &q.scales));
   SB_ASSIGN_OR_RETURN(q.bb, bind_in(ctx, n->biases.get(), &q.biases));
   SB_RETURN_IF_ERROR(bind_indices(ctx, n->lhs_indices, n->rhs_indices, q.bx, q.lhs, q.rhs, q.bl, q.br));
@@ -606,10 +613,11 @@ Status qmm_from_q8(Runtime& rt, QmmSetup& q, const Q8Blocks& q8, const QmmTileLi
                      sizeof(args), 64 * workgroups);
 }
 
-Status gather_qmm(KernelContext& ctx, const fb::OpNodeUnion& op) {
-  const auto* n = op.AsGatherQmmNode();
+// GatherQmm `n` set up as q; `pre` and `pre_tiles`: x's Q8 blocks and the pairs' work
+// list, made by a fused producer (else made here).
+Status gather_qmm_run(KernelContext& ctx, const fb::GatherQmmNodeT* n, QmmSetup& q, const Q8Blocks* pre = nullptr,
+                      const QmmTileList* pre_tiles = nullptr) {
   Runtime& rt = rt_of(ctx);
-  SB_ASSIGN_OR_RETURN(QmmSetup q, qmm_setup(ctx, n));
   CombineOperands c;
   if (n->combine_weights) {
     SB_ASSIGN_OR_RETURN(c, bind_combine(ctx, n->combine_weights.get(), n->shared.get(), n->shared_gate.get(), q.nout));
@@ -619,7 +627,9 @@ Status gather_qmm(KernelContext& ctx, const fb::OpNodeUnion& op) {
   }
   SB_ASSIGN_OR_RETURN(Tensor out, rt.alloc(q.x.dtype(), {q.pairs, q.nout}));
   SB_ASSIGN_OR_RETURN(BufferRef bo, rt.bind(out, false));
-  if (qmm_row_plan(q, 1)) {
+  if (pre) {
+    SB_RETURN_IF_ERROR(qmm_from_q8(rt, q, *pre, pre_tiles, bo));
+  } else if (qmm_row_plan(q, 1)) {
     // One workgroup per (pair, tile of outputs) quantizes its row itself: no Q8 dispatch.
     SB_RETURN_IF_ERROR(rt.dispatch(qmm_row_kernel(q, false), {q.bx, q.bw, q.bs, q.bb, q.bl, q.br, q.bi, bo, rt.error_word()}, &q.args,
                                    sizeof(q.args), 256 * static_cast<uint64_t>(q.pairs) * q.args.tiles));
@@ -636,6 +646,23 @@ Status gather_qmm(KernelContext& ctx, const fb::OpNodeUnion& op) {
   // (rounded) product followed by Combine, which is what the device runs (a one-kernel
   // version that staged every slot's row per workgroup was slower: bench/RESULTS.md).
   return combine_impl(ctx, out, bo, c, n->out.get());
+}
+
+Status gather_qmm(KernelContext& ctx, const fb::OpNodeUnion& op) {
+  const auto* n = op.AsGatherQmmNode();
+  SB_ASSIGN_OR_RETURN(QmmSetup q, qmm_setup(ctx, n));
+  return gather_qmm_run(ctx, n, q);
+}
+
+// A kernel's QmmArgs followed by the Glu's kind and constants (qmm_row_glu, qmm_mma4_glu).
+k::QmmGluArgs glu_args(const k::QmmArgs& qa, const fb::GluNodeT* glu_node) {
+  k::QmmGluArgs args{};
+  static_assert(offsetof(k::QmmGluArgs, glu_kind) == sizeof(k::QmmArgs));
+  std::memcpy(&args, &qa, sizeof(qa));
+  args.glu_kind = static_cast<uint32_t>(glu_node->kind);
+  args.glu_alpha = glu_node->alpha;
+  args.glu_limit = glu_node->limit;
+  return args;
 }
 
 // The fused gate/up/Glu of decode (GpuDevice::fuse): ins[0..1] are GatherQmm of the
@@ -678,15 +705,55 @@ Status gate_up_glu(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>* 
   }
   SB_ASSIGN_OR_RETURN(Tensor out, rt.alloc(g.x.dtype(), {g.pairs, g.nout}));
   SB_ASSIGN_OR_RETURN(BufferRef bo, rt.bind(out, false));
-  k::QmmGluArgs args{};
-  static_assert(offsetof(k::QmmGluArgs, glu_kind) == sizeof(k::QmmArgs));
-  std::memcpy(&args, &g.args, sizeof(g.args));
-  args.glu_kind = static_cast<uint32_t>(glu_node->kind);
-  args.glu_alpha = glu_node->alpha;
-  args.glu_limit = glu_node->limit;
+  k::QmmGluArgs args = glu_args(g.args, glu_node);
   SB_RETURN_IF_ERROR(rt.dispatch(qmm_row_kernel(g, true), {g.bx, g.bw, g.bs, g.bb, g.bl, g.br, g.bi, bo, rt.error_word(), u.bw, u.bs, u.bb},
                                  &args, sizeof(args), 256 * static_cast<uint64_t>(g.pairs) * args.tiles));
   return ctx.out(glu_node->out.get(), std::move(out));
+}
+
+// A sorted MoE FFN (GpuDevice::fuse): ins[0..2] as gate_up_glu, ins[3] the down
+// GatherQmm of the Glu's private output with the same experts. On int8 tensor cores with
+// every expert 4-bit: x quantized once, one work list for all three projections, and
+// qmm_mma4_glu writes the Q8 blocks of h = Glu(gate, up) directly, so h is never stored
+// nor quantized again. Anything else runs gate_up_glu, then the down projection.
+Status moe_ffn(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>* ins) {
+  const auto* glu_node = ins[2]->op.AsGluNode();
+  const bool gate_first = ins[0]->op.AsGatherQmmNode()->out->idx() == glu_node->gate->idx();
+  const auto* gate = ins[gate_first ? 0 : 1]->op.AsGatherQmmNode();
+  const auto* up = ins[gate_first ? 1 : 0]->op.AsGatherQmmNode();
+  const auto* down = ins[3]->op.AsGatherQmmNode();
+  Runtime& rt = rt_of(ctx);
+  SB_ASSIGN_OR_RETURN(QmmSetup g, qmm_setup(ctx, gate));
+  SB_ASSIGN_OR_RETURN(QmmSetup u, qmm_setup(ctx, up));
+  const bool fast = rt.int8_mma() && g.all_4bit && u.all_4bit && qmm_tiled(g) && g.scales.shape() == u.scales.shape() &&
+                    g.scales.dtype() == u.scales.dtype() && g.w.numel() == u.w.numel() && g.nout % 32 == 0;
+  Tensor h_shape = Tensor::wrap(g.x.dtype(), {g.pairs, g.nout}, nullptr, nullptr);
+  QmmSetup d;
+  if (fast) {
+    SB_ASSIGN_OR_RETURN(d, qmm_setup(ctx, down, &h_shape));
+  }
+  if (!fast || !d.all_4bit || d.kdim != g.nout || d.pairs != g.pairs || d.experts != g.experts || !qmm_tiled(d)) {
+    SB_RETURN_IF_ERROR(gate_up_glu(ctx, ins));
+    return gather_qmm(ctx, ins[3]->op);
+  }
+  SB_ASSIGN_OR_RETURN(Q8Blocks q8, quantize_rows(rt, g, true));
+  SB_ASSIGN_OR_RETURN(QmmTileList tiles, qmm_tile_list(rt, g));
+  Q8Blocks h;  // h's Q8 blocks: pairs x nout / 32, in qmm_mma4's K order
+  const int64_t blocks = g.pairs * (g.nout / 32);
+  SB_ASSIGN_OR_RETURN(h.xq, rt.alloc(DType::kI32, {blocks * 8}));
+  SB_ASSIGN_OR_RETURN(h.d, rt.alloc(DType::kF32, {blocks}));
+  SB_ASSIGN_OR_RETURN(h.s, rt.alloc(DType::kI32, {blocks}));
+  SB_ASSIGN_OR_RETURN(h.bq, rt.bind(h.xq, false));
+  SB_ASSIGN_OR_RETURN(h.bd, rt.bind(h.d, false));
+  SB_ASSIGN_OR_RETURN(h.bsum, rt.bind(h.s, false));
+  h.permuted = true;
+  k::QmmGluArgs args = glu_args(g.args, glu_node);
+  args.tiles = static_cast<uint32_t>(g.nout / 32);  // column blocks of 32 (gate and up: 64 weight rows)
+  SB_RETURN_IF_ERROR(rt.dispatch("qmm_mma4_glu",
+                                 {q8.bq, q8.bd, q8.bsum, g.bw, g.bs, g.bb, g.bl, tiles.bt, g.bi, h.bq, rt.error_word(), u.bw,
+                                  u.bs, u.bb, h.bd, h.bsum},
+                                 &args, sizeof(args), 256 * static_cast<uint64_t>(tiles.max_tiles) * args.tiles));
+  return gather_qmm_run(ctx, down, d, &h, &tiles);
 }
 
 bool same_tid(const std::unique_ptr<fb::Tid>& a, const std::unique_ptr<fb::Tid>& b) {
@@ -1055,6 +1122,17 @@ Fusion GpuDevice::fuse(const std::vector<std::unique_ptr<fb::InstructionT>>& ins
   if (!outs_feed_glu || ga == gb || !plain || !alike || !private_temp(a->out.get(), i + 2) ||
       !private_temp(b->out.get(), i + 2))
     return {};
+  if (i + 4 <= ins.size() && ins[i + 3]->op.type == fb::OpNode::GatherQmmNode && a->rhs_indices) {
+    // The sorted FFN: the down projection of the Glu's output, rows by pair, same experts.
+    const auto* d = ins[i + 3]->op.AsGatherQmmNode();
+    const uint32_t h = glu_node->out->idx();
+    auto not_h = [&](const std::unique_ptr<fb::Tid>& t) { return !t || t->idx() != h; };
+    if (d->x->idx() == h && !d->lhs_indices && same_tid(d->rhs_indices, a->rhs_indices) &&
+        same_iov(d->sorted_indices, a->sorted_indices) && not_h(d->combine_weights) && not_h(d->shared) &&
+        not_h(d->shared_gate) && not_h(d->w) && not_h(d->scales) && not_h(d->biases) &&
+        private_temp(glu_node->out.get(), i + 3))
+      return Fusion{moe_ffn, 4};
+  }
   return Fusion{gate_up_glu, 3};
 }
 

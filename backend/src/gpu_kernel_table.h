@@ -16,7 +16,7 @@ namespace switchboard::kernels {
 enum class Access : uint8_t { kRead, kWrite, kReadWrite };
 
 inline constexpr uint32_t kMetalArgsBuffer = 30;
-inline constexpr int kMaxBindings = 12;
+inline constexpr int kMaxBindings = 16;  // within Vulkan's guaranteed 32 push descriptors
 
 struct KernelInfo {
   const char* name;        // kernel variant (sb_<name> is its MSL entry point)
@@ -95,6 +95,12 @@ inline constexpr KernelInfo kKernels[] = {
      sizeof(QmmArgs), SB_STR(SB_QMM_ARGS), 256, true, false, false, true},
     {"qmm_mma4", "gather_qmm", 11, SB_QMM_ACCESS,
      sizeof(QmmArgs), SB_STR(SB_QMM_ARGS), 256, true, false, false, true},
+    // qmm_mma4's bindings (out: h's Q8 codes), then the up projection's codes, scales and
+    // biases, h's block scales d and code sums.
+    {"qmm_mma4_glu", "gather_qmm", 16,
+     {A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kWrite, A::kReadWrite,
+      A::kRead, A::kRead, A::kRead, A::kWrite, A::kWrite},
+     sizeof(QmmGluArgs), SB_STR(SB_QMM_GLU_ARGS), 256, true, false, false, true},
     {"qmm_mma_probe", "gather_qmm", 1, {A::kWrite}, sizeof(ProbeArgs), SB_STR(SB_PROBE_ARGS), 32, true, false, false,
      true},
     {"argsort", "permute", 2, {A::kRead, A::kWrite}, sizeof(ArgsortArgs), SB_STR(SB_ARGSORT_ARGS), 256, true},
