@@ -855,7 +855,9 @@ shared int s_sx[2u * 2u * kTp];
 shared float s_scale[2u * 2u * kTn];  // [chunk parity][block][column]: the block's group's s
 shared float s_bias[2u * 2u * kTn];
 shared int s_row[kTp];
+#ifndef SB_MMA_BITS4  // (declared but unused, it would still take shared memory: fewer workgroups per SM)
 shared uint s_raw[128u * 8u];  // each thread's weight words, for the widths other than 4 and 8
+#endif
 
 // A block's 32 codes of `bits` bits, from words w[0..bits), as 8 words of int8 at
 // s_b[dst]. Register arrays take constant indices only (a dynamically indexed one
@@ -869,8 +871,7 @@ void stage_block(uint bits, uint w[8], uint dst) {
     s_b[dst + 2u * i] = w[i] & 0x0f0f0f0fu;
     s_b[dst + 2u * i + 1u] = (w[i] >> 4u) & 0x0f0f0f0fu;
   }
-  return;
-#endif
+#else
   if (bits == 4u) {
     [[unroll]] for (uint i = 0u; i < 4u; ++i) {
       uint a = w[i] & 0x0f0f0f0fu, c = (w[i] >> 4u) & 0x0f0f0f0fu;  // codes 0,2,4,6 and 1,3,5,7
@@ -895,6 +896,7 @@ void stage_block(uint bits, uint w[8], uint dst) {
     }
     s_b[dst + o] = word;
   }
+#endif
 }
 
 // Where this thread's loads of chunk 0 start (mma_load); chunk j0 adds j0 blocks.
