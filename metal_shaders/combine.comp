@@ -47,26 +47,17 @@ void main() {
   uint i0 = u * n, t = i0 / args.dim, d = i0 - t * args.dim;
   precise float acc[8];
   [[unroll]] for (uint e = 0u; e < 8u; ++e) acc[e] = e < n ? combine_base(i0 + e, t) : 0.0;
-  // Slots four at a time, their loads issued together (one at a time, each slot's row
-  // index and then its row waited in turn); the adds stay in slot order.
-  for (uint j0 = 0u; j0 < args.slots; j0 += 4u) {
-    float w[4];
-    uvec4 v[4];
-    [[unroll]] for (uint q = 0u; q < 4u; ++q) {
-      uint p = t * args.slots + min(j0 + q, args.slots - 1u);
-      w[q] = weights[p];
+  for (uint j = 0u; j < args.slots; ++j) {
+    uint p = t * args.slots + j;
+    float w = weights[p];
 #ifdef COMBINE_ROWS
-      uint r = rows[p];
-      v[q] = r < args.tokens * args.slots ? y4[(r * args.dim + d) / n] : uvec4(0u);  // else: an error was raised
+    uint r = rows[p];
+    uvec4 v = r < args.tokens * args.slots ? y4[(r * args.dim + d) / n] : uvec4(0u);  // else: an error was raised
 #else
-      v[q] = y4[(p * args.dim + d) / n];
+    uvec4 v = y4[(p * args.dim + d) / n];
 #endif
-    }
-    [[unroll]] for (uint q = 0u; q < 4u; ++q) {
-      if (j0 + q >= args.slots) break;
-      [[unroll]] for (uint e = 0u; e < 8u; ++e) {
-        if (e < n) acc[e] = acc[e] + w[q] * sb_decode(v[q][e / per], args.dtype, e);
-      }
+    [[unroll]] for (uint e = 0u; e < 8u; ++e) {
+      if (e < n) acc[e] = acc[e] + w * sb_decode(v[e / per], args.dtype, e);
     }
   }
   uvec4 out_words;
