@@ -398,17 +398,16 @@ Inputs combine_inputs(DType t, int64_t tokens, int64_t k, int64_t d, uint32_t se
           {"gate", make(t, {tokens, 1}, g)}};
 }
 
-void check_combine(DType t, int64_t k, Shared sh, int64_t d) {
+void check_combine(DType t, int64_t k, Shared sh, int64_t d, int64_t tokens = 5) {
   SCOPED_TRACE(std::string("combine ") + dtype_name(t) + " k=" + std::to_string(k) +
-               " shared=" + std::to_string(int(sh)) + " d=" + std::to_string(d));
-  const int64_t tokens = 5;
+               " shared=" + std::to_string(int(sh)) + " d=" + std::to_string(d) + " tokens=" + std::to_string(tokens));
   Inputs in = combine_inputs(t, tokens, k, d, static_cast<uint32_t>(100 + k * 3 + int(sh)));
   if (sh != Shared::kGated) in.erase("gate");
   if (sh == Shared::kNone) in.erase("shared");
   ProgramBuilder b;
-  TensorRef y = b.input("y", t, {Dim::dynamic(1, 64), d}), w = b.input("w", kF32, {Dim::dynamic(1, 64), k});
-  TensorRef shared = sh == Shared::kNone ? TensorRef{} : b.input("shared", t, {Dim::dynamic(1, 64), d});
-  TensorRef gate = sh == Shared::kGated ? b.input("gate", t, {Dim::dynamic(1, 64), 1}) : TensorRef{};
+  TensorRef y = b.input("y", t, {Dim::dynamic(1, 4096), d}), w = b.input("w", kF32, {Dim::dynamic(1, 4096), k});
+  TensorRef shared = sh == Shared::kNone ? TensorRef{} : b.input("shared", t, {Dim::dynamic(1, 4096), d});
+  TensorRef gate = sh == Shared::kGated ? b.input("gate", t, {Dim::dynamic(1, 4096), 1}) : TensorRef{};
   b.output("out", b.combine(y, w, shared, gate));
   auto ref = [&](const Inputs& x) { return Expected{{"out", combine_ref(x, k, sh, t)}}; };
   check_op(b, in, ref, Tolerance::exact());
@@ -419,6 +418,9 @@ TEST(Combine, SlotOrderSumWithAndWithoutSharedExpert) {
     for (int64_t k : {1, 2, 8})
       for (Shared sh : {Shared::kNone, Shared::kPlain, Shared::kGated})
         for (int64_t d : {5, 6, 16}) check_combine(t, k, sh, d);  // odd rows; 16: whole 16-byte units
+  // 65,536 outputs of whole 16-byte units: the GPU's 16-byte kernel (fewer outputs keep the word kernel).
+  for (DType t : {kF32, kBF16})
+    for (Shared sh : {Shared::kNone, Shared::kGated}) check_combine(t, 3, sh, 1024, 64);
   // The f32 data must make the slot order matter, or the checks above could not tell the orders apart.
   Inputs in = combine_inputs(kF32, 5, 8, 6, 100 + 8 * 3 + int(Shared::kGated));
   EXPECT_NE(combine_ref(in, 8, Shared::kGated, kF32).values, combine_ref(in, 8, Shared::kGated, kF32, true).values);
@@ -428,10 +430,11 @@ TEST(Combine, SlotOrderSumWithAndWithoutSharedExpert) {
 // permutation instead of writing the scattered copy): the same bits as the two ops, and a
 // bad permutation still fails.
 TEST(Combine, OfScatteredRows) {
-  const int64_t tokens = 5, k = 2;
-  const std::vector<int64_t> perm = {3, 8, 0, 5, 1, 9, 4, 7, 2, 6};
+  const int64_t tokens = 64, k = 2;  // 64 x 1024 outputs: the GPU's fused kernel (fewer: the two kernels)
+  std::vector<int64_t> perm(tokens * k);
+  for (size_t p = 0; p < perm.size(); ++p) perm[p] = static_cast<int64_t>((p * 37 + 5) % perm.size());
   for (DType t : {kF32, kBF16})
-    for (int64_t d : {6, 16}) {
+    for (int64_t d : {6, 1024}) {
       SCOPED_TRACE(std::string("scatter + combine ") + dtype_name(t) + " d=" + std::to_string(d));
       Inputs in = combine_inputs(t, tokens, k, d, 300 + uint32_t(d));
       in.erase("shared");
@@ -442,8 +445,8 @@ TEST(Combine, OfScatteredRows) {
         for (int64_t c = 0; c < d; ++c) ys[size_t(perm[p] * d + c)] = y[size_t(int64_t(p) * d + c)];
       unsorted["y"] = make(t, {tokens * k, d}, ys);
       ProgramBuilder b;
-      TensorRef yin = b.input("y", t, {Dim::dynamic(1, 64), d}), pin = b.input("perm", kI32, {Dim::dynamic(0, 64)});
-      b.output("out", b.combine(b.scatter_rows(yin, pin), b.input("w", kF32, {Dim::dynamic(1, 64), k})));
+      TensorRef yin = b.input("y", t, {Dim::dynamic(1, 4096), d}), pin = b.input("perm", kI32, {Dim::dynamic(0, 4096)});
+      b.output("out", b.combine(b.scatter_rows(yin, pin), b.input("w", kF32, {Dim::dynamic(1, 4096), k})));
       in["perm"] = make_ints(kI32, {int64_t(perm.size())}, perm);
       auto ref = [&](const Inputs&) { return Expected{{"out", combine_ref(unsorted, k, Shared::kNone, t)}}; };
       check_op(b, in, ref, Tolerance::exact());
