@@ -26,6 +26,10 @@
 #define QMM_ROW_GLU
 #define QMM_ROW_2K
 #endif
+#ifdef QMM_ROW_COMBINE_2K  // QMM_ROW_2K whose last workgroup per (token, tile) also combines
+#define QMM_ROW_COMBINE
+#define QMM_ROW_2K
+#endif
 #ifdef QMM_ROW_GLU  // QMM_ROW computing two projections and their Glu
 #define QMM_ROW
 #endif
@@ -277,9 +281,26 @@ layout(std430, binding = 3) readonly buffer Bi { uint biases[]; };
 layout(std430, binding = 4) readonly buffer L { int lhs[]; };
 layout(std430, binding = 5) readonly buffer R { int rhs[]; };
 layout(std430, binding = 6) readonly buffer Ex { uint expert_info[]; };  // [E] bits, then [E] word offsets
+#ifdef QMM_ROW_COMBINE
+// The down projection with combine_weights: y (binding 7) as GatherQmm stores it, then
+// the workgroup that finishes a (token, tile) last - counted by an atomic after its
+// stores are made visible - adds the token's slots as combine.comp does: out[t][c] =
+// base + sum over slots j of w[t][j] * y[t*k + j][c] (stored products, slot order).
+layout(std430, binding = 7) coherent buffer O { uint o[]; };
+layout(std430, binding = 9) readonly buffer Cw { float cweights[]; };
+layout(std430, binding = 10) readonly buffer Cs { uint shared_x[]; };
+layout(std430, binding = 11) readonly buffer Cg { uint gate[]; };
+layout(std430, binding = 12) coherent buffer Cn { uint counters[]; };  // [token][tile], zero at start
+layout(std430, binding = 13) writeonly buffer Co { uint cout_[]; };
+layout(push_constant) uniform Args { SB_QMM_COMBINE_ARGS } args;
+const uint kProjections = 1u;
+shared uint s_last;
+#else
 layout(std430, binding = 7) writeonly buffer O { uint o[]; };
+#endif
 layout(std430, binding = 8) buffer Er { uint err[]; };
-#ifdef QMM_ROW_GLU
+#ifdef QMM_ROW_COMBINE
+#elif defined(QMM_ROW_GLU)
 layout(std430, binding = 9) readonly buffer Wu { uvec4 codes_up4[]; };
 layout(std430, binding = 10) readonly buffer Su { uint scales_up[]; };
 layout(std430, binding = 11) readonly buffer Bu { uint biases_up[]; };
@@ -430,6 +451,41 @@ void stage_row(uint r, uint tid) {
 }
 #endif
 
+#ifdef QMM_ROW_COMBINE
+// Counts this workgroup's stored y (pair p, outputs [n0, n0 + cnt)) into its token's
+// tile; the last of the token's slots combines the tile's outputs (thread -> word).
+void combine_tile(uint p, uint tile, uint n0, uint cnt) {
+  uint tid = gl_LocalInvocationID.x;
+  memoryBarrierBuffer();  // this invocation's y stores before the count
+  barrier();
+  uint token = p / args.slots;
+  if (tid == 0u) s_last = atomicAdd(counters[token * args.tiles + tile], 1u) + 1u == args.slots ? 1u : 0u;
+  barrier();
+  if (s_last == 0u) return;  // uniform
+  memoryBarrierBuffer();  // the other slots' y, counted before ours, are visible now
+  uint per = sb_per_word(args.out_dtype);
+  float sg = args.has_gate != 0u ? sb_sigmoid(SB_LOAD(gate, args.gate_dtype, token)) : 1.0;
+  for (uint w = tid; w * per < cnt; w += kThreads) {
+    float r2[2] = float[2](0.0, 0.0);
+    for (uint h = 0u; h < per && w * per + h < cnt; ++h) {
+      uint c = n0 + w * per + h;
+      precise float acc = 0.0;
+      if (args.has_shared != 0u) {
+        float sv = SB_LOAD(shared_x, args.shared_dtype, token * args.n + c);
+        precise float gs = sg * sv;
+        acc = args.has_gate != 0u ? gs : sv;
+      }
+      for (uint j = 0u; j < args.slots; ++j) {
+        uint q = token * args.slots + j;
+        acc = acc + cweights[q] * SB_LOAD(o, args.out_dtype, q * args.n + c);
+      }
+      r2[h] = acc;
+    }
+    cout_[(token * args.n + n0) / per + w] = sb_encode_word(r2[0], r2[1], args.out_dtype);
+  }
+}
+#endif
+
 void main() {
   uint wg = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
   uint tid = gl_LocalInvocationID.x;
@@ -476,6 +532,9 @@ void main() {
     bool two = per == 2u && i + 1u < cnt;
     o[(e0 + i) / per] = sb_encode_word(s_out[i], two ? s_out[i + 1u] : 0.0, args.out_dtype);
   }
+#ifdef QMM_ROW_COMBINE
+  combine_tile(p, wg % args.tiles, n0, cnt);
+#endif
 }
 #endif
 

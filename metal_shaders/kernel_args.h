@@ -61,6 +61,9 @@
 // QMM_ROW_GLU: QMM_ROW for a gate and an up projection of the same pairs, out = their
 // Glu (glu.comp's kinds) of the two results rounded to the output dtype.
 #define SB_QMM_GLU_ARGS SB_QMM_ARGS uint glu_kind; float glu_alpha; float glu_limit; uint pad1;
+// QMM_ROW_COMBINE: QMM_ROW with combine.comp's operands (pairs = tokens * slots).
+#define SB_QMM_COMBINE_ARGS \
+  SB_QMM_ARGS uint slots; uint has_shared; uint shared_dtype; uint has_gate; uint gate_dtype; uint pad1; uint pad2; uint pad3;
 // permute.comp GATHER_ROWS: out [rows] of x [src_rows], rows of `row_units` units of
 // `unit_bytes` (1, 2 or 4). INVERT: inv[idx[p]] = p for p < rows (inv prefilled with ~0).
 #define SB_PERMUTE_ARGS uint rows; uint src_rows; uint row_units; uint unit_bytes; uint out_words; uint pad0; uint pad1; uint pad2;
@@ -122,6 +125,7 @@ struct CombineArgs { SB_COMBINE_ARGS };
 struct Q8Args { SB_Q8_ARGS };
 struct QmmArgs { SB_QMM_ARGS };
 struct QmmGluArgs { SB_QMM_GLU_ARGS };
+struct QmmCombineArgs { SB_QMM_COMBINE_ARGS };
 struct PermuteArgs { SB_PERMUTE_ARGS };
 struct ProbeArgs { SB_PROBE_ARGS };
 struct GatherMmArgs { SB_GATHER_MM_ARGS };

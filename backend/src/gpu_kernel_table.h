@@ -87,6 +87,12 @@ inline constexpr KernelInfo kKernels[] = {
     {"qmm_row_2k", "gather_qmm", 9, SB_QMM_ROW_ACCESS, sizeof(QmmArgs), SB_STR(SB_QMM_ARGS), 256, true},
     {"qmm_row_glu", "gather_qmm", 12, SB_QMM_ROW_GLU_ACCESS, sizeof(QmmGluArgs), SB_STR(SB_QMM_GLU_ARGS), 256, true},
     {"qmm_row_glu_2k", "gather_qmm", 12, SB_QMM_ROW_GLU_ACCESS, sizeof(QmmGluArgs), SB_STR(SB_QMM_GLU_ARGS), 256, true},
+    // qmm_row_2k's bindings (y read back: read-write), then combine_weights, shared,
+    // shared_gate, the per-(token, tile) counters and the combined output.
+    {"qmm_row_combine_2k", "gather_qmm", 14,
+     {A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kReadWrite, A::kReadWrite, A::kRead,
+      A::kRead, A::kRead, A::kReadWrite, A::kWrite},
+     sizeof(QmmCombineArgs), SB_STR(SB_QMM_COMBINE_ARGS), 256, true},
     {"qmm_tiles", "gather_qmm", 4, {A::kRead, A::kRead, A::kWrite, A::kReadWrite}, sizeof(QmmArgs), SB_STR(SB_QMM_ARGS),
      256, true},
     {"qmm_tile", "gather_qmm", 11, SB_QMM_ACCESS,
@@ -140,6 +146,8 @@ static_assert(sizeof(GluArgs) == 32 && offsetof(GluArgs, alpha) == 12 && offseto
 static_assert(sizeof(CombineArgs) == 32 && sizeof(Q8Args) == 16);
 static_assert(sizeof(QmmArgs) == 64 && offsetof(QmmArgs, out_dtype) == 32 && offsetof(QmmArgs, per_wg) == 48);
 static_assert(sizeof(QmmGluArgs) == 80 && offsetof(QmmGluArgs, glu_kind) == 64 && offsetof(QmmGluArgs, glu_limit) == 72);
+static_assert(sizeof(QmmCombineArgs) == 96 && offsetof(QmmCombineArgs, slots) == 64 &&
+              offsetof(QmmCombineArgs, gate_dtype) == 80);
 static_assert(sizeof(PermuteArgs) == 32 && offsetof(PermuteArgs, out_words) == 16);
 static_assert(sizeof(ProbeArgs) == 16 && sizeof(ArgsortArgs) == 16);
 static_assert(sizeof(GatherMmArgs) == 32 && sizeof(ReduceArgs) == 32 && sizeof(RegionArgs) == 48);
