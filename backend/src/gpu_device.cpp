@@ -661,7 +661,8 @@ Status gather_qmm_run(KernelContext& ctx, const fb::GatherQmmNodeT* n, QmmSetup&
     SB_RETURN_IF_ERROR(qmm_from_q8(rt, q, *pre, pre_tiles, bo));
   } else if (qmm_row_plan(q, 1)) {
     // One workgroup per (pair, tile of outputs) quantizes its row itself: no Q8 dispatch.
-    if (n->combine_weights && q.kdim <= SB_QMM_ROW_SMALL_K) return qmm_row_combine(ctx, n, q, c, out, bo);
+    if (n->combine_weights && q.kdim <= SB_QMM_ROW_SMALL_K && rt.cross_workgroup_handoff())
+      return qmm_row_combine(ctx, n, q, c, out, bo);
     SB_RETURN_IF_ERROR(rt.dispatch(qmm_row_kernel(q, false), {q.bx, q.bw, q.bs, q.bb, q.bl, q.br, q.bi, bo, rt.error_word()}, &q.args,
                                    sizeof(q.args), 256 * static_cast<uint64_t>(q.pairs) * q.args.tiles));
   } else {

@@ -57,11 +57,17 @@ class GpuRuntime {
   bool int64() const { return int64_; }
   // Whether int8 cooperative-matrix kernels (gpu_kernel_table.h `int8_mma`) may run.
   bool int8_mma() const { return int8_mma_; }
+  // Whether a workgroup may read what other workgroups of the same dispatch stored, after
+  // an atomic count that follows their memoryBarrierBuffer() (coherent buffers): GLSL's
+  // Vulkan semantics. Metal's translation of the fence is not known to promise it, so
+  // qmm_row_combine_2k runs on Vulkan only.
+  bool cross_workgroup_handoff() const { return cross_workgroup_handoff_; }
 
  protected:
   bool exact_division_ = false;
   bool int64_ = false;
   bool int8_mma_ = false;
+  bool cross_workgroup_handoff_ = false;
 };
 
 // The widest grid row dispatch() uses: 65535 workgroups, or SWITCHBOARD_GPU_MAX_GROUPS_X

@@ -503,6 +503,7 @@ Result<std::unique_ptr<VulkanRuntime>> VulkanRuntime::open(int index) {
   SB_RETURN_IF_ERROR(create_device(c, rt->description_));
   rt->int64_ = c.int64;
   rt->int8_mma_ = c.int8_mma;
+  rt->cross_workgroup_handoff_ = true;
   SB_RETURN_IF_ERROR(rt->init(std::make_shared<gpu::MemoryPool>(std::make_unique<VulkanBlocks>(rt->ctx_)),
                               c.limits.maxStorageBufferRange, c.limits.minStorageBufferOffsetAlignment));
   SB_RETURN_IF_ERROR(rt->probe_numerics());
