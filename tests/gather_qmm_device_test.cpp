@@ -75,8 +75,10 @@ QuantizedExperts experts_input(ProgramBuilder& b, const Case& c, const Built& in
   q.scales = b.input("scales" + suffix, c.scale_dtype, {c.experts, c.n, c.k / c.group});
   q.biases = b.input("biases" + suffix, c.scale_dtype, {c.experts, c.n, c.k / c.group});
   q.group_size = c.group;
-  if (c.uniform) q.bits = c.bits[0];
-  else q.expert_bits.assign(c.bits.begin(), c.bits.end());
+  if (c.uniform)
+    q.bits = c.bits[0];
+  else
+    q.expert_bits.assign(c.bits.begin(), c.bits.end());
   return q;
 }
 
@@ -127,7 +129,8 @@ void run(const Case& c) {
   Built in = make_inputs(c);
   ProgramBuilder b;
   build(b, c, in);
-  check_op(b, in.inputs, [&](const Inputs& i) { return oracle(c, i); }, Tolerance::exact());
+  check_op(
+      b, in.inputs, [&](const Inputs& i) { return oracle(c, i); }, Tolerance::exact());
 }
 
 TEST(GatherQmmDevices, EveryWidthGroupAndScaleDtype) {
@@ -477,7 +480,8 @@ void run_combine(const CombineCase& cc) {
   const int64_t tokens = c.tokens / cc.slots;
   std::mt19937 rng(c.seed + 99);
   std::uniform_real_distribution<double> u(-1.0, 1.0);
-  std::vector<double> w(static_cast<size_t>(c.tokens)), sh(static_cast<size_t>(tokens * c.n)), g(static_cast<size_t>(tokens));
+  std::vector<double> w(static_cast<size_t>(c.tokens)), sh(static_cast<size_t>(tokens * c.n)),
+      g(static_cast<size_t>(tokens));
   for (double& v : w) v = u(rng);
   for (double& v : sh) v = 4 * u(rng);
   for (double& v : g) v = 3 * u(rng);
@@ -625,7 +629,12 @@ TEST(GatherQmmDevices, SortedMoeFfn) {
       Tensor y = *s.output("y");
       want = RefTensor{y.shape(), y.to_doubles(), {}};
     });
-    check_op(b, in, [&](const Inputs&) { return Expected{{"y", want}}; }, Tolerance::exact());
+    check_op(
+        b, in,
+        [&](const Inputs&) {
+          return Expected{{"y", want}};
+        },
+        Tolerance::exact());
   }
 }
 

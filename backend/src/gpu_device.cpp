@@ -253,8 +253,8 @@ Status combine_impl(KernelContext& ctx, const Tensor& y, BufferRef by, const Com
     SB_RETURN_IF_ERROR(
         rt.dispatch("combine_rows", {by, c.bw, c.bs, c.bgate, bo, *rows}, &args, sizeof(args), words / 4));
   } else {
-    SB_RETURN_IF_ERROR(rt.dispatch(by16 ? "combine16" : "combine", {by, c.bw, c.bs, c.bgate, bo}, &args,
-                                   sizeof(args), by16 ? words / 4 : words));
+    SB_RETURN_IF_ERROR(rt.dispatch(by16 ? "combine16" : "combine", {by, c.bw, c.bs, c.bgate, bo}, &args, sizeof(args),
+                                   by16 ? words / 4 : words));
   }
   return ctx.out(out_tid, std::move(out));
 }
@@ -267,7 +267,6 @@ Status combine(KernelContext& ctx, const fb::OpNodeUnion& op) {
                       bind_combine(ctx, n->weights.get(), n->shared.get(), n->shared_gate.get(), y.dim(1)));
   return combine_impl(ctx, y, by, c, n->out.get());
 }
-
 
 Status argsort(KernelContext& ctx, const fb::OpNodeUnion& op) {
   const auto* n = op.AsArgsortNode();
@@ -349,8 +348,8 @@ Status gather_rows_impl(KernelContext& ctx, const Tensor& x, BufferRef bx, Buffe
   const uint64_t words = words_of(x.dtype(), out.numel());
   args.out_words = static_cast<uint32_t>(words);
   // Rows of whole 16-byte units at aligned offsets: gather_rows16 (16 bytes per thread).
-  const bool by16 = args.row_units * args.unit_bytes % 16 == 0 && args.row_units > 0 && bx.offset % 16 == 0 &&
-                    bo.offset % 16 == 0;
+  const bool by16 =
+      args.row_units * args.unit_bytes % 16 == 0 && args.row_units > 0 && bx.offset % 16 == 0 && bo.offset % 16 == 0;
   SB_RETURN_IF_ERROR(rt.dispatch(by16 ? "gather_rows16" : "gather_rows", {bx, bidx, bo, rt.error_word()}, &args,
                                  sizeof(args), by16 ? words / 4 : words));
   return ctx.out(out_tid, std::move(out));
@@ -412,8 +411,9 @@ Status scatter_combine(KernelContext& ctx, const std::unique_ptr<fb::Instruction
 
 // The optional lhs/rhs index operands of GatherQmm/GatherMm: bound (with the tensors
 // kept in `lhs`/`rhs`), or `stand_in` (never read) when absent.
-Status bind_indices(KernelContext& ctx, const std::unique_ptr<fb::Tid>& lhs_tid, const std::unique_ptr<fb::Tid>& rhs_tid,
-                    BufferRef stand_in, Tensor& lhs, Tensor& rhs, BufferRef& bl, BufferRef& br) {
+Status bind_indices(KernelContext& ctx, const std::unique_ptr<fb::Tid>& lhs_tid,
+                    const std::unique_ptr<fb::Tid>& rhs_tid, BufferRef stand_in, Tensor& lhs, Tensor& rhs,
+                    BufferRef& bl, BufferRef& br) {
   bl = br = stand_in;
   if (lhs_tid) {
     SB_ASSIGN_OR_RETURN(bl, bind_in(ctx, lhs_tid.get(), &lhs));
@@ -431,9 +431,9 @@ constexpr int64_t kQmmRowMaxPairs = 32;
 // 528 beat 264 and 1056+).
 constexpr int64_t kQmmRowWorkgroups = 528;
 // Sorted pairs (or pairs without rhs) from this many on, and with rhs at least
-// kQmmTilePairsPerExpert per expert on average, take the tiled kernel (qmm_tile): weights read once per tile of 32 pairs
-// instead of once per pair. Below that its tiles run mostly empty (H100: at 2 pairs per
-// expert it takes twice as long as qmm, at 8 half as long).
+// kQmmTilePairsPerExpert per expert on average, take the tiled kernel (qmm_tile): weights read once per tile of 32
+// pairs instead of once per pair. Below that its tiles run mostly empty (H100: at 2 pairs per expert it takes twice as
+// long as qmm, at 8 half as long).
 constexpr int64_t kQmmTileMinPairs = 64;
 constexpr int64_t kQmmTilePairsPerExpert = 4;
 
@@ -551,7 +551,7 @@ Result<Q8Blocks> quantize_rows(Runtime& rt, const QmmSetup& q, bool permute) {
   SB_ASSIGN_OR_RETURN(b.bd, rt.bind(b.d, false));
   SB_ASSIGN_OR_RETURN(b.bsum, rt.bind(b.s, false));
   k::Q8Args qa{static_cast<uint32_t>(q.rows), static_cast<uint32_t>(q.kdim), static_cast<uint32_t>(q.x.dtype()),
-                 permute ? 1u : 0u};
+               permute ? 1u : 0u};
   const bool by16 = q.bx.offset % 16 == 0 && b.bq.offset % 16 == 0;  // 16-byte loads and stores
   SB_RETURN_IF_ERROR(rt.dispatch(by16 ? "quantize_q8_16" : "quantize_q8", {q.bx, b.bq, b.bd, b.bsum}, &qa, sizeof(qa),
                                  static_cast<uint64_t>(blocks)));
@@ -637,9 +637,10 @@ Status qmm_row_combine(KernelContext& ctx, const fb::GatherQmmNodeT* n, const Qm
   args.shared_dtype = c.shared.defined() ? static_cast<uint32_t>(c.shared.dtype()) : 0;
   args.has_gate = c.gate.defined();
   args.gate_dtype = c.gate.defined() ? static_cast<uint32_t>(c.gate.dtype()) : 0;
-  SB_RETURN_IF_ERROR(rt.dispatch("qmm_row_combine_2k",
-                                 {q.bx, q.bw, q.bs, q.bb, q.bl, q.br, q.bi, by, rt.error_word(), c.bw, c.bs, c.bgate, bn, bo},
-                                 &args, sizeof(args), 256 * static_cast<uint64_t>(q.pairs) * q.args.tiles));
+  SB_RETURN_IF_ERROR(
+      rt.dispatch("qmm_row_combine_2k",
+                  {q.bx, q.bw, q.bs, q.bb, q.bl, q.br, q.bi, by, rt.error_word(), c.bw, c.bs, c.bgate, bn, bo}, &args,
+                  sizeof(args), 256 * static_cast<uint64_t>(q.pairs) * q.args.tiles));
   return ctx.out(n->out.get(), std::move(out));
 }
 
@@ -663,7 +664,8 @@ Status gather_qmm_run(KernelContext& ctx, const fb::GatherQmmNodeT* n, QmmSetup&
     // One workgroup per (pair, tile of outputs) quantizes its row itself: no Q8 dispatch.
     if (n->combine_weights && q.kdim <= SB_QMM_ROW_SMALL_K && rt.cross_workgroup_handoff())
       return qmm_row_combine(ctx, n, q, c, out, bo);
-    SB_RETURN_IF_ERROR(rt.dispatch(qmm_row_kernel(q, false), {q.bx, q.bw, q.bs, q.bb, q.bl, q.br, q.bi, bo, rt.error_word()}, &q.args,
+    SB_RETURN_IF_ERROR(rt.dispatch(qmm_row_kernel(q, false),
+                                   {q.bx, q.bw, q.bs, q.bb, q.bl, q.br, q.bi, bo, rt.error_word()}, &q.args,
                                    sizeof(q.args), 256 * static_cast<uint64_t>(q.pairs) * q.args.tiles));
   } else {
     SB_ASSIGN_OR_RETURN(Q8Blocks q8, quantize_rows(rt, q, q8_permuted(rt, q)));
@@ -708,8 +710,8 @@ Status gate_up_glu(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>* 
   Runtime& rt = rt_of(ctx);
   SB_ASSIGN_OR_RETURN(QmmSetup g, qmm_setup(ctx, gate));
   SB_ASSIGN_OR_RETURN(QmmSetup u, qmm_setup(ctx, up));
-  const bool same = g.scales.shape() == u.scales.shape() && g.scales.dtype() == u.scales.dtype() &&
-                    g.w.numel() == u.w.numel();
+  const bool same =
+      g.scales.shape() == u.scales.shape() && g.scales.dtype() == u.scales.dtype() && g.w.numel() == u.w.numel();
   const bool one_row_kernel = same && qmm_row_plan(g, 2);  // sets g.args for qmm_row_glu
   if (!same || (!one_row_kernel && qmm_row_plan(g, 1))) {
     // Different shapes, or rows too many for one qmm_row_glu but few enough for qmm_row:
@@ -738,7 +740,8 @@ Status gate_up_glu(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>* 
   SB_ASSIGN_OR_RETURN(Tensor out, rt.alloc(g.x.dtype(), {g.pairs, g.nout}));
   SB_ASSIGN_OR_RETURN(BufferRef bo, rt.bind(out, false));
   k::QmmGluArgs args = glu_args(g.args, glu_node);
-  SB_RETURN_IF_ERROR(rt.dispatch(qmm_row_kernel(g, true), {g.bx, g.bw, g.bs, g.bb, g.bl, g.br, g.bi, bo, rt.error_word(), u.bw, u.bs, u.bb},
+  SB_RETURN_IF_ERROR(rt.dispatch(qmm_row_kernel(g, true),
+                                 {g.bx, g.bw, g.bs, g.bb, g.bl, g.br, g.bi, bo, rt.error_word(), u.bw, u.bs, u.bb},
                                  &args, sizeof(args), 256 * static_cast<uint64_t>(g.pairs) * args.tiles));
   return ctx.out(glu_node->out.get(), std::move(out));
 }
@@ -782,8 +785,8 @@ Status moe_ffn(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>* ins)
   k::QmmGluArgs args = glu_args(g.args, glu_node);
   args.tiles = static_cast<uint32_t>(g.nout / 32);  // column blocks of 32 (gate and up: 64 weight rows)
   SB_RETURN_IF_ERROR(rt.dispatch("qmm_mma4_glu",
-                                 {q8.bq, q8.bd, q8.bsum, g.bw, g.bs, g.bb, g.bl, tiles.bt, g.bi, h.bq, rt.error_word(), u.bw,
-                                  u.bs, u.bb, h.bd, h.bsum},
+                                 {q8.bq, q8.bd, q8.bsum, g.bw, g.bs, g.bb, g.bl, tiles.bt, g.bi, h.bq, rt.error_word(),
+                                  u.bw, u.bs, u.bb, h.bd, h.bsum},
                                  &args, sizeof(args), 256 * static_cast<uint64_t>(tiles.max_tiles) * args.tiles));
   return gather_qmm_run(ctx, down, d, &h, &tiles);
 }
@@ -817,9 +820,14 @@ Status gather_mm(KernelContext& ctx, const fb::OpNodeUnion& op) {
   SB_RETURN_IF_ERROR(u32_count(pairs * std::max<int64_t>(rows, nout), "GatherMm").status());
   SB_ASSIGN_OR_RETURN(Tensor out, rt.alloc(x.dtype(), {pairs, nout}));
   SB_ASSIGN_OR_RETURN(BufferRef bo, rt.bind(out, false));
-  k::GatherMmArgs args{static_cast<uint32_t>(pairs), static_cast<uint32_t>(nout), static_cast<uint32_t>(kdim),
-                       static_cast<uint32_t>(rows),  static_cast<uint32_t>(experts), static_cast<uint32_t>(x.dtype()),
-                       lhs.defined(), rhs.defined()};
+  k::GatherMmArgs args{static_cast<uint32_t>(pairs),
+                       static_cast<uint32_t>(nout),
+                       static_cast<uint32_t>(kdim),
+                       static_cast<uint32_t>(rows),
+                       static_cast<uint32_t>(experts),
+                       static_cast<uint32_t>(x.dtype()),
+                       lhs.defined(),
+                       rhs.defined()};
   // One workgroup of 32 lanes per output word (gather_mm.comp).
   SB_RETURN_IF_ERROR(rt.dispatch("gather_mm", {bx, bw, bl, br, bo, rt.error_word()}, &args, sizeof(args),
                                  32 * words_of(x.dtype(), pairs * nout)));
@@ -836,14 +844,15 @@ constexpr uint32_t kMatmulRows16MinK = 1024;
 Status dispatch_matmul(Runtime& rt, const k::MatmulArgs& args, DType dtype, const std::vector<BufferRef>& binds) {
   const uint64_t batch = args.batch, rows = args.rows, cols = args.cols;
   if (rows >= 16 && cols >= 16 && (dtype == DType::kF32 || cols % 2 == 0))
-    return rt.dispatch("matmul_tile", binds, &args, sizeof(args), 256 * batch * ((rows + 15) / 16) * ((cols + 15) / 16));
+    return rt.dispatch("matmul_tile", binds, &args, sizeof(args),
+                       256 * batch * ((rows + 15) / 16) * ((cols + 15) / 16));
   // Long rows of a and (transposed) b in whole 16-byte units at 16-byte aligned offsets:
   // matmul_rows16 copies them with 16-byte loads (decode GEMVs such as the router logits
   // are latency-bound). Short rows (attention heads) keep `matmul`: the copy's shared
   // memory costs occupancy there (H100 whole-model decode 55 -> 47 tok/s with head rows).
   const bool rows16 = args.transpose_b != 0 && args.k >= kMatmulRows16MinK && args.k % (16 / dtype_size(dtype)) == 0 &&
-                     args.k % (16 / dtype_size(static_cast<DType>(args.b_dtype))) == 0 && binds[0].offset % 16 == 0 &&
-                     binds[1].offset % 16 == 0;
+                      args.k % (16 / dtype_size(static_cast<DType>(args.b_dtype))) == 0 && binds[0].offset % 16 == 0 &&
+                      binds[1].offset % 16 == 0;
   return rt.dispatch(rows16 ? "matmul_rows16" : "matmul", binds, &args, sizeof(args),
                      32 * words_of(dtype, static_cast<int64_t>(batch * rows * cols)));
 }
@@ -865,9 +874,18 @@ Status matmul(KernelContext& ctx, const fb::OpNodeUnion& op) {
   shape.back() = cols;
   SB_ASSIGN_OR_RETURN(Tensor out, rt.alloc(a.dtype(), shape));
   SB_ASSIGN_OR_RETURN(BufferRef bo, rt.bind(out, false));
-  k::MatmulArgs args{static_cast<uint32_t>(rows), static_cast<uint32_t>(cols), static_cast<uint32_t>(kdim),
-                     static_cast<uint32_t>(a.dtype()), static_cast<uint32_t>(b.dtype()), n->transpose_b,
-                     bias.defined(), bias.defined() ? static_cast<uint32_t>(bias.dtype()) : 0, 1, 1, 0, 0};
+  k::MatmulArgs args{static_cast<uint32_t>(rows),
+                     static_cast<uint32_t>(cols),
+                     static_cast<uint32_t>(kdim),
+                     static_cast<uint32_t>(a.dtype()),
+                     static_cast<uint32_t>(b.dtype()),
+                     n->transpose_b,
+                     bias.defined(),
+                     bias.defined() ? static_cast<uint32_t>(bias.dtype()) : 0,
+                     1,
+                     1,
+                     0,
+                     0};
   SB_RETURN_IF_ERROR(dispatch_matmul(rt, args, a.dtype(), {ba, bb, bbias, bo}));
   return ctx.out(n->out.get(), std::move(out));
 }
@@ -891,9 +909,14 @@ Status norm_rows(KernelContext& ctx, const char* kernel, const fb::Tid* x_tid, c
   const bool via_f32 = dtype_size(x.dtype()) == 2 && d % 2 != 0;
   SB_ASSIGN_OR_RETURN(Tensor out, rt.alloc(via_f32 ? DType::kF32 : x.dtype(), x.shape()));
   SB_ASSIGN_OR_RETURN(BufferRef bo, rt.bind(out, false));
-  k::NormArgs args{static_cast<uint32_t>(rows), static_cast<uint32_t>(d), static_cast<uint32_t>(x.dtype()),
-                   d ? static_cast<float>(1.0 / static_cast<double>(d)) : 0.0f, eps, static_cast<uint32_t>(out.dtype()),
-                   0, 0};
+  k::NormArgs args{static_cast<uint32_t>(rows),
+                   static_cast<uint32_t>(d),
+                   static_cast<uint32_t>(x.dtype()),
+                   d ? static_cast<float>(1.0 / static_cast<double>(d)) : 0.0f,
+                   eps,
+                   static_cast<uint32_t>(out.dtype()),
+                   0,
+                   0};
   const std::vector<BufferRef> binds = w_tid ? std::vector<BufferRef>{bx, bw, bo} : std::vector<BufferRef>{bx, bo};
   // Rows that fit in shared memory: a workgroup each (terms staged, one thread adds them).
   const bool per_row = d > 0 && d <= SB_NORM_ROW_MAX;
@@ -931,9 +954,18 @@ Status batch_matmul(KernelContext& ctx, const fb::OpNodeUnion& op) {
   SB_RETURN_IF_ERROR(u32_count(std::max({a.numel(), b.numel(), batch * m * cols}), "BatchMatmul").status());
   SB_ASSIGN_OR_RETURN(Tensor out, rt.alloc(a.dtype(), {batch, m, cols}));
   SB_ASSIGN_OR_RETURN(BufferRef bo, rt.bind(out, false));
-  k::MatmulArgs args{static_cast<uint32_t>(m), static_cast<uint32_t>(cols), static_cast<uint32_t>(kdim),
-                     static_cast<uint32_t>(a.dtype()), static_cast<uint32_t>(b.dtype()), n->transpose_b, 0, 0,
-                     static_cast<uint32_t>(batch), static_cast<uint32_t>(dims.group), 0, 0};
+  k::MatmulArgs args{static_cast<uint32_t>(m),
+                     static_cast<uint32_t>(cols),
+                     static_cast<uint32_t>(kdim),
+                     static_cast<uint32_t>(a.dtype()),
+                     static_cast<uint32_t>(b.dtype()),
+                     n->transpose_b,
+                     0,
+                     0,
+                     static_cast<uint32_t>(batch),
+                     static_cast<uint32_t>(dims.group),
+                     0,
+                     0};
   SB_RETURN_IF_ERROR(dispatch_matmul(rt, args, a.dtype(), {ba, bb, ba, bo}));
   return ctx.out(n->out.get(), std::move(out));
 }
@@ -946,17 +978,25 @@ Status reduce_like(KernelContext& ctx, const fb::Tid* x_tid, const fb::Tid* out_
   SB_ASSIGN_OR_RETURN(BufferRef bx, bind_in(ctx, x_tid, &x));
   SB_ASSIGN_OR_RETURN(int64_t axis, cpu::normalize_axis(axis_in, x.rank()));
   const cpu::AxisSplit s = cpu::split_at(x.shape(), axis);
-  SB_CHECK_OR_RETURN(s.dim > 0 || (!is_argmax && op == 0), StatusCode::kInvalidArgument,
-                     "%s over an empty axis of %s", is_argmax ? "argmax" : "reduction", shape_str(x.shape()).c_str());
+  SB_CHECK_OR_RETURN(s.dim > 0 || (!is_argmax && op == 0), StatusCode::kInvalidArgument, "%s over an empty axis of %s",
+                     is_argmax ? "argmax" : "reduction", shape_str(x.shape()).c_str());
   SB_RETURN_IF_ERROR(u32_count(x.numel(), "Reduce").status());
   Shape shape = x.shape();
-  if (keepdims) shape[static_cast<size_t>(axis)] = 1;
-  else shape.erase(shape.begin() + axis);
+  if (keepdims)
+    shape[static_cast<size_t>(axis)] = 1;
+  else
+    shape.erase(shape.begin() + axis);
   const DType out_dtype = is_argmax ? DType::kI32 : x.dtype();
   SB_ASSIGN_OR_RETURN(Tensor out, rt.alloc(out_dtype, shape));
   SB_ASSIGN_OR_RETURN(BufferRef bo, rt.bind(out, false));
-  k::ReduceArgs args{static_cast<uint32_t>(s.outer), static_cast<uint32_t>(s.dim), static_cast<uint32_t>(s.inner),
-                     op, static_cast<uint32_t>(x.dtype()), 0, 0, 0};
+  k::ReduceArgs args{static_cast<uint32_t>(s.outer),
+                     static_cast<uint32_t>(s.dim),
+                     static_cast<uint32_t>(s.inner),
+                     op,
+                     static_cast<uint32_t>(x.dtype()),
+                     0,
+                     0,
+                     0};
   // Long contiguous float rows (logits): a workgroup of 256 per output.
   const bool wide = is_argmax && dtype_is_float(x.dtype()) && s.inner == 1 && s.dim >= 1024;
   if (wide) {
@@ -964,9 +1004,9 @@ Status reduce_like(KernelContext& ctx, const fb::Tid* x_tid, const fb::Tid* out_
     return ctx.out(out_tid, std::move(out));
   }
   const char* kernel = is_argmax ? (dtype_is_float(x.dtype()) ? "argmax" : "argmax_int")
-                                 : op == static_cast<uint32_t>(fb::ReduceOp::Mean) ? "reduce_mean" : "reduce";
-  SB_RETURN_IF_ERROR(rt.dispatch(kernel, {bx, bo}, &args, sizeof(args),
-                                 words_of(out_dtype, out.numel())));
+                       : op == static_cast<uint32_t>(fb::ReduceOp::Mean) ? "reduce_mean"
+                                                                         : "reduce";
+  SB_RETURN_IF_ERROR(rt.dispatch(kernel, {bx, bo}, &args, sizeof(args), words_of(out_dtype, out.numel())));
   return ctx.out(out_tid, std::move(out));
 }
 
@@ -1057,8 +1097,8 @@ Status slice_update(KernelContext& ctx, const fb::OpNodeUnion& op) {
   const int64_t d = dst.dim(axis), len = u.dim(axis);
   SB_ASSIGN_OR_RETURN(BufferRef bd, rt.bind(dst, false));
   const cpu::AxisSplit s = cpu::split_at(dst.shape(), axis);
-  SB_RETURN_IF_ERROR(copy_region(rt, dst.dtype(), bu, bd, s.outer, len * s.inner, 0, len * s.inner, start * s.inner,
-                                 d * s.inner));
+  SB_RETURN_IF_ERROR(
+      copy_region(rt, dst.dtype(), bu, bd, s.outer, len * s.inner, 0, len * s.inner, start * s.inner, d * s.inner));
   // A host buffer was copied to the device: the device copy is the buffer from now on.
   if (dst.data() != host_dst.data()) SB_RETURN_IF_ERROR(ctx.out(n->dst.get(), std::move(dst)));
   return Status::ok();
@@ -1228,7 +1268,8 @@ Status status_from_error_bits(uint32_t bits) {
   if (bits & SB_ERR_INDEX) return make_error(StatusCode::kOutOfRange, "an index is out of range (found on the device)");
   if (bits & SB_ERR_PRUNED)
     return make_error(StatusCode::kInvalidArgument, "a pair selects an expert which is pruned (0 bits)");
-  if (bits & SB_ERR_ROUTER) return make_error(StatusCode::kInternal, "the router found fewer selectable experts than k");
+  if (bits & SB_ERR_ROUTER)
+    return make_error(StatusCode::kInternal, "the router found fewer selectable experts than k");
   if (bits & SB_ERR_UNSORTED)
     return make_error(StatusCode::kInvalidArgument, "sorted_indices is set but rhs_indices is not ascending");
   if (bits & SB_ERR_DIV_ZERO) return make_error(StatusCode::kInvalidArgument, "FloorDiv by zero (found on the device)");
@@ -1238,14 +1279,30 @@ Status status_from_error_bits(uint32_t bits) {
 std::vector<float> probe_inputs() {
   const float sub = 1.1754944e-38f;  // FLT_MIN: products below it are subnormal
   return {
-      1.0f + 0x1p-23f, 1.0f - 0x1p-24f, -1.0f,  // a*b+c: fused and unfused differ
-      3.0f, 0x1.555556p-2f, -1.0f,              // 3 * (1/3) - 1 exposes contraction
-      sub, 0.25f, sub,                          // subnormal product
-      0x1p-130f, 2.0f, 0x1p-131f,               // subnormal inputs
-      1.0f, 0x1p-24f, 1.5f,                     // ties to even in add
-      -20.5f, 7.0f, 2.5f,                       // exp, rcp, round_even(2.5) = 2
-      88.5f, 1e-3f, -3.5f,                      // exp overflow, round_even(-3.5) = -4
-      -87.5f, 4.3e37f, 1e30f,                   // exp underflow, rcp range edge
+      1.0f + 0x1p-23f,
+      1.0f - 0x1p-24f,
+      -1.0f,  // a*b+c: fused and unfused differ
+      3.0f,
+      0x1.555556p-2f,
+      -1.0f,  // 3 * (1/3) - 1 exposes contraction
+      sub,
+      0.25f,
+      sub,  // subnormal product
+      0x1p-130f,
+      2.0f,
+      0x1p-131f,  // subnormal inputs
+      1.0f,
+      0x1p-24f,
+      1.5f,  // ties to even in add
+      -20.5f,
+      7.0f,
+      2.5f,  // exp, rcp, round_even(2.5) = 2
+      88.5f,
+      1e-3f,
+      -3.5f,  // exp overflow, round_even(-3.5) = -4
+      -87.5f,
+      4.3e37f,
+      1e30f,  // exp underflow, rcp range edge
   };
 }
 
