@@ -1133,7 +1133,12 @@ void main() {
     if (tid < 2u * kTp) {
       uint at = (parity * 2u + (tid & 1u)) * kTp + (tid >> 1u);
       s_d[at] = uintBitsToFloat(ds[0]);
+#ifdef SB_MMA_BITS4  // only the X term float(Sx) d is needed: made once per (pair, block), kept as bits
+      precise float xd = float(int(ds[1])) * uintBitsToFloat(ds[0]);
+      s_sx[at] = floatBitsToInt(xd);
+#else
       s_sx[at] = int(ds[1]);
+#endif
     }
     if (tid < 128u) {
       s_scale[parity * 2u * kTn + tid] = sb[0];
@@ -1153,19 +1158,25 @@ void main() {
       md = coopMatMulAddNV(ma, mw, md);
       uint at = (parity * 2u + jb) * kTp;
       float d[2] = float[2](s_d[at + r0], s_d[at + r0 + 8u]);
+#ifdef SB_MMA_BITS4
+      const int sx[2] = int[2](0, 0);  // (8-bit codes only)
+      float xd[2] = float[2](intBitsToFloat(s_sx[at + r0]), intBitsToFloat(s_sx[at + r0 + 8u]));
+#else
       int sx[2] = int[2](s_sx[at + r0], s_sx[at + r0 + 8u]);
+      precise float xd[2] = float[2](float(sx[0]) * d[0], float(sx[1]) * d[1]);
+#endif
       // A group's first block assigns P and X instead of adding to 0: the same bits,
       // since float(Iq) d and float(Sx) d are never -0 (d >= 0 or NaN, and Iq = 0 if d = 0).
       if ((j & (per_group - 1u)) == 0u) {  // uniform
-        xg[0] = float(sx[0]) * d[0];
-        xg[1] = float(sx[1]) * d[1];
+        xg[0] = xd[0];
+        xg[1] = xd[1];
         [[unroll]] for (uint e = 0u; e < 8u; ++e) {
           int iq = md[e] + (bits == 8u ? 128 * sx[e >> 2u] : 0);
           pg[e] = float(iq) * d[e >> 2u];
         }
       } else {
-        xg[0] = xg[0] + float(sx[0]) * d[0];
-        xg[1] = xg[1] + float(sx[1]) * d[1];
+        xg[0] = xg[0] + xd[0];
+        xg[1] = xg[1] + xd[1];
         [[unroll]] for (uint e = 0u; e < 8u; ++e) {
           int iq = md[e] + (bits == 8u ? 128 * sx[e >> 2u] : 0);
           pg[e] = pg[e] + float(iq) * d[e >> 2u];
