@@ -80,6 +80,8 @@ uint sb_encode_word(float lo, float hi, uint dt) {
 }
 // Elements per 32-bit word of a float dtype.
 uint sb_per_word(uint dt) { return sb_is16(dt) ? 2u : 1u; }
+// v rounded to dtype dt and widened back: the value a stored output would hold.
+float sb_round_to(float v, uint dt) { return sb_is16(dt) ? sb_decode(sb_encode16(v, dt), dt, 0u) : v; }
 
 #define SB_LOAD(buf, dt, i) sb_decode(buf[sb_word(dt, i)], dt, i)
 

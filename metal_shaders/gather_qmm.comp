@@ -517,8 +517,8 @@ void main() {
   barrier();
   if (tid < cnt) {
 #ifdef QMM_ROW_GLU
-    float gv = sb_decode(sb_encode_word(row_sum(tid * args.groups), 0.0, args.out_dtype), args.out_dtype, 0u);
-    float uv = sb_decode(sb_encode_word(row_sum(tasks + tid * args.groups), 0.0, args.out_dtype), args.out_dtype, 0u);
+    float gv = sb_round_to(row_sum(tid * args.groups), args.out_dtype);
+    float uv = sb_round_to(row_sum(tasks + tid * args.groups), args.out_dtype);
     s_out[tid] = sb_glu(gv, uv, args.glu_kind, args.glu_alpha, args.glu_limit);
 #else
     s_out[tid] = row_sum(tid * args.groups);
@@ -1023,11 +1023,6 @@ void mma_load(uint j0, uint blocks, uint bits, uint gshift, MmaBases b, out uint
 }
 
 #ifdef SB_MMA_GLU
-// v rounded to the output dtype, as a stored GatherQmm / Glu output would be.
-float round_out(float v) {
-  return sb_is16(args.out_dtype) ? sb_decode(sb_encode16(v, args.out_dtype), args.out_dtype, 0u) : v;
-}
-
 // The gate and up results rounded into s_ab (free after the MMAs' last barrier); then
 // h = Glu (rounded) and its Q8 block for each pair of the tile: pair tid / 8 owns the
 // block, thread tid % 8 its code word i (h columns 8 (i / 2) + 2 j + i % 2, j < 4:
@@ -1037,7 +1032,7 @@ void glu_q8_epilogue(float acc[8], uint r0, uint c0, uint first, uint count, uin
   uint tid = gl_LocalInvocationID.x;
   if (tid < 2u * kTp) s_sx[tid] = 0;  // [0, 32): amax bits per pair, [32, 64): code sums
   [[unroll]] for (uint e = 0u; e < 8u; ++e)
-    s_ab[(r0 + 8u * (e >> 2u)) * 64u + c0 + 8u * ((e >> 1u) & 1u) + (e & 1u)] = floatBitsToUint(round_out(acc[e]));
+    s_ab[(r0 + 8u * (e >> 2u)) * 64u + c0 + 8u * ((e >> 1u) & 1u) + (e & 1u)] = floatBitsToUint(sb_round_to(acc[e], args.out_dtype));
   barrier();
   uint r = tid >> 3u, i = tid & 7u;
   float hv[4];
@@ -1045,7 +1040,7 @@ void glu_q8_epilogue(float acc[8], uint r0, uint c0, uint first, uint count, uin
   [[unroll]] for (uint j = 0u; j < 4u; ++j) {
     uint c = 8u * (i >> 1u) + 2u * j + (i & 1u);
     float g = uintBitsToFloat(s_ab[r * 64u + c]), u = uintBitsToFloat(s_ab[r * 64u + 32u + c]);
-    hv[j] = round_out(sb_glu(g, u, args.glu_kind, args.glu_alpha, args.glu_limit));
+    hv[j] = sb_round_to(sb_glu(g, u, args.glu_kind, args.glu_alpha, args.glu_limit), args.out_dtype);
     amax = max(amax, floatBitsToUint(hv[j]) & 0x7fffffffu);
   }
   atomicMax(s_sx[r], int(amax));  // amax <= 0x7fffffff: an int keeps its order

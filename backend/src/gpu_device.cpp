@@ -541,21 +541,28 @@ struct Q8Blocks {
 };
 
 // `permute`: in qmm_mma4's K order (only that kernel reads them).
-Result<Q8Blocks> quantize_rows(Runtime& rt, const QmmSetup& q, bool permute) {
+// Device room for the Q8 blocks of `rows` x `k` activations (k a multiple of 32).
+Result<Q8Blocks> alloc_q8(Runtime& rt, int64_t rows, int64_t k, bool permuted) {
   Q8Blocks b;
-  const int64_t blocks = q.rows * (q.kdim / 32);
-  SB_ASSIGN_OR_RETURN(b.xq, rt.alloc(DType::kI32, {q.rows * q.kdim / 4}));
+  const int64_t blocks = rows * (k / 32);
+  SB_ASSIGN_OR_RETURN(b.xq, rt.alloc(DType::kI32, {blocks * 8}));
   SB_ASSIGN_OR_RETURN(b.d, rt.alloc(DType::kF32, {blocks}));
   SB_ASSIGN_OR_RETURN(b.s, rt.alloc(DType::kI32, {blocks}));
   SB_ASSIGN_OR_RETURN(b.bq, rt.bind(b.xq, false));
   SB_ASSIGN_OR_RETURN(b.bd, rt.bind(b.d, false));
   SB_ASSIGN_OR_RETURN(b.bsum, rt.bind(b.s, false));
+  b.permuted = permuted;
+  return b;
+}
+
+Result<Q8Blocks> quantize_rows(Runtime& rt, const QmmSetup& q, bool permute) {
+  const int64_t blocks = q.rows * (q.kdim / 32);
+  SB_ASSIGN_OR_RETURN(Q8Blocks b, alloc_q8(rt, q.rows, q.kdim, permute));
   k::Q8Args qa{static_cast<uint32_t>(q.rows), static_cast<uint32_t>(q.kdim), static_cast<uint32_t>(q.x.dtype()),
                permute ? 1u : 0u};
   const bool by16 = q.bx.offset % 16 == 0 && b.bq.offset % 16 == 0;  // 16-byte loads and stores
   SB_RETURN_IF_ERROR(rt.dispatch(by16 ? "quantize_q8_16" : "quantize_q8", {q.bx, b.bq, b.bd, b.bsum}, &qa, sizeof(qa),
                                  static_cast<uint64_t>(blocks)));
-  b.permuted = permute;
   return b;
 }
 
@@ -618,6 +625,16 @@ Status qmm_from_q8(Runtime& rt, QmmSetup& q, const Q8Blocks& q8, const QmmTileLi
                      sizeof(args), 64 * workgroups);
 }
 
+// Push constants that begin with a QmmArgs (gpu_kernel_table.h checks where the extra
+// fields start), the rest zero.
+template <typename T>
+T extend_qmm_args(const k::QmmArgs& qa) {
+  static_assert(sizeof(T) > sizeof(k::QmmArgs));
+  T args{};
+  std::memcpy(&args, &qa, sizeof(qa));
+  return args;
+}
+
 // Decode's down projection with combine_weights in one dispatch (qmm_row_combine_2k):
 // the row kernel stores y, and the last workgroup of each (token, tile) combines the
 // token's slots from the stored y, so the bits are those of GatherQmm then Combine
@@ -629,9 +646,7 @@ Status qmm_row_combine(KernelContext& ctx, const fb::GatherQmmNodeT* n, const Qm
   SB_ASSIGN_OR_RETURN(BufferRef bo, rt.bind(out, false));
   SB_ASSIGN_OR_RETURN(uint32_t counters, u32_count(c.tokens * q.args.tiles, "GatherQmm combine tiles"));
   SB_ASSIGN_OR_RETURN(BufferRef bn, rt.scratch(static_cast<size_t>(counters) * 4, 0));
-  k::QmmCombineArgs args{};
-  static_assert(offsetof(k::QmmCombineArgs, slots) == sizeof(k::QmmArgs));
-  std::memcpy(&args, &q.args, sizeof(q.args));
+  auto args = extend_qmm_args<k::QmmCombineArgs>(q.args);
   args.slots = static_cast<uint32_t>(c.slots);
   args.has_shared = c.shared.defined();
   args.shared_dtype = c.shared.defined() ? static_cast<uint32_t>(c.shared.dtype()) : 0;
@@ -690,9 +705,7 @@ Status gather_qmm(KernelContext& ctx, const fb::OpNodeUnion& op) {
 
 // A kernel's QmmArgs followed by the Glu's kind and constants (qmm_row_glu, qmm_mma4_glu).
 k::QmmGluArgs glu_args(const k::QmmArgs& qa, const fb::GluNodeT* glu_node) {
-  k::QmmGluArgs args{};
-  static_assert(offsetof(k::QmmGluArgs, glu_kind) == sizeof(k::QmmArgs));
-  std::memcpy(&args, &qa, sizeof(qa));
+  auto args = extend_qmm_args<k::QmmGluArgs>(qa);
   args.glu_kind = static_cast<uint32_t>(glu_node->kind);
   args.glu_alpha = glu_node->alpha;
   args.glu_limit = glu_node->limit;
@@ -773,15 +786,7 @@ Status moe_ffn(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>* ins)
   }
   SB_ASSIGN_OR_RETURN(Q8Blocks q8, quantize_rows(rt, g, true));
   SB_ASSIGN_OR_RETURN(QmmTileList tiles, qmm_tile_list(rt, g));
-  Q8Blocks h;  // h's Q8 blocks: pairs x nout / 32, in qmm_mma4's K order
-  const int64_t blocks = g.pairs * (g.nout / 32);
-  SB_ASSIGN_OR_RETURN(h.xq, rt.alloc(DType::kI32, {blocks * 8}));
-  SB_ASSIGN_OR_RETURN(h.d, rt.alloc(DType::kF32, {blocks}));
-  SB_ASSIGN_OR_RETURN(h.s, rt.alloc(DType::kI32, {blocks}));
-  SB_ASSIGN_OR_RETURN(h.bq, rt.bind(h.xq, false));
-  SB_ASSIGN_OR_RETURN(h.bd, rt.bind(h.d, false));
-  SB_ASSIGN_OR_RETURN(h.bsum, rt.bind(h.s, false));
-  h.permuted = true;
+  SB_ASSIGN_OR_RETURN(Q8Blocks h, alloc_q8(rt, g.pairs, g.nout, true));  // h's, in qmm_mma4's K order
   k::QmmGluArgs args = glu_args(g.args, glu_node);
   args.tiles = static_cast<uint32_t>(g.nout / 32);  // column blocks of 32 (gate and up: 64 weight rows)
   SB_RETURN_IF_ERROR(rt.dispatch("qmm_mma4_glu",
