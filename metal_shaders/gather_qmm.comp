@@ -14,6 +14,34 @@
 #extension GL_EXT_shader_explicit_arithmetic_types_int8 : require
 #endif
 #extension GL_EXT_control_flow_attributes : require
+// *_DOT4: the row kernels for all-4-bit experts on packed int8 dot products (OpSDot of
+// SPV_KHR_integer_dot_product, which SPIRV-Cross cannot translate: Vulkan only).
+#ifdef QMM_ROW_DOT4
+#define QMM_ROW
+#define SB_ROW_DOT4
+#endif
+#ifdef QMM_ROW_GLU_DOT4
+#define QMM_ROW_GLU
+#define SB_ROW_DOT4
+#endif
+#ifdef QMM_ROW_2K_DOT4
+#define QMM_ROW_2K
+#define SB_ROW_DOT4
+#endif
+#ifdef QMM_ROW_GLU_2K_DOT4
+#define QMM_ROW_GLU_2K
+#define SB_ROW_DOT4
+#endif
+#ifdef QMM_ROW_COMBINE_2K_DOT4
+#define QMM_ROW_COMBINE_2K
+#define SB_ROW_DOT4
+#endif
+#ifdef SB_ROW_DOT4
+#extension GL_EXT_spirv_intrinsics : require
+// OpSDot (4450) with PackedVectorFormat4x8Bit (0): the exact int32 sum of 4 int8 products.
+spirv_instruction(extensions = ["SPV_KHR_integer_dot_product"], capabilities = [6019, 6018], id = 4450)
+int sb_sdot4x8(uint a, uint b, spirv_literal int packed_format);
+#endif
 // GatherQmm on the integer contract of docs/numerics.md; twin of
 // cpu_fallback/gather_qmm.cpp. QUANTIZE makes the Q8 activation blocks, QMM the
 // quantized expert matmul. Integer dots are exact in any order; the float steps
@@ -325,6 +353,25 @@ shared float s_out[kMaxPerWg];
 #define row_code(i) codes4[(i) >> 2u][(i)&3u]
 #define row_code_up(i) codes_up4[(i) >> 2u][(i)&3u]
 
+#ifdef SB_ROW_DOT4
+// x's codes are staged in the permuted order 0, 2, 4, 6 | 1, 3, 5, 7 of each 8: a code
+// word's even nibbles (masked) and odd nibbles (shifted, masked) are packed int8x4 that
+// line up with its two staged words (codes 0..15 read the same as signed bytes).
+int dot4_word(uint c, uint xa, uint xb) {
+  return sb_sdot4x8(c & 0x0f0f0f0fu, xa, 0) + sb_sdot4x8((c >> 4u) & 0x0f0f0f0fu, xb, 0);
+}
+#define SB_STAGED_DOT4(NAME, CODES4)                                            \
+  int NAME(uint base, uint qb) {                                                \
+    uvec4 cw = CODES4[base >> 2u];                                              \
+    int iq = 0;                                                                 \
+    [[unroll]] for (uint w = 0u; w < 4u; ++w)                                   \
+      iq += dot4_word(cw[w], s_q[qb + 2u * w], s_q[qb + 2u * w + 1u]);          \
+    return iq;                                                                  \
+  }
+// Every expert is 4-bit (the host checks), so every row is whole 16-byte units.
+#define SB_ROW_V16(bits, wbase) true
+#else
+#define SB_ROW_V16(bits, wbase) (bits == 4u && (wbase & 3u) == 0u)
 // 4-bit block at a multiple of 4 words: one 16-byte load against 8 staged activation words.
 #define SB_STAGED_DOT4(NAME, CODES4)                                                                             \
   int NAME(uint base, uint qb) {                                                                                 \
@@ -340,6 +387,7 @@ shared float s_out[kMaxPerWg];
     }                                                                                                            \
     return iq;                                                                                                   \
   }
+#endif
 
 // Group g's term s*P + b*X of output column n0 + oi of expert ex (row words from wbase).
 #define SB_ROW_TERM(NAME, CODES, SCALES, BIASES, DOT, DOT4)                                          \
@@ -349,7 +397,7 @@ shared float s_out[kMaxPerWg];
     float sc = SB_LOAD(SCALES, args.scale_dtype, sidx);                                              \
     float bc = SB_LOAD(BIASES, args.scale_dtype, sidx);                                              \
     uint row = wbase + oi * row_words;                                                               \
-    bool v16 = bits == 4u && (wbase & 3u) == 0u; /* rows are whole 16-byte units */                    \
+    bool v16 = SB_ROW_V16(bits, wbase); /* rows are whole 16-byte units */                             \
     precise float pg = 0.0, xg = 0.0;                                                                \
     for (uint j = g * per_group; j < (g + 1u) * per_group; ++j) {                                    \
       int iq = v16 ? DOT4(row + j * 4u, j * 8u) : DOT(row + j * bits, bits, j * 8u);                 \
@@ -376,6 +424,15 @@ float row_sum(uint first) {
   for (uint g = 0u; g < args.groups; ++g) acc = acc + s_term[first + g];
   return acc;
 }
+
+// Where element i of an 8-element unit goes among its two staged code words.
+#ifdef SB_ROW_DOT4
+uint q8_word(uint i) { return i & 1u; }  // 0, 2, 4, 6 | 1, 3, 5, 7
+uint q8_shift(uint i) { return 8u * (i >> 1u); }
+#else
+uint q8_word(uint i) { return i >> 2u; }
+uint q8_shift(uint i) { return 8u * (i & 3u); }
+#endif
 
 // Row r of x -> s_q (int8 codes), s_d, s_sum: unit u = elements [8u, 8u + 8) of block u / 4.
 #ifdef QMM_ROW_2K
@@ -406,8 +463,8 @@ void stage_row(uint r, uint tid) {
       [[unroll]] for (uint i = 0u; i < 8u; ++i) {
         int c = q8_code(v[i], scale);
         s += c;
-        if (i < 4u) w0 |= (uint(c) & 0xffu) << (8u * i);
-        else w1 |= (uint(c) & 0xffu) << (8u * (i - 4u));
+        if (q8_word(i) == 0u) w0 |= (uint(c) & 0xffu) << q8_shift(i);
+        else w1 |= (uint(c) & 0xffu) << q8_shift(i);
       }
     }
     s_q[2u * u] = w0;
@@ -440,7 +497,7 @@ void stage_row(uint r, uint tid) {
     for (uint i = 0u; !zero && i < 8u; ++i) {
       int c = q8_code(SB_LOAD(x, args.x_dtype, xbase + u * 8u + i), scale);
       s += c;
-      w[i >> 2u] |= (uint(c) & 0xffu) << (8u * (i & 3u));
+      w[q8_word(i)] |= (uint(c) & 0xffu) << q8_shift(i);
     }
     s_q[2u * u] = w[0];
     s_q[2u * u + 1u] = w[1];

@@ -454,11 +454,16 @@ TEST(GatherQmmDevices, FusedGateUpGlu) {
     tiled.c.rhs.push_back(i / 12);
   }
   tiled.c.sorted = true;
+  GluCase decode4 = decode;  // every expert 4-bit: the *_dot4 row kernels where the device has them
+  decode4.c.bits.assign(8, 4);
+  decode4.c.x_dtype = DType::kBF16;
+  GluCase wide4 = wide;
+  wide4.c.bits.assign(8, 4);
   GluCase shared = decode;  // the gate projection is also an output: no fusion
   shared.gate_is_output = true;
   GluCase later = decode;  // ... or read after the Glu
   later.gate_read_later = true;
-  for (const GluCase* gc : {&decode, &geglu, &clamped, &wide, &many, &tiled, &shared, &later}) {
+  for (const GluCase* gc : {&decode, &geglu, &clamped, &wide, &decode4, &wide4, &many, &tiled, &shared, &later}) {
     SCOPED_TRACE("kind " + std::to_string(static_cast<int>(gc->kind)) + ", pairs " + std::to_string(gc->c.rhs.size()));
     run_glu(*gc);
   }

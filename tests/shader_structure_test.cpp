@@ -68,8 +68,9 @@ TEST(ShaderStructure, TableAndBuiltKernelsAreTheSameSet) {
 TEST(ShaderStructure, ReflectionMatchesTheKernelTable) {
   for (const KernelInfo& k : kernels::kKernels) {
     SCOPED_TRACE(k.name);
-    if (k.int8_mma) {  // SPIRV-Cross cannot read it; SpirvInterfaceMatchesTheKernelTable checks it
-      std::printf("[ NO REFLECTION ] %s: Vulkan-only cooperative-matrix kernel\n", k.name);
+    if (k.vulkan_only()) {  // SPIRV-Cross cannot read it; SpirvInterfaceMatchesTheKernelTable checks it
+      std::printf("[ NO REFLECTION ] %s: Vulkan-only kernel (%s)\n", k.name,
+                  k.int8_mma ? "cooperative matrices" : "int8 dot products");
       continue;
     }
     const nlohmann::json j = nlohmann::json::parse(embedded(k).reflection_json);
@@ -109,9 +110,10 @@ TEST(ShaderStructure, ReflectionMatchesTheKernelTable) {
 TEST(ShaderStructure, MslBindsBufferNToBindingNAndArgumentsTo30) {
   for (const KernelInfo& k : kernels::kKernels) {
     SCOPED_TRACE(k.name);
-    if (k.int8_mma) {
+    if (k.vulkan_only()) {
       EXPECT_STREQ(embedded(k).msl, "") << "a Vulkan-only kernel has no MSL";
-      std::printf("[ NO MSL ] %s: Vulkan-only cooperative-matrix kernel (Metal takes qmm_tile)\n", k.name);
+      std::printf("[ NO MSL ] %s: Vulkan-only kernel (Metal takes %s)\n", k.name,
+                  k.int8_mma ? "qmm_tile" : "the row kernel without _dot4");
       continue;
     }
     const std::string msl = embedded(k).msl;

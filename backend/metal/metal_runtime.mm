@@ -89,7 +89,7 @@ Result<std::unique_ptr<MetalRuntime>> MetalRuntime::open() {
   SB_CHECK_OR_RETURN(rt->queue_ != nil, StatusCode::kNotFound, "Metal: newCommandQueue failed");
   rt->description_ = std::string("metal ") + [[rt->device_ name] UTF8String];
   rt->int64_ = true;  // MSL has 64-bit integers on every Metal GPU
-  // int8_mma_ stays false: qmm_mma (cooperative matrices) is Vulkan only and has no MSL.
+  // int8_mma_ and int_dot_ stay false: their kernels are Vulkan only and have no MSL.
   // Metal buffer offsets for device-address-space arguments need 4-byte alignment;
   // 16 keeps the same rule as Vulkan (the shaders read 16-byte vectors nowhere).
   SB_RETURN_IF_ERROR(rt->init(std::make_shared<gpu::MemoryPool>(std::make_unique<MetalBlocks>(rt->device_)),
@@ -114,7 +114,7 @@ Result<Pipeline*> MetalRuntime::compile_pipeline(const char* name) {
   const kernels::KernelInfo* info = kernels::find_kernel(name);
   const gpu::EmbeddedKernel* code = gpu::find_embedded_kernel(name);
   SB_CHECK_OR_RETURN(info && code, StatusCode::kInternal, "kernel '%s' is not built into this library", name);
-  SB_CHECK_OR_RETURN(!info->int8_mma, StatusCode::kUnimplemented, "kernel '%s' is Vulkan only (no MSL)", name);
+  SB_CHECK_OR_RETURN(!info->vulkan_only(), StatusCode::kUnimplemented, "kernel '%s' is Vulkan only (no MSL)", name);
   MTLCompileOptions* opts = [MTLCompileOptions new];
   opts.languageVersion = MTLLanguageVersion2_3;
 #if (defined(__MAC_OS_X_VERSION_MAX_ALLOWED) && __MAC_OS_X_VERSION_MAX_ALLOWED >= 150000) || \

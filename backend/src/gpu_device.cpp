@@ -526,10 +526,14 @@ bool qmm_row_plan(QmmSetup& q, int64_t projections) {
   return true;
 }
 
-// The row kernel for these rows: the *_2k twin (less shared memory) where K allows.
-const char* qmm_row_kernel(const QmmSetup& q, bool glu) {
-  if (q.kdim <= SB_QMM_ROW_SMALL_K) return glu ? "qmm_row_glu_2k" : "qmm_row_2k";
-  return glu ? "qmm_row_glu" : "qmm_row";
+// The row kernel for these rows: the *_2k twin (less shared memory) where K allows; the
+// *_dot4 twin (packed int8 dot products: H100 decode layer 56 -> 52 us) where the device
+// has them and every expert of every projection it computes is 4-bit.
+const char* qmm_row_kernel(const Runtime& rt, const QmmSetup& q, bool glu, bool all_4bit) {
+  const bool dot4 = all_4bit && rt.int_dot();
+  if (q.kdim <= SB_QMM_ROW_SMALL_K)
+    return glu ? (dot4 ? "qmm_row_glu_2k_dot4" : "qmm_row_glu_2k") : (dot4 ? "qmm_row_2k_dot4" : "qmm_row_2k");
+  return glu ? (dot4 ? "qmm_row_glu_dot4" : "qmm_row_glu") : (dot4 ? "qmm_row_dot4" : "qmm_row");
 }
 
 // Q8 activation blocks of a GatherQmm's x (quantize_q8); the fused gate/up path makes
@@ -653,7 +657,7 @@ Status qmm_row_combine(KernelContext& ctx, const fb::GatherQmmNodeT* n, const Qm
   args.has_gate = c.gate.defined();
   args.gate_dtype = c.gate.defined() ? static_cast<uint32_t>(c.gate.dtype()) : 0;
   SB_RETURN_IF_ERROR(
-      rt.dispatch("qmm_row_combine_2k",
+      rt.dispatch(q.all_4bit && rt.int_dot() ? "qmm_row_combine_2k_dot4" : "qmm_row_combine_2k",
                   {q.bx, q.bw, q.bs, q.bb, q.bl, q.br, q.bi, by, rt.error_word(), c.bw, c.bs, c.bgate, bn, bo}, &args,
                   sizeof(args), 256 * static_cast<uint64_t>(q.pairs) * q.args.tiles));
   return ctx.out(n->out.get(), std::move(out));
@@ -679,7 +683,7 @@ Status gather_qmm_run(KernelContext& ctx, const fb::GatherQmmNodeT* n, QmmSetup&
     // One workgroup per (pair, tile of outputs) quantizes its row itself: no Q8 dispatch.
     if (n->combine_weights && q.kdim <= SB_QMM_ROW_SMALL_K && rt.cross_workgroup_handoff())
       return qmm_row_combine(ctx, n, q, c, out, bo);
-    SB_RETURN_IF_ERROR(rt.dispatch(qmm_row_kernel(q, false),
+    SB_RETURN_IF_ERROR(rt.dispatch(qmm_row_kernel(rt, q, false, q.all_4bit),
                                    {q.bx, q.bw, q.bs, q.bb, q.bl, q.br, q.bi, bo, rt.error_word()}, &q.args,
                                    sizeof(q.args), 256 * static_cast<uint64_t>(q.pairs) * q.args.tiles));
   } else {
@@ -753,7 +757,7 @@ Status gate_up_glu(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>* 
   SB_ASSIGN_OR_RETURN(Tensor out, rt.alloc(g.x.dtype(), {g.pairs, g.nout}));
   SB_ASSIGN_OR_RETURN(BufferRef bo, rt.bind(out, false));
   k::QmmGluArgs args = glu_args(g.args, glu_node);
-  SB_RETURN_IF_ERROR(rt.dispatch(qmm_row_kernel(g, true),
+  SB_RETURN_IF_ERROR(rt.dispatch(qmm_row_kernel(rt, g, true, g.all_4bit && u.all_4bit),
                                  {g.bx, g.bw, g.bs, g.bb, g.bl, g.br, g.bi, bo, rt.error_word(), u.bw, u.bs, u.bb},
                                  &args, sizeof(args), 256 * static_cast<uint64_t>(g.pairs) * args.tiles));
   return ctx.out(glu_node->out.get(), std::move(out));

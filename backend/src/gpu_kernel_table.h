@@ -35,6 +35,11 @@ struct KernelInfo {
   // Vulkan only: int8 cooperative matrices (VK_NV_cooperative_matrix, 16x16x32 int8 ->
   // int32). No MSL is built; the host dispatches it only where GpuRuntime::int8_mma().
   bool int8_mma = false;
+  // Vulkan only: packed int8 dot products (OpSDot of SPV_KHR_integer_dot_product). No MSL
+  // is built; the host dispatches it only where GpuRuntime::int_dot().
+  bool int_dot = false;
+  // SPIR-V that SPIRV-Cross cannot translate: no MSL, no reflection JSON.
+  constexpr bool vulkan_only() const { return int8_mma || int_dot; }
 };
 
 #define SB_STR_(...) #__VA_ARGS__
@@ -93,6 +98,19 @@ inline constexpr KernelInfo kKernels[] = {
      {A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kReadWrite, A::kReadWrite, A::kRead,
       A::kRead, A::kRead, A::kReadWrite, A::kWrite},
      sizeof(QmmCombineArgs), SB_STR(SB_QMM_COMBINE_ARGS), 256, true},
+    // The row kernels above for all-4-bit experts on packed int8 dot products.
+    {"qmm_row_dot4", "gather_qmm", 9, SB_QMM_ROW_ACCESS, sizeof(QmmArgs), SB_STR(SB_QMM_ARGS), 256, true, false, false,
+     false, true},
+    {"qmm_row_2k_dot4", "gather_qmm", 9, SB_QMM_ROW_ACCESS, sizeof(QmmArgs), SB_STR(SB_QMM_ARGS), 256, true, false,
+     false, false, true},
+    {"qmm_row_glu_dot4", "gather_qmm", 12, SB_QMM_ROW_GLU_ACCESS, sizeof(QmmGluArgs), SB_STR(SB_QMM_GLU_ARGS), 256,
+     true, false, false, false, true},
+    {"qmm_row_glu_2k_dot4", "gather_qmm", 12, SB_QMM_ROW_GLU_ACCESS, sizeof(QmmGluArgs), SB_STR(SB_QMM_GLU_ARGS), 256,
+     true, false, false, false, true},
+    {"qmm_row_combine_2k_dot4", "gather_qmm", 14,
+     {A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kReadWrite, A::kReadWrite, A::kRead,
+      A::kRead, A::kRead, A::kReadWrite, A::kWrite},
+     sizeof(QmmCombineArgs), SB_STR(SB_QMM_COMBINE_ARGS), 256, true, false, false, false, true},
     {"qmm_tiles", "gather_qmm", 4, {A::kRead, A::kRead, A::kWrite, A::kReadWrite}, sizeof(QmmArgs), SB_STR(SB_QMM_ARGS),
      256, true},
     {"qmm_tile", "gather_qmm", 11, SB_QMM_ACCESS,

@@ -57,6 +57,8 @@ class GpuRuntime {
   bool int64() const { return int64_; }
   // Whether int8 cooperative-matrix kernels (gpu_kernel_table.h `int8_mma`) may run.
   bool int8_mma() const { return int8_mma_; }
+  // Whether packed int8 dot-product kernels (gpu_kernel_table.h `int_dot`) may run.
+  bool int_dot() const { return int_dot_; }
   // Whether a workgroup may read what other workgroups of the same dispatch stored, after
   // an atomic count that follows their memoryBarrierBuffer() (coherent buffers): GLSL's
   // Vulkan semantics. Metal's translation of the fence is not known to promise it, so
@@ -67,6 +69,7 @@ class GpuRuntime {
   bool exact_division_ = false;
   bool int64_ = false;
   bool int8_mma_ = false;
+  bool int_dot_ = false;
   bool cross_workgroup_handoff_ = false;
 };
 

@@ -66,6 +66,7 @@ struct Context {
   VkPhysicalDeviceLimits limits{};
   bool int64 = false;
   bool int8_mma = false;
+  bool int_dot = false;
   // SWITCHBOARD_PIPELINE_STATS=1 and VK_KHR_pipeline_executable_properties: each pipeline's
   // compiler statistics (registers, shared memory, ...) are logged when it is created.
   PFN_vkGetPipelineExecutablePropertiesKHR vkGetPipelineExecutablePropertiesKHR = nullptr;
@@ -252,6 +253,19 @@ bool int8_mma_supported(Context& c, const std::vector<VkExtensionProperties>& ex
   return false;
 }
 
+// Whether the *_dot4 row kernels can run: VK_KHR_shader_integer_dot_product's feature
+// (lavapipe has it too, so CI runs them). SWITCHBOARD_GPU_DOT=0 turns it off.
+bool int_dot_supported(Context& c, const std::vector<VkExtensionProperties>& exts) {
+  if (const char* env = std::getenv("SWITCHBOARD_GPU_DOT"); env && std::strcmp(env, "0") == 0) return false;
+  if (!has_extension(exts, VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME)) return false;
+  VkPhysicalDeviceShaderIntegerDotProductFeaturesKHR dot{
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES_KHR};
+  VkPhysicalDeviceFeatures2 f2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2};
+  f2.pNext = &dot;
+  c.vkGetPhysicalDeviceFeatures2(c.physical, &f2);
+  return dot.shaderIntegerDotProduct == VK_TRUE;
+}
+
 Status create_device(Context& c, const std::string& description) {
   uint32_t n = 0;
   c.vkGetPhysicalDeviceQueueFamilyProperties(c.physical, &n, nullptr);
@@ -317,6 +331,15 @@ Status create_device(Context& c, const std::string& description) {
     v12.pNext = &cm;
     cm.pNext = const_cast<void*>(di.pNext);
     di.pNext = &v12;
+  }
+  c.int_dot = int_dot_supported(c, exts);
+  VkPhysicalDeviceShaderIntegerDotProductFeaturesKHR dot{
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES_KHR};
+  dot.shaderIntegerDotProduct = VK_TRUE;
+  if (c.int_dot) {
+    ext_names.push_back(VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME);
+    dot.pNext = const_cast<void*>(di.pNext);
+    di.pNext = &dot;
   }
   di.enabledExtensionCount = static_cast<uint32_t>(ext_names.size());
   di.ppEnabledExtensionNames = ext_names.data();
@@ -503,12 +526,14 @@ Result<std::unique_ptr<VulkanRuntime>> VulkanRuntime::open(int index) {
   SB_RETURN_IF_ERROR(create_device(c, rt->description_));
   rt->int64_ = c.int64;
   rt->int8_mma_ = c.int8_mma;
+  rt->int_dot_ = c.int_dot;
   rt->cross_workgroup_handoff_ = true;
   SB_RETURN_IF_ERROR(rt->init(std::make_shared<gpu::MemoryPool>(std::make_unique<VulkanBlocks>(rt->ctx_)),
                               c.limits.maxStorageBufferRange, c.limits.minStorageBufferOffsetAlignment));
   SB_RETURN_IF_ERROR(rt->probe_numerics());
   SB_RETURN_IF_ERROR(rt->probe_mma_layout());
   if (rt->int8_mma()) rt->description_ += ", int8 cooperative matrices";
+  if (rt->int_dot()) rt->description_ += ", int8 dot products";
   return rt;
 }
 
