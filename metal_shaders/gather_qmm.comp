@@ -302,7 +302,7 @@ void main() {
 // output o's terms in group order. QMM_ROW_GLU: the same for two projections of the
 // same pairs (gate, then up: tasks [0, T) and [T, 2T)); thread o rounds both sums to
 // the output dtype, as stored outputs would be, and writes their Glu.
-layout(std430, binding = 0) readonly buffer X { uint x[]; };
+layout(std430, binding = 0) readonly buffer X { uvec4 x4[]; };  // 16-byte aligned (the host checks)
 layout(std430, binding = 1) readonly buffer Wt { uvec4 codes4[]; };  // 16-byte loads of 4-bit blocks
 layout(std430, binding = 2) readonly buffer Sc { uint scales[]; };
 layout(std430, binding = 3) readonly buffer Bi { uint biases[]; };
@@ -434,6 +434,22 @@ uint q8_word(uint i) { return i >> 2u; }
 uint q8_shift(uint i) { return 8u * (i & 3u); }
 #endif
 
+// Elements [e, e + 8) of x (e a multiple of 8) from one 16-byte load (f16, bf16) or two
+// (f32): all 384 workgroups of a decode projection read the same row, and element-wise
+// loads made that row's staging ~4 us of the H100 dispatch.
+void load_unit(uint e, out float v[8]) {
+  if (sb_is16(args.x_dtype)) {
+    uvec4 w = x4[e >> 3u];
+    [[unroll]] for (uint i = 0u; i < 8u; ++i) v[i] = sb_decode(w[i >> 1u], args.x_dtype, i);
+  } else {
+    uvec4 a = x4[e >> 2u], b = x4[(e >> 2u) + 1u];
+    [[unroll]] for (uint i = 0u; i < 4u; ++i) {
+      v[i] = uintBitsToFloat(a[i]);
+      v[i + 4u] = uintBitsToFloat(b[i]);
+    }
+  }
+}
+
 // Row r of x -> s_q (int8 codes), s_d, s_sum: unit u = elements [8u, 8u + 8) of block u / 4.
 #ifdef QMM_ROW_2K
 // K <= 2048: at most one unit per thread, its 8 values loaded once (before the first
@@ -441,7 +457,7 @@ uint q8_shift(uint i) { return 8u * (i & 3u); }
 void stage_row(uint r, uint tid) {
   uint blocks = args.k / 32u, units = args.k / 8u, xbase = r * args.k, u = min(tid, units - 1u);
   float v[8];
-  [[unroll]] for (uint i = 0u; i < 8u; ++i) v[i] = SB_LOAD(x, args.x_dtype, xbase + u * 8u + i);
+  load_unit(xbase + u * 8u, v);
   if (tid < blocks) {
     s_amax[tid] = 0u;
     s_sum[tid] = 0;
@@ -483,8 +499,10 @@ void stage_row(uint r, uint tid) {
   }
   barrier();
   for (uint u = tid; u < units; u += kThreads) {
+    float v[8];
+    load_unit(xbase + u * 8u, v);
     uint m = 0u;
-    for (uint i = 0u; i < 8u; ++i) m = max(m, floatBitsToUint(SB_LOAD(x, args.x_dtype, xbase + u * 8u + i)) & 0x7fffffffu);
+    [[unroll]] for (uint i = 0u; i < 8u; ++i) m = max(m, floatBitsToUint(v[i]) & 0x7fffffffu);
     atomicMax(s_amax[u >> 2u], m);
   }
   barrier();
@@ -492,10 +510,12 @@ void stage_row(uint r, uint tid) {
     float scale, d;
     bool zero;
     q8_params(s_amax[u >> 2u], scale, d, zero);
+    float v[8];
+    load_unit(xbase + u * 8u, v);
     uint w[2] = uint[2](0u, 0u);
     int s = 0;
-    for (uint i = 0u; !zero && i < 8u; ++i) {
-      int c = q8_code(SB_LOAD(x, args.x_dtype, xbase + u * 8u + i), scale);
+    [[unroll]] for (uint i = 0u; i < 8u; ++i) {
+      int c = zero ? 0 : q8_code(v[i], scale);
       s += c;
       w[q8_word(i)] |= (uint(c) & 0xffu) << q8_shift(i);
     }
@@ -558,10 +578,10 @@ void main() {
     return;
   }
   if (tid == 0u && n0 == 0u && args.sorted != 0u && p > 0u && rhs[p - 1u] > ex) atomicOr(err[0], SB_ERR_UNSORTED);
-  stage_row(uint(r), tid);
-
   uint wbase = expert_info[args.experts + uint(ex)] + n0 * (args.k * bits / 32u);
   uint tasks = cnt * args.groups;
+  stage_row(uint(r), tid);
+
   for (uint t = tid; t < kProjections * tasks; t += kThreads) {
     uint tt = t < tasks ? t : t - tasks;
     uint oi = tt / args.groups, g = tt - oi * args.groups;

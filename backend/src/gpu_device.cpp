@@ -429,7 +429,7 @@ Status bind_indices(KernelContext& ctx, const std::unique_ptr<fb::Tid>& lhs_tid,
 constexpr int64_t kQmmRowMaxPairs = 32;
 // qmm_row widens its tiles while more workgroups than this would run (H100, 132 SMs:
 // 528 beat 264 and 1056+).
-constexpr int64_t kQmmRowWorkgroups = 528;
+constexpr int64_t kQmmRowWorkgroups = 1056;
 // Sorted pairs (or pairs without rhs) from this many on, and with rhs at least
 // kQmmTilePairsPerExpert per expert on average, take the tiled kernel (qmm_tile): weights read once per tile of 32
 // pairs instead of once per pair. Below that its tiles run mostly empty (H100: at 2 pairs per expert it takes twice as
@@ -507,16 +507,18 @@ Result<QmmSetup> qmm_setup(KernelContext& ctx, const fb::GatherQmmNodeT* n, cons
 }
 
 // Whether qmm_row (and qmm_row_glu) take these rows; then its outputs per workgroup and
-// tiles per pair: at least one (output, group) task per thread, widening while more than
-// kQmmRowWorkgroups workgroups would run. Decode is latency-bound: each workgroup
-// quantizes its row and ends in serial sums, so fewer, wider workgroups win (H100, Qwen3
-// decode: gate/up/Glu 25 -> 21 us). `projections` (1 or 2) share SB_QMM_ROW_TERMS.
+// tiles per pair: about two (output, group) tasks per thread, widening while more than
+// kQmmRowWorkgroups workgroups would run (each workgroup quantizes its row). H100, Qwen3
+// decode with the *_dot4 kernels: gate/up/Glu at 8 outputs per workgroup (2 tasks a
+// thread) 17.0 us against 18.6 at 16 (4 tasks); down at ~40 (2 tasks) 15.2 us against
+// 17.9 at 20 (1 task). `projections` (1 or 2) share SB_QMM_ROW_TERMS.
 bool qmm_row_plan(QmmSetup& q, int64_t projections) {
   const int64_t groups = q.groups, nout = q.nout, pairs = q.pairs;
+  // x is read 16 bytes at a time (whole 8-element units).
   if (pairs > kQmmRowMaxPairs || q.kdim > SB_QMM_STAGE_K || 2 * projections * groups > SB_QMM_ROW_TERMS ||
-      (q.x.dtype() != DType::kF32 && nout % 2 != 0))
+      (q.x.dtype() != DType::kF32 && nout % 2 != 0) || q.bx.offset % 16 != 0)
     return false;
-  int64_t per_wg = std::max<int64_t>(2, 256 / (projections * groups)) & ~int64_t{1};
+  int64_t per_wg = std::clamp<int64_t>(2 * 256 / (projections * groups), 2, 256) & ~int64_t{1};
   auto tiles = [&](int64_t t) { return (nout + t - 1) / t; };
   while (2 * per_wg * groups * projections <= SB_QMM_ROW_TERMS && 2 * per_wg <= 256 &&
          pairs * tiles(per_wg) > kQmmRowWorkgroups)
