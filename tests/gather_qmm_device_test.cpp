@@ -158,10 +158,10 @@ TEST(GatherQmmDevices, EveryWidthGroupAndScaleDtype) {
 // longest row the first stages, tile widening and the Q8 edge blocks.
 TEST(GatherQmmDevices, RowAndBatchSchedules) {
   std::mt19937 rng(5);
-  Case many;  // 40 pairs: past the row kernel's limit
+  Case many;  // 600 pairs: past the row kernel's limit
   many.bits.assign(4, 4);
   many.tokens = 5;
-  for (int i = 0; i < 40; ++i) {
+  for (int i = 0; i < 600; ++i) {
     many.lhs.push_back(static_cast<int64_t>(rng() % 5));
     many.rhs.push_back(static_cast<int64_t>(rng() % 4));
   }
@@ -192,8 +192,8 @@ TEST(GatherQmmDevices, RowAndBatchSchedules) {
   special.x_dtype = DType::kF16;
   special.lhs = {0, 1, 2, 0};
   special.rhs = {0, 1, 2, 3};
-  Case special_many = special;
-  for (int i = 0; i < 36; ++i) {
+  Case special_many = special;  // past the row kernel's limit
+  for (int i = 0; i < 596; ++i) {
     special_many.lhs.push_back(i % 3);
     special_many.rhs.push_back(i % 4);
   }
@@ -438,10 +438,10 @@ TEST(GatherQmmDevices, FusedGateUpGlu) {
   GluCase wide = decode;  // K past qmm_row_glu_2k: the kernel with room for K = 8192
   wide.c.k = 4096;
   wide.c.n = 24;
-  GluCase many = decode;  // 40 pairs: past the row kernel, one Q8 pass for both projections
-  many.c.tokens = 5;
+  GluCase many = decode;  // 600 pairs: past the row kernel, one Q8 pass for both projections
+  many.c.tokens = 75;
   many.c.rhs.clear();
-  for (int i = 0; i < 40; ++i) {
+  for (int i = 0; i < 600; ++i) {
     many.c.lhs.push_back(i / 8);
     many.c.rhs.push_back(i % 8);
   }
@@ -574,13 +574,17 @@ struct FfnCase {
 };
 
 TEST(GatherQmmDevices, SortedMoeFfn) {
-  const int64_t d = 256, experts = 8, k = 2, m = 48;  // 96 pairs: the tiled schedule
+  const int64_t d = 256, experts = 8, k = 2;
   const FfnCase cases[] = {{DType::kBF16, GluKind::kSwiGLU, 96, 32, true},
                            {DType::kF32, GluKind::kGEGLU, 128, 64, false},
                            {DType::kF16, GluKind::kClampedSwiGLU, 128, 128, false}};
-  for (const FfnCase& fc : cases) {
+  // 48 tokens (96 pairs): the tiled schedule; 7 (14 pairs, < 4 per expert): the row kernels.
+  std::vector<std::pair<int64_t, FfnCase>> runs;
+  for (const int64_t m : {48, 7})
+    for (const FfnCase& fc : cases) runs.emplace_back(m, fc);
+  for (const auto& [m, fc] : runs) {
     SCOPED_TRACE(std::string(dtype_name(fc.dt)) + " glu " + std::to_string(static_cast<int>(fc.kind)) + " f " +
-                 std::to_string(fc.f));
+                 std::to_string(fc.f) + " tokens " + std::to_string(m));
     std::mt19937 rng(static_cast<uint32_t>(fc.f));
     std::normal_distribution<double> normal(0.0, 1.0);
     auto values = [&](int64_t n, double scale) {

@@ -424,11 +424,13 @@ Status bind_indices(KernelContext& ctx, const std::unique_ptr<fb::Tid>& lhs_tid,
   return Status::ok();
 }
 
-// GatherQmm takes the one-dispatch row kernel (qmm_row) up to this many (pair) rows:
-// each of its workgroups quantizes a row of x, cheap while rows are few (decode).
-constexpr int64_t kQmmRowMaxPairs = 32;
-// qmm_row widens its tiles while more workgroups than this would run (H100, 132 SMs:
-// 528 beat 264 and 1056+).
+// GatherQmm takes the one-dispatch row kernel (qmm_row) up to this many (pair) rows
+// where the tiles do not (each of its workgroups quantizes a row of x). H100, Qwen3 MoE
+// layer at M = 5 / 8 / 16 / 32 tokens (40-256 pairs, below the tiles' 4 pairs per
+// expert): 456 / 687 / 1324 / 2574 us through quantize + qmm with the limit at 32,
+// 116 / 139 / 219 / 378 us through the row kernels.
+constexpr int64_t kQmmRowMaxPairs = 512;
+// qmm_row widens its tiles while more workgroups than this would run.
 constexpr int64_t kQmmRowWorkgroups = 1056;
 // Sorted pairs (or pairs without rhs) from this many on, and with rhs at least
 // kQmmTilePairsPerExpert per expert on average, take the tiled kernel (qmm_tile): weights read once per tile of 32
@@ -506,8 +508,16 @@ Result<QmmSetup> qmm_setup(KernelContext& ctx, const fb::GatherQmmNodeT* n, cons
   return q;
 }
 
-// Whether qmm_row (and qmm_row_glu) take these rows; then its outputs per workgroup and
-// tiles per pair: about two (output, group) tasks per thread, widening while more than
+// Whether the tiled kernels (qmm_tiles + qmm_tile / qmm_mma) take these pairs.
+bool qmm_tiled(const QmmSetup& q) {
+  return q.pairs >= kQmmTileMinPairs &&
+         (q.rhs.defined() ? q.sorted != 0 && q.pairs >= kQmmTilePairsPerExpert * q.experts : true) &&
+         (q.x.dtype() == DType::kF32 || q.nout % 2 == 0);
+}
+
+// Whether qmm_row (and qmm_row_glu) take these rows (not where the tiles do); then its
+// outputs per workgroup and tiles per pair: about two (output, group) tasks per thread,
+// widening while more than
 // kQmmRowWorkgroups workgroups would run (each workgroup quantizes its row). H100, Qwen3
 // decode with the *_dot4 kernels: gate/up/Glu at 8 outputs per workgroup (2 tasks a
 // thread) 17.0 us against 18.6 at 16 (4 tasks); down at ~40 (2 tasks) 15.2 us against
@@ -516,7 +526,7 @@ bool qmm_row_plan(QmmSetup& q, int64_t projections) {
   const int64_t groups = q.groups, nout = q.nout, pairs = q.pairs;
   // x is read 16 bytes at a time (whole 8-element units).
   if (pairs > kQmmRowMaxPairs || q.kdim > SB_QMM_STAGE_K || 2 * projections * groups > SB_QMM_ROW_TERMS ||
-      (q.x.dtype() != DType::kF32 && nout % 2 != 0) || q.bx.offset % 16 != 0)
+      (q.x.dtype() != DType::kF32 && nout % 2 != 0) || q.bx.offset % 16 != 0 || qmm_tiled(q))
     return false;
   int64_t per_wg = std::clamp<int64_t>(2 * 256 / (projections * groups), 2, 256) & ~int64_t{1};
   auto tiles = [&](int64_t t) { return (nout + t - 1) / t; };
@@ -570,13 +580,6 @@ Result<Q8Blocks> quantize_rows(Runtime& rt, const QmmSetup& q, bool permute) {
   SB_RETURN_IF_ERROR(rt.dispatch(by16 ? "quantize_q8_16" : "quantize_q8", {q.bx, b.bq, b.bd, b.bsum}, &qa, sizeof(qa),
                                  static_cast<uint64_t>(blocks)));
   return b;
-}
-
-// Whether the tiled kernels (qmm_tiles + qmm_tile / qmm_mma) take these pairs.
-bool qmm_tiled(const QmmSetup& q) {
-  return q.pairs >= kQmmTileMinPairs &&
-         (q.rhs.defined() ? q.sorted != 0 && q.pairs >= kQmmTilePairsPerExpert * q.experts : true) &&
-         (q.x.dtype() == DType::kF32 || q.nout % 2 == 0);
 }
 
 // The kernel of the tiles: int8 tensor cores where the device has them (Vulkan, NVIDIA),
