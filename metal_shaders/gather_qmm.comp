@@ -461,7 +461,7 @@ uint q8_shift(uint i) { return 8u * (i & 3u); }
 #endif
 
 // Elements [e, e + 8) of x (e a multiple of 8) from one 16-byte load (f16, bf16) or two
-// (f32): all 384 workgroups of a decode projection read the same row, and element-wise
+// (f32): every workgroup of a decode projection reads the same row, and element-wise
 // loads made that row's staging ~4 us of the H100 dispatch.
 void load_unit(uint e, out float v[8]) {
   if (sb_is16(args.x_dtype)) {
