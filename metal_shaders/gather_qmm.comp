@@ -365,7 +365,6 @@ int dot4_block(uvec4 cw, uint qb) {
   [[unroll]] for (uint w = 0u; w < 4u; ++w) iq += dot4_word(cw[w], s_q[qb + 2u * w], s_q[qb + 2u * w + 1u]);
   return iq;
 }
-#define SB_STAGED_DOT4(NAME, CODES4)  // unused: SB_ROW_TERM loads the blocks itself
 #else
 // 4-bit block at a multiple of 4 words: one 16-byte load against 8 staged activation words.
 #define SB_STAGED_DOT4(NAME, CODES4)                                                                             \
@@ -435,12 +434,16 @@ int dot4_block(uvec4 cw, uint qb) {
   }
 #endif
 
+#ifndef SB_ROW_DOT4  // the dot4 SB_ROW_TERM loads and dots its blocks itself
 SB_BLOCK_DOT(staged_dot, row_code, s_q)
 SB_STAGED_DOT4(staged_dot4, codes4)
-SB_ROW_TERM(row_term, codes4, scales, biases, staged_dot, staged_dot4)
 #ifdef QMM_ROW_GLU
 SB_BLOCK_DOT(staged_dot_up, row_code_up, s_q)
 SB_STAGED_DOT4(staged_dot4_up, codes_up4)
+#endif
+#endif
+SB_ROW_TERM(row_term, codes4, scales, biases, staged_dot, staged_dot4)
+#ifdef QMM_ROW_GLU
 SB_ROW_TERM(row_term_up, codes_up4, scales_up, biases_up, staged_dot_up, staged_dot4_up)
 #endif
 

@@ -851,6 +851,20 @@ Status gather_mm(KernelContext& ctx, const fb::OpNodeUnion& op) {
 // Rows from which matmul_rows16 takes a GEMV (below, attention heads keep `matmul`).
 constexpr uint32_t kMatmulRows16MinK = 1024;
 
+// MatmulArgs of one [rows, k] x [k, cols] product: no bias, batch and group 1.
+k::MatmulArgs matmul_args(int64_t rows, int64_t cols, int64_t kdim, DType a, DType b, bool transpose_b) {
+  k::MatmulArgs args{};
+  args.rows = static_cast<uint32_t>(rows);
+  args.cols = static_cast<uint32_t>(cols);
+  args.k = static_cast<uint32_t>(kdim);
+  args.dtype = static_cast<uint32_t>(a);
+  args.b_dtype = static_cast<uint32_t>(b);
+  args.transpose_b = transpose_b;
+  args.batch = 1;
+  args.group = 1;
+  return args;
+}
+
 // Matmul / BatchMatmul: 16 x 16 output tiles per workgroup (matmul_tile) when rows and
 // columns both fill tiles (prefill), else one output word per 32-lane workgroup (decode
 // GEMVs: the lanes split k). 16-bit outputs of odd width share words across rows, which
@@ -888,18 +902,9 @@ Status matmul(KernelContext& ctx, const fb::OpNodeUnion& op) {
   shape.back() = cols;
   SB_ASSIGN_OR_RETURN(Tensor out, rt.alloc(a.dtype(), shape));
   SB_ASSIGN_OR_RETURN(BufferRef bo, rt.bind(out, false));
-  k::MatmulArgs args{static_cast<uint32_t>(rows),
-                     static_cast<uint32_t>(cols),
-                     static_cast<uint32_t>(kdim),
-                     static_cast<uint32_t>(a.dtype()),
-                     static_cast<uint32_t>(b.dtype()),
-                     n->transpose_b,
-                     bias.defined(),
-                     bias.defined() ? static_cast<uint32_t>(bias.dtype()) : 0,
-                     1,
-                     1,
-                     0,
-                     0};
+  k::MatmulArgs args = matmul_args(rows, cols, kdim, a.dtype(), b.dtype(), n->transpose_b);
+  args.has_bias = bias.defined();
+  args.bias_dtype = bias.defined() ? static_cast<uint32_t>(bias.dtype()) : 0;
   SB_RETURN_IF_ERROR(dispatch_matmul(rt, args, a.dtype(), {ba, bb, bbias, bo}));
   return ctx.out(n->out.get(), std::move(out));
 }
@@ -968,18 +973,9 @@ Status batch_matmul(KernelContext& ctx, const fb::OpNodeUnion& op) {
   SB_RETURN_IF_ERROR(u32_count(std::max({a.numel(), b.numel(), batch * m * cols}), "BatchMatmul").status());
   SB_ASSIGN_OR_RETURN(Tensor out, rt.alloc(a.dtype(), {batch, m, cols}));
   SB_ASSIGN_OR_RETURN(BufferRef bo, rt.bind(out, false));
-  k::MatmulArgs args{static_cast<uint32_t>(m),
-                     static_cast<uint32_t>(cols),
-                     static_cast<uint32_t>(kdim),
-                     static_cast<uint32_t>(a.dtype()),
-                     static_cast<uint32_t>(b.dtype()),
-                     n->transpose_b,
-                     0,
-                     0,
-                     static_cast<uint32_t>(batch),
-                     static_cast<uint32_t>(dims.group),
-                     0,
-                     0};
+  k::MatmulArgs args = matmul_args(m, cols, kdim, a.dtype(), b.dtype(), n->transpose_b);
+  args.batch = static_cast<uint32_t>(batch);
+  args.group = static_cast<uint32_t>(dims.group);
   SB_RETURN_IF_ERROR(dispatch_matmul(rt, args, a.dtype(), {ba, bb, ba, bo}));
   return ctx.out(n->out.get(), std::move(out));
 }
