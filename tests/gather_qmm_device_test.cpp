@@ -561,9 +561,11 @@ TEST(GatherQmmDevices, DownProjectionWithCombine) {
   }
 }
 
-// The sorted MoE FFN as prefill runs it (router, argsort, gate/up GatherQmm, Glu, down
-// GatherQmm with combine): on a GPU with int8 tensor cores and 4-bit experts, one kernel
-// makes the Q8 blocks of h = Glu(gate, up) (qmm_mma4_glu) and h is never stored. Every
+// The whole MoE FFN (router, gate/up GatherQmm, Glu, down GatherQmm, combine). Sorted as
+// prefill runs it (argsort first): on a GPU with int8 tensor cores and 4-bit experts, one
+// kernel makes the Q8 blocks of h = Glu(gate, up) (qmm_mma4_glu) and h is never stored.
+// Unsorted as decode runs it: on Vulkan with int8 dot products, gate/up/Glu, down and
+// combine in one dispatch whose down workgroups wait for h (qmm_row_moe_dot4). Every
 // device must give the CPU's bits (the CPU's GatherQmm is checked against the oracle above).
 struct FfnCase {
   DType dt;
@@ -573,18 +575,24 @@ struct FfnCase {
   bool shared_gate;
 };
 
-TEST(GatherQmmDevices, SortedMoeFfn) {
+TEST(GatherQmmDevices, MoeFfnSortedAndDecode) {
   const int64_t d = 256, experts = 8, k = 2;
   const FfnCase cases[] = {{DType::kBF16, GluKind::kSwiGLU, 96, 32, true},
                            {DType::kF32, GluKind::kGEGLU, 128, 64, false},
                            {DType::kF16, GluKind::kClampedSwiGLU, 128, 128, false}};
-  // 48 tokens (96 pairs): the tiled schedule; 7 (14 pairs, < 4 per expert): the row kernels.
-  std::vector<std::pair<int64_t, FfnCase>> runs;
-  for (const int64_t m : {48, 7})
-    for (const FfnCase& fc : cases) runs.emplace_back(m, fc);
-  for (const auto& [m, fc] : runs) {
+  // Sorted: 48 tokens (96 pairs): the tiled schedule; 7 (14 pairs, < 4 per expert): the
+  // row kernels. Unsorted (decode): 1 and 3 tokens.
+  struct Run {
+    int64_t m;
+    bool sorted;
+    FfnCase fc;
+  };
+  std::vector<Run> runs;
+  for (const auto& [m, sorted] : {std::pair<int64_t, bool>{48, true}, {7, true}, {1, false}, {3, false}})
+    for (const FfnCase& fc : cases) runs.push_back({m, sorted, fc});
+  for (const auto& [m, sorted, fc] : runs) {
     SCOPED_TRACE(std::string(dtype_name(fc.dt)) + " glu " + std::to_string(static_cast<int>(fc.kind)) + " f " +
-                 std::to_string(fc.f) + " tokens " + std::to_string(m));
+                 std::to_string(fc.f) + " tokens " + std::to_string(m) + (sorted ? " sorted" : " unsorted"));
     std::mt19937 rng(static_cast<uint32_t>(fc.f));
     std::normal_distribution<double> normal(0.0, 1.0);
     auto values = [&](int64_t n, double scale) {
@@ -617,7 +625,7 @@ TEST(GatherQmmDevices, SortedMoeFfn) {
     };
     MoeExperts e{proj("gate", fc.f, d), proj("up", fc.f, d), proj("down", d, fc.f)};
     e.activation = fc.kind;
-    e.sort_cutoff = 0;  // always sorted
+    e.sort_cutoff = sorted ? 0 : 64;
     in["x"] = make(fc.dt, {m, d}, values(m * d, 1.0));
     in["logits"] = make(DType::kF32, {m, experts}, values(m * experts, 2.0));
     TensorRef x = b.input("x", fc.dt, {m, d});
