@@ -36,11 +36,6 @@
 #define QMM_ROW_COMBINE_2K
 #define SB_ROW_DOT4
 #endif
-#ifdef QMM_ROW_MOE_DOT4  // decode's whole MoE FFN in one dispatch (QMM_ROW_MOE below)
-#define QMM_ROW_MOE
-#define QMM_ROW_GLU_2K
-#define SB_ROW_DOT4
-#endif
 #ifdef SB_ROW_DOT4
 #extension GL_EXT_spirv_intrinsics : require
 // OpSDot (4450) with PackedVectorFormat4x8Bit (0): the exact int32 sum of 4 int8 products.
@@ -314,34 +309,7 @@ layout(std430, binding = 3) readonly buffer Bi { uint biases[]; };
 layout(std430, binding = 4) readonly buffer L { int lhs[]; };
 layout(std430, binding = 5) readonly buffer R { int rhs[]; };
 layout(std430, binding = 6) readonly buffer Ex { uint expert_info[]; };  // [E] bits, then [E] word offsets
-#ifdef QMM_ROW_MOE
-// Decode's MoE FFN in one dispatch: gate/up/Glu (QMM_ROW_GLU) and then the down projection
-// with combine_weights (QMM_ROW_COMBINE) of the same pairs. Workgroups take tickets in the
-// order they start: tickets [0, pairs * tiles) are gate/up workgroups, which store h and
-// count it per pair; the rest are down workgroups (pair p, tile t of d_tiles), which wait
-// for p's count before staging h. Only workgroups that already started are waited on, and
-// those finish without waiting: safe where started workgroups keep running (the host
-// enables it per device; the wait is bounded and raises SB_ERR_WAIT, it never hangs).
-// Counters (binding 20, zero at start): [0] tickets, [1 + p] h tiles of pair p, then the
-// combine counts [token][tile].
-layout(std430, binding = 7) coherent buffer H { uvec4 h4[]; };  // h [pairs, n], x's dtype
-layout(std430, binding = 12) readonly buffer Wd { uvec4 codes_dn4[]; };
-layout(std430, binding = 13) readonly buffer Sd { uint scales_dn[]; };
-layout(std430, binding = 14) readonly buffer Bd { uint biases_dn[]; };
-layout(std430, binding = 15) readonly buffer Exd { uint expert_info_dn[]; };
-layout(std430, binding = 16) coherent buffer O { uint o[]; };  // down's products y [pairs, k]
-layout(std430, binding = 17) readonly buffer Cw { float cweights[]; };
-layout(std430, binding = 18) readonly buffer Cs { uint shared_x[]; };
-layout(std430, binding = 19) readonly buffer Cg { uint gate[]; };
-layout(std430, binding = 20) coherent buffer Cn { uint counters[]; };
-layout(std430, binding = 21) writeonly buffer Co { uint cout_[]; };
-shared uint s_last, s_ticket;
-// This workgroup's role and the shape of its projection (main sets them).
-bool r_down;
-uint r_n, r_k, r_groups, r_per_wg, r_tiles, r_rows;
-#define RA(f) r_##f
-#define COMBINE_BASE (1u + args.pairs)  // the combine counts follow the h counts
-#elif defined(QMM_ROW_COMBINE)
+#ifdef QMM_ROW_COMBINE
 // The down projection with combine_weights: y (binding 7) as GatherQmm stores it, then
 // the workgroup that finishes a (token, tile) last - counted by an atomic after its
 // stores are made visible - adds the token's slots as combine.comp does: out[t][c] =
@@ -355,7 +323,6 @@ layout(std430, binding = 13) writeonly buffer Co { uint cout_[]; };
 layout(push_constant) uniform Args { SB_QMM_COMBINE_ARGS } args;
 const uint kProjections = 1u;
 shared uint s_last;
-#define COMBINE_BASE 0u
 #else
 layout(std430, binding = 7) writeonly buffer O { uint o[]; };
 #endif
@@ -365,20 +332,13 @@ layout(std430, binding = 8) buffer Er { uint err[]; };
 layout(std430, binding = 9) readonly buffer Wu { uvec4 codes_up4[]; };
 layout(std430, binding = 10) readonly buffer Su { uint scales_up[]; };
 layout(std430, binding = 11) readonly buffer Bu { uint biases_up[]; };
-#ifdef QMM_ROW_MOE
-layout(push_constant) uniform Args { SB_QMM_MOE_ARGS } args;
-#else
 layout(push_constant) uniform Args { SB_QMM_GLU_ARGS } args;
-#endif
 const uint kProjections = 2u;
 #else
 layout(push_constant) uniform Args { SB_QMM_ARGS } args;
 const uint kProjections = 1u;
 #endif
 
-#ifndef QMM_ROW_MOE
-#define RA(f) args.f  // the projection's shape: the push constants
-#endif
 const uint kThreads = 256u;
 const uint kMaxTerms = SB_QMM_ROW_TERMS;  // projections * per_wg * groups (the host checks)
 const uint kMaxPerWg = 256u;
@@ -431,10 +391,10 @@ int dot4_block(uvec4 cw, uint qb) {
 #define SB_ROW_TERM(NAME, CODES, SCALES, BIASES, DOT, DOT4)                                          \
   float NAME(uint ex, uint n0, uint oi, uint g, uint wbase, uint bits) {                             \
     uint per_group = args.group_size / 32u, end = (g + 1u) * per_group;                              \
-    uint sidx = (ex * RA(n) + n0 + oi) * RA(groups) + g;                                           \
+    uint sidx = (ex * args.n + n0 + oi) * args.groups + g;                                           \
     float sc = SB_LOAD(SCALES, args.scale_dtype, sidx);                                              \
     float bc = SB_LOAD(BIASES, args.scale_dtype, sidx);                                              \
-    uint row4 = (wbase + oi * (RA(k) / 8u)) >> 2u;                                                  \
+    uint row4 = (wbase + oi * (args.k / 8u)) >> 2u;                                                  \
     precise float pg = 0.0, xg = 0.0;                                                                \
     for (uint j = g * per_group; j < end; j += 2u) {                                                 \
       bool two = j + 1u < end;                                                                       \
@@ -456,8 +416,8 @@ int dot4_block(uvec4 cw, uint qb) {
 // Group g's term s*P + b*X of output column n0 + oi of expert ex (row words from wbase).
 #define SB_ROW_TERM(NAME, CODES, SCALES, BIASES, DOT, DOT4)                                          \
   float NAME(uint ex, uint n0, uint oi, uint g, uint wbase, uint bits) {                             \
-    uint row_words = RA(k) * bits / 32u, per_group = args.group_size / 32u;                         \
-    uint sidx = (ex * RA(n) + n0 + oi) * RA(groups) + g;                                           \
+    uint row_words = args.k * bits / 32u, per_group = args.group_size / 32u;                         \
+    uint sidx = (ex * args.n + n0 + oi) * args.groups + g;                                           \
     float sc = SB_LOAD(SCALES, args.scale_dtype, sidx);                                              \
     float bc = SB_LOAD(BIASES, args.scale_dtype, sidx);                                              \
     uint row = wbase + oi * row_words;                                                               \
@@ -486,14 +446,11 @@ SB_ROW_TERM(row_term, codes4, scales, biases, staged_dot, staged_dot4)
 #ifdef QMM_ROW_GLU
 SB_ROW_TERM(row_term_up, codes_up4, scales_up, biases_up, staged_dot_up, staged_dot4_up)
 #endif
-#ifdef QMM_ROW_MOE
-SB_ROW_TERM(row_term_dn, codes_dn4, scales_dn, biases_dn, staged_dot, staged_dot4)
-#endif
 
 // The sum of output oi's group terms from s_term[first ...], in group order.
 float row_sum(uint first) {
   precise float acc = 0.0;
-  for (uint g = 0u; g < RA(groups); ++g) acc = acc + s_term[first + g];
+  for (uint g = 0u; g < args.groups; ++g) acc = acc + s_term[first + g];
   return acc;
 }
 
@@ -509,17 +466,12 @@ uint q8_shift(uint i) { return 8u * (i & 3u); }
 // Elements [e, e + 8) of x (e a multiple of 8) from one 16-byte load (f16, bf16) or two
 // (f32): every workgroup of a decode projection reads the same row, and element-wise
 // loads made that row's staging ~4 us of the H100 dispatch.
-#ifdef QMM_ROW_MOE
-#define X_UNIT(i) (r_down ? h4[i] : x4[i])  // the down projection's x is h
-#else
-#define X_UNIT(i) x4[i]
-#endif
 void load_unit(uint e, out float v[8]) {
   if (sb_is16(args.x_dtype)) {
-    uvec4 w = X_UNIT(e >> 3u);
+    uvec4 w = x4[e >> 3u];
     [[unroll]] for (uint i = 0u; i < 8u; ++i) v[i] = sb_decode(w[i >> 1u], args.x_dtype, i);
   } else {
-    uvec4 a = X_UNIT(e >> 2u), b = X_UNIT((e >> 2u) + 1u);
+    uvec4 a = x4[e >> 2u], b = x4[(e >> 2u) + 1u];
     [[unroll]] for (uint i = 0u; i < 4u; ++i) {
       v[i] = uintBitsToFloat(a[i]);
       v[i + 4u] = uintBitsToFloat(b[i]);
@@ -532,7 +484,7 @@ void load_unit(uint e, out float v[8]) {
 // K <= 2048: at most one unit per thread, its 8 values loaded once (before the first
 // barrier) and kept in registers for both passes.
 void stage_row(uint r, uint tid) {
-  uint blocks = RA(k) / 32u, units = RA(k) / 8u, xbase = r * RA(k), u = min(tid, units - 1u);
+  uint blocks = args.k / 32u, units = args.k / 8u, xbase = r * args.k, u = min(tid, units - 1u);
   float v[8];
   load_unit(xbase + u * 8u, v);
   if (tid < blocks) {
@@ -569,7 +521,7 @@ void stage_row(uint r, uint tid) {
 }
 #else
 void stage_row(uint r, uint tid) {
-  uint blocks = RA(k) / 32u, units = RA(k) / 8u, xbase = r * RA(k);
+  uint blocks = args.k / 32u, units = args.k / 8u, xbase = r * args.k;
   for (uint b = tid; b < blocks; b += kThreads) {
     s_amax[b] = 0u;
     s_sum[b] = 0;
@@ -605,7 +557,7 @@ void stage_row(uint r, uint tid) {
 }
 #endif
 
-#if defined(QMM_ROW_COMBINE) || defined(QMM_ROW_MOE)
+#ifdef QMM_ROW_COMBINE
 // Counts this workgroup's stored y (pair p, outputs [n0, n0 + cnt)) into its token's
 // tile; the last of the token's slots combines the tile's outputs (thread -> word).
 void combine_tile(uint p, uint tile, uint n0, uint cnt) {
@@ -613,7 +565,7 @@ void combine_tile(uint p, uint tile, uint n0, uint cnt) {
   memoryBarrierBuffer();  // this invocation's y stores before the count
   barrier();
   uint token = p / args.slots;
-  if (tid == 0u) s_last = atomicAdd(counters[COMBINE_BASE + token * RA(tiles) + tile], 1u) + 1u == args.slots ? 1u : 0u;
+  if (tid == 0u) s_last = atomicAdd(counters[token * args.tiles + tile], 1u) + 1u == args.slots ? 1u : 0u;
   barrier();
   if (s_last == 0u) return;  // uniform
   memoryBarrierBuffer();  // the other slots' y, counted before ours, are visible now
@@ -625,102 +577,52 @@ void combine_tile(uint p, uint tile, uint n0, uint cnt) {
       uint c = n0 + w * per + h;
       precise float acc = 0.0;
       if (args.has_shared != 0u) {
-        float sv = SB_LOAD(shared_x, args.shared_dtype, token * RA(n) + c);
+        float sv = SB_LOAD(shared_x, args.shared_dtype, token * args.n + c);
         precise float gs = sg * sv;
         acc = args.has_gate != 0u ? gs : sv;
       }
       for (uint j = 0u; j < args.slots; ++j) {
         uint q = token * args.slots + j;
-        acc = acc + cweights[q] * SB_LOAD(o, args.out_dtype, q * RA(n) + c);
+        acc = acc + cweights[q] * SB_LOAD(o, args.out_dtype, q * args.n + c);
       }
       r2[h] = acc;
     }
-    cout_[(token * RA(n) + n0) / per + w] = sb_encode_word(r2[0], r2[1], args.out_dtype);
+    cout_[(token * args.n + n0) / per + w] = sb_encode_word(r2[0], r2[1], args.out_dtype);
   }
 }
 #endif
 
-#ifdef QMM_ROW_MOE
-// Down workgroups: wait until every gate/up tile of pair p has stored its h (bounded).
-void wait_for_h(uint p) {
-  if (gl_LocalInvocationID.x == 0u) {
-    uint spins = 0u;
-    while (atomicAdd(counters[1u + p], 0u) < args.tiles) {
-      if (++spins >= args.spin_limit) {
-        atomicOr(err[0], SB_ERR_WAIT);
-        break;
-      }
-    }
-  }
-  barrier();
-  memoryBarrierBuffer();  // h, stored before the counts, is visible now
-}
-
-// Gate/up workgroups: count this tile of pair p's h once its stores are visible.
-void count_h(uint p) {
-  memoryBarrierBuffer();
-  barrier();
-  if (gl_LocalInvocationID.x == 0u) atomicAdd(counters[1u + p], 1u);
-}
-
-// The workgroup's role from its ticket: gate/up tile `wg`, or down tile `wg`.
-uint take_role() {
-  if (gl_LocalInvocationID.x == 0u) s_ticket = atomicAdd(counters[0], 1u);
-  barrier();
-  uint ticket = s_ticket, first_down = args.pairs * args.tiles;
-  r_down = ticket >= first_down;
-  r_n = r_down ? args.k : args.n;
-  r_k = r_down ? args.n : args.k;
-  r_groups = r_down ? args.d_groups : args.groups;
-  r_per_wg = r_down ? args.d_per_wg : args.per_wg;
-  r_tiles = r_down ? args.d_tiles : args.tiles;
-  r_rows = r_down ? args.pairs : args.rows;  // h has a row per pair
-  return r_down ? ticket - first_down : ticket;
-}
-#define EXPERT_INFO(i) (r_down ? expert_info_dn[i] : expert_info[i])
-#else
-#define EXPERT_INFO(i) expert_info[i]
-#endif
-
-// Workgroup wg: pair p = wg / tiles, outputs [t * per_wg, t * per_wg + per_wg) of tile t.
-void row_main(uint wg, uint tid) {
-  uint p = wg / RA(tiles), n0 = (wg % RA(tiles)) * RA(per_wg);
-  uint cnt = min(RA(per_wg), RA(n) - n0);
+void main() {
+  uint wg = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
+  uint tid = gl_LocalInvocationID.x;
+  if (wg >= args.pairs * args.tiles) return;  // uniform over the workgroup
+  uint p = wg / args.tiles, n0 = (wg % args.tiles) * args.per_wg;
+  uint cnt = min(args.per_wg, args.n - n0);
   int ex = args.has_rhs != 0u ? rhs[p] : 0;
-#ifdef QMM_ROW_MOE
-  bool lhs_row = args.has_lhs != 0u && !r_down;
-  uint projections = r_down ? 1u : 2u;
+  int r = args.has_lhs != 0u ? lhs[p] : int(p * args.rows / args.pairs);
+  bool bad = ex < 0 || uint(ex) >= args.experts || r < 0 || uint(r) >= args.rows;
+#ifdef SB_ROW_DOT4
+  // Every expert is 4-bit (the host checks): where its codes start needs no table lookup,
+  // one dependent load less before the weights are read (H100 decode layer: -1.2 us).
+  uint bits = bad ? 0u : 4u;
+  uint wbase = (uint(max(ex, 0)) * args.n + n0) * (args.k / 8u);
 #else
-  bool lhs_row = args.has_lhs != 0u;
-  uint projections = kProjections;
+  uint bits = bad ? 0u : expert_info[ex];
 #endif
-  int r = lhs_row ? lhs[p] : int(p * RA(rows) / args.pairs);
-  bool bad = ex < 0 || uint(ex) >= args.experts || r < 0 || uint(r) >= RA(rows);
-  uint bits = bad ? 0u : EXPERT_INFO(ex);
   if (bits == 0u) {  // uniform: one pair per workgroup
     if (tid == 0u) atomicOr(err[0], bad ? SB_ERR_INDEX : SB_ERR_PRUNED);
-#ifdef QMM_ROW_MOE
-    if (!r_down) count_h(p);  // the error is raised; the down workgroups must not wait
-#endif
     return;
   }
   if (tid == 0u && n0 == 0u && args.sorted != 0u && p > 0u && rhs[p - 1u] > ex) atomicOr(err[0], SB_ERR_UNSORTED);
-  uint wbase = EXPERT_INFO(args.experts + uint(ex)) + n0 * (RA(k) * bits / 32u);
-  uint tasks = cnt * RA(groups);
-#ifdef QMM_ROW_MOE
-  if (r_down) wait_for_h(p);
+#ifndef SB_ROW_DOT4
+  uint wbase = expert_info[args.experts + uint(ex)] + n0 * (args.k * bits / 32u);
 #endif
+  uint tasks = cnt * args.groups;
   stage_row(uint(r), tid);
 
-  for (uint t = tid; t < projections * tasks; t += kThreads) {
+  for (uint t = tid; t < kProjections * tasks; t += kThreads) {
     uint tt = t < tasks ? t : t - tasks;
-    uint oi = tt / RA(groups), g = tt - oi * RA(groups);
-#ifdef QMM_ROW_MOE
-    if (r_down) {
-      s_term[t] = row_term_dn(uint(ex), n0, oi, g, wbase, bits);
-      continue;
-    }
-#endif
+    uint oi = tt / args.groups, g = tt - oi * args.groups;
 #ifdef QMM_ROW_GLU
     s_term[t] = t < tasks ? row_term(uint(ex), n0, oi, g, wbase, bits) : row_term_up(uint(ex), n0, oi, g, wbase, bits);
 #else
@@ -730,54 +632,24 @@ void row_main(uint wg, uint tid) {
   barrier();
   if (tid < cnt) {
 #ifdef QMM_ROW_GLU
-    if (projections == 2u) {
-      float gv = sb_round_to(row_sum(tid * RA(groups)), args.out_dtype);
-      float uv = sb_round_to(row_sum(tasks + tid * RA(groups)), args.out_dtype);
-      s_out[tid] = sb_glu(gv, uv, args.glu_kind, args.glu_alpha, args.glu_limit);
-    } else {
-      s_out[tid] = row_sum(tid * RA(groups));
-    }
+    float gv = sb_round_to(row_sum(tid * args.groups), args.out_dtype);
+    float uv = sb_round_to(row_sum(tasks + tid * args.groups), args.out_dtype);
+    s_out[tid] = sb_glu(gv, uv, args.glu_kind, args.glu_alpha, args.glu_limit);
 #else
-    s_out[tid] = row_sum(tid * RA(groups));
+    s_out[tid] = row_sum(tid * args.groups);
 #endif
   }
   barrier();
   uint per = sb_per_word(args.out_dtype);
-  uint e0 = p * RA(n) + n0;  // even when per == 2 (the host checks n and per_wg)
+  uint e0 = p * args.n + n0;  // even when per == 2 (the host checks n and per_wg)
   if (tid * per < cnt) {
-    uint i = tid * per, w = (e0 + i) / per;
+    uint i = tid * per;
     bool two = per == 2u && i + 1u < cnt;
-    uint word = sb_encode_word(s_out[i], two ? s_out[i + 1u] : 0.0, args.out_dtype);
-#ifdef QMM_ROW_MOE
-    if (!r_down) {
-      h4[w >> 2u][w & 3u] = word;
-    } else {
-      o[w] = word;
-    }
-#else
-    o[w] = word;
-#endif
+    o[(e0 + i) / per] = sb_encode_word(s_out[i], two ? s_out[i + 1u] : 0.0, args.out_dtype);
   }
-#ifdef QMM_ROW_MOE
-  if (!r_down) {
-    count_h(p);
-    return;
-  }
+#ifdef QMM_ROW_COMBINE
+  combine_tile(p, wg % args.tiles, n0, cnt);
 #endif
-#if defined(QMM_ROW_COMBINE) || defined(QMM_ROW_MOE)
-  combine_tile(p, wg % RA(tiles), n0, cnt);
-#endif
-}
-
-void main() {
-  uint tid = gl_LocalInvocationID.x;
-#ifdef QMM_ROW_MOE
-  uint wg = take_role();
-#else
-  uint wg = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
-#endif
-  if (wg >= args.pairs * RA(tiles)) return;  // uniform over the workgroup
-  row_main(wg, tid);
 }
 #endif
 

@@ -23,7 +23,6 @@
 #define SB_ERR_UNSORTED 4u   // sorted_indices set but rhs_indices not ascending
 #define SB_ERR_PERMUTATION 8u  // ScatterRows indices are not a permutation
 #define SB_ERR_DIV_ZERO 32u    // FloorDiv by zero
-#define SB_ERR_WAIT 64u        // a workgroup's bounded wait for other workgroups ran out
 
 // elementwise.comp BINARY: out word w (1 or 2 elements); a and b broadcast into out's shape.
 #define SB_BINARY_ARGS \
@@ -62,14 +61,6 @@
 // QMM_ROW_GLU: QMM_ROW for a gate and an up projection of the same pairs, out = their
 // Glu (glu.comp's kinds) of the two results rounded to the output dtype.
 #define SB_QMM_GLU_ARGS SB_QMM_ARGS uint glu_kind; float glu_alpha; float glu_limit; uint pad1;
-// QMM_ROW_MOE: QMM_ROW_GLU (gate/up: n outputs of k) then its down projection (k outputs
-// of n, `d_groups` groups, `d_per_wg` outputs a workgroup, `d_tiles` tiles a pair) with
-// combine.comp's operands, in one dispatch; a down workgroup waits at most `spin_limit`
-// polls for its pair's h.
-#define SB_QMM_MOE_ARGS \
-  SB_QMM_GLU_ARGS uint d_groups; uint d_per_wg; uint d_tiles; uint slots; \
-  uint has_shared; uint shared_dtype; uint has_gate; uint gate_dtype; \
-  uint spin_limit; uint pad2; uint pad3; uint pad4;
 // QMM_ROW_COMBINE: QMM_ROW with combine.comp's operands (pairs = tokens * slots).
 #define SB_QMM_COMBINE_ARGS \
   SB_QMM_ARGS uint slots; uint has_shared; uint shared_dtype; uint has_gate; uint gate_dtype; uint pad1; uint pad2; uint pad3;
@@ -135,7 +126,6 @@ struct Q8Args { SB_Q8_ARGS };
 struct QmmArgs { SB_QMM_ARGS };
 struct QmmGluArgs { SB_QMM_GLU_ARGS };
 struct QmmCombineArgs { SB_QMM_COMBINE_ARGS };
-struct QmmMoeArgs { SB_QMM_MOE_ARGS };
 struct PermuteArgs { SB_PERMUTE_ARGS };
 struct ProbeArgs { SB_PROBE_ARGS };
 struct GatherMmArgs { SB_GATHER_MM_ARGS };

@@ -564,9 +564,9 @@ TEST(GatherQmmDevices, DownProjectionWithCombine) {
 // The whole MoE FFN (router, gate/up GatherQmm, Glu, down GatherQmm, combine). Sorted as
 // prefill runs it (argsort first): on a GPU with int8 tensor cores and 4-bit experts, one
 // kernel makes the Q8 blocks of h = Glu(gate, up) (qmm_mma4_glu) and h is never stored.
-// Unsorted as decode runs it: on Vulkan with int8 dot products, gate/up/Glu, down and
-// combine in one dispatch whose down workgroups wait for h (qmm_row_moe_dot4). Every
-// device must give the CPU's bits (the CPU's GatherQmm is checked against the oracle above).
+// Unsorted as decode runs it: the row kernels (gate/up/Glu in one dispatch, then the down
+// projection with combine). Every device must give the CPU's bits (the CPU's GatherQmm is
+// checked against the oracle above).
 struct FfnCase {
   DType dt;
   GluKind kind;

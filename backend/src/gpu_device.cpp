@@ -636,22 +636,12 @@ Status qmm_from_q8(Runtime& rt, QmmSetup& q, const Q8Blocks& q8, const QmmTileLi
 
 // Push constants that begin with a QmmArgs (gpu_kernel_table.h checks where the extra
 // fields start), the rest zero.
-template <typename T, typename S = k::QmmArgs>
-T extend_qmm_args(const S& qa) {
-  static_assert(sizeof(T) > sizeof(S));
+template <typename T>
+T extend_qmm_args(const k::QmmArgs& qa) {
+  static_assert(sizeof(T) > sizeof(k::QmmArgs));
   T args{};
   std::memcpy(&args, &qa, sizeof(qa));
   return args;
-}
-
-// combine.comp's fields of a fused kernel's arguments.
-template <typename T>
-void set_combine_args(T& args, const CombineOperands& c) {
-  args.slots = static_cast<uint32_t>(c.slots);
-  args.has_shared = c.shared.defined();
-  args.shared_dtype = c.shared.defined() ? static_cast<uint32_t>(c.shared.dtype()) : 0;
-  args.has_gate = c.gate.defined();
-  args.gate_dtype = c.gate.defined() ? static_cast<uint32_t>(c.gate.dtype()) : 0;
 }
 
 // Decode's down projection with combine_weights in one dispatch (qmm_row_combine_2k):
@@ -666,7 +656,11 @@ Status qmm_row_combine(KernelContext& ctx, const fb::GatherQmmNodeT* n, const Qm
   SB_ASSIGN_OR_RETURN(uint32_t counters, u32_count(c.tokens * q.args.tiles, "GatherQmm combine tiles"));
   SB_ASSIGN_OR_RETURN(BufferRef bn, rt.scratch(static_cast<size_t>(counters) * 4, 0));
   auto args = extend_qmm_args<k::QmmCombineArgs>(q.args);
-  set_combine_args(args, c);
+  args.slots = static_cast<uint32_t>(c.slots);
+  args.has_shared = c.shared.defined();
+  args.shared_dtype = c.shared.defined() ? static_cast<uint32_t>(c.shared.dtype()) : 0;
+  args.has_gate = c.gate.defined();
+  args.gate_dtype = c.gate.defined() ? static_cast<uint32_t>(c.gate.dtype()) : 0;
   SB_RETURN_IF_ERROR(
       rt.dispatch(q.all_4bit && rt.int_dot() ? "qmm_row_combine_2k_dot4" : "qmm_row_combine_2k",
                   {q.bx, q.bw, q.bs, q.bb, q.bl, q.br, q.bi, by, rt.error_word(), c.bw, c.bs, c.bgate, bn, bo}, &args,
@@ -727,11 +721,6 @@ k::QmmGluArgs glu_args(const k::QmmArgs& qa, const fb::GluNodeT* glu_node) {
   return args;
 }
 
-// Whether gate and up projections have the same experts' widths and scale layout.
-bool same_widths(const QmmSetup& g, const QmmSetup& u) {
-  return g.scales.shape() == u.scales.shape() && g.scales.dtype() == u.scales.dtype() && g.w.numel() == u.w.numel();
-}
-
 // The fused gate/up/Glu of decode (GpuDevice::fuse): ins[0..1] are GatherQmm of the
 // same x, indices and widths, ins[2] the Glu of their outputs. One qmm_row_glu dispatch
 // when the rows suit it; otherwise the three kernels one by one.
@@ -743,7 +732,8 @@ Status gate_up_glu(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>* 
   Runtime& rt = rt_of(ctx);
   SB_ASSIGN_OR_RETURN(QmmSetup g, qmm_setup(ctx, gate));
   SB_ASSIGN_OR_RETURN(QmmSetup u, qmm_setup(ctx, up));
-  const bool same = same_widths(g, u);
+  const bool same =
+      g.scales.shape() == u.scales.shape() && g.scales.dtype() == u.scales.dtype() && g.w.numel() == u.w.numel();
   const bool one_row_kernel = same && qmm_row_plan(g, 2);  // sets g.args for qmm_row_glu
   if (!same || (!one_row_kernel && qmm_row_plan(g, 1))) {
     // Different shapes, or rows too many for one qmm_row_glu but few enough for qmm_row:
@@ -778,56 +768,9 @@ Status gate_up_glu(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>* 
   return ctx.out(glu_node->out.get(), std::move(out));
 }
 
-// Decode's MoE FFN in one dispatch (qmm_row_moe_dot4): gate/up/Glu, then the down
-// projection with combine_weights, its workgroups waiting for their pair's h (where the
-// device allows such waits: GpuRuntime::spin_limit). The bits are those of gate_up_glu
-// then qmm_row_combine: the same row code on the same stored h and y. H100 (Qwen3 decode
-// layer): one dispatch instead of two. False, with nothing recorded, where it does not apply.
-Result<bool> moe_row(KernelContext& ctx, const fb::GluNodeT* glu_node, const fb::GatherQmmNodeT* down, QmmSetup g,
-                     const QmmSetup& u) {
-  Runtime& rt = rt_of(ctx);
-  if (!rt.int_dot() || rt.spin_limit() == 0 || !down->combine_weights || !g.all_4bit || !u.all_4bit ||
-      !same_widths(g, u) || g.kdim > SB_QMM_ROW_SMALL_K || !qmm_row_plan(g, 2))
-    return false;
-  Tensor h_shape = Tensor::wrap(g.x.dtype(), {g.pairs, g.nout}, nullptr, nullptr);
-  SB_ASSIGN_OR_RETURN(QmmSetup d, qmm_setup(ctx, down, &h_shape));
-  if (!d.all_4bit || d.kdim != g.nout || d.nout != g.kdim || d.pairs != g.pairs || d.experts != g.experts ||
-      d.args.group_size != g.args.group_size || d.scales.dtype() != g.scales.dtype() || !qmm_row_plan(d, 1))
-    return false;
-  SB_ASSIGN_OR_RETURN(CombineOperands c, bind_combine(ctx, down->combine_weights.get(), down->shared.get(),
-                                                      down->shared_gate.get(), d.nout));
-  SB_CHECK_OR_RETURN(c.tokens * c.slots == d.pairs, StatusCode::kInvalidArgument,
-                     "combine_weights %s does not match %lld pairs", shape_str(c.w.shape()).c_str(),
-                     (long long)d.pairs);
-  SB_ASSIGN_OR_RETURN(Tensor h, rt.alloc(g.x.dtype(), {g.pairs, g.nout}));
-  SB_ASSIGN_OR_RETURN(Tensor y, rt.alloc(g.x.dtype(), {d.pairs, d.nout}));
-  SB_ASSIGN_OR_RETURN(Tensor out, rt.alloc(g.x.dtype(), {c.tokens, d.nout}));
-  SB_ASSIGN_OR_RETURN(BufferRef bh, rt.bind(h, false));
-  SB_ASSIGN_OR_RETURN(BufferRef by, rt.bind(y, false));
-  SB_ASSIGN_OR_RETURN(BufferRef bo, rt.bind(out, false));
-  SB_CHECK_OR_RETURN(bh.offset % 16 == 0, StatusCode::kInternal, "h is not 16-byte aligned on the device");
-  // Tickets, h tiles per pair, combine counts per (token, tile): QMM_ROW_MOE's layout.
-  SB_ASSIGN_OR_RETURN(uint32_t counters, u32_count(1 + d.pairs + c.tokens * d.args.tiles, "MoE FFN counters"));
-  SB_ASSIGN_OR_RETURN(BufferRef bn, rt.scratch(static_cast<size_t>(counters) * 4, 0));
-  auto args = extend_qmm_args<k::QmmMoeArgs>(glu_args(g.args, glu_node));
-  args.d_groups = d.args.groups;
-  args.d_per_wg = d.args.per_wg;
-  args.d_tiles = d.args.tiles;
-  set_combine_args(args, c);
-  args.spin_limit = rt.spin_limit();
-  const uint64_t workgroups = static_cast<uint64_t>(g.pairs) * (g.args.tiles + d.args.tiles);
-  SB_RETURN_IF_ERROR(rt.dispatch("qmm_row_moe_dot4",
-                                 {g.bx, g.bw, g.bs, g.bb, g.bl, g.br, g.bi, bh, rt.error_word(), u.bw, u.bs, u.bb, d.bw,
-                                  d.bs, d.bb, d.bi, by, c.bw, c.bs, c.bgate, bn, bo},
-                                 &args, sizeof(args), 256 * workgroups));
-  SB_RETURN_IF_ERROR(ctx.out(down->out.get(), std::move(out)));
-  return true;
-}
-
-// A MoE FFN (GpuDevice::fuse): ins[0..2] as gate_up_glu, ins[3] the down GatherQmm of
-// the Glu's private output with the same experts. Decode rows with combine_weights: one
-// dispatch (moe_row) where the device allows. Sorted, on int8 tensor cores with every
-// expert 4-bit: x quantized once, one work list for all three projections, and
+// A sorted MoE FFN (GpuDevice::fuse): ins[0..2] as gate_up_glu, ins[3] the down
+// GatherQmm of the Glu's private output with the same experts. On int8 tensor cores with
+// every expert 4-bit: x quantized once, one work list for all three projections, and
 // qmm_mma4_glu writes the Q8 blocks of h = Glu(gate, up) directly, so h is never stored
 // nor quantized again. Anything else runs gate_up_glu, then the down projection.
 Status moe_ffn(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>* ins) {
@@ -839,10 +782,8 @@ Status moe_ffn(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>* ins)
   Runtime& rt = rt_of(ctx);
   SB_ASSIGN_OR_RETURN(QmmSetup g, qmm_setup(ctx, gate));
   SB_ASSIGN_OR_RETURN(QmmSetup u, qmm_setup(ctx, up));
-  SB_ASSIGN_OR_RETURN(bool one_dispatch, moe_row(ctx, glu_node, down, g, u));
-  if (one_dispatch) return Status::ok();
-  const bool fast =
-      rt.int8_mma() && g.all_4bit && u.all_4bit && qmm_tiled(g) && same_widths(g, u) && g.nout % 32 == 0;
+  const bool fast = rt.int8_mma() && g.all_4bit && u.all_4bit && qmm_tiled(g) && g.scales.shape() == u.scales.shape() &&
+                    g.scales.dtype() == u.scales.dtype() && g.w.numel() == u.w.numel() && g.nout % 32 == 0;
   Tensor h_shape = Tensor::wrap(g.x.dtype(), {g.pairs, g.nout}, nullptr, nullptr);
   QmmSetup d;
   if (fast) {
@@ -1264,7 +1205,7 @@ Fusion GpuDevice::fuse(const std::vector<std::unique_ptr<fb::InstructionT>>& ins
       !private_temp(b->out.get(), i + 2))
     return {};
   if (i + 4 <= ins.size() && ins[i + 3]->op.type == fb::OpNode::GatherQmmNode && a->rhs_indices) {
-    // The MoE FFN: the down projection of the Glu's output, rows by pair, same experts.
+    // The sorted FFN: the down projection of the Glu's output, rows by pair, same experts.
     const auto* d = ins[i + 3]->op.AsGatherQmmNode();
     const uint32_t h = glu_node->out->idx();
     auto not_h = [&](const std::unique_ptr<fb::Tid>& t) { return !t || t->idx() != h; };
@@ -1342,9 +1283,6 @@ Status status_from_error_bits(uint32_t bits) {
   if (bits & SB_ERR_UNSORTED)
     return make_error(StatusCode::kInvalidArgument, "sorted_indices is set but rhs_indices is not ascending");
   if (bits & SB_ERR_DIV_ZERO) return make_error(StatusCode::kInvalidArgument, "FloorDiv by zero (found on the device)");
-  if (bits & SB_ERR_WAIT)
-    return make_error(StatusCode::kInternal,
-                      "a GPU workgroup gave up waiting for the others (set SWITCHBOARD_GPU_SPIN=0 on this device)");
   return Status::ok();
 }
 

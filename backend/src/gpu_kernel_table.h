@@ -16,7 +16,7 @@ namespace switchboard::kernels {
 enum class Access : uint8_t { kRead, kWrite, kReadWrite };
 
 inline constexpr uint32_t kMetalArgsBuffer = 30;
-inline constexpr int kMaxBindings = 24;  // within Vulkan's guaranteed 32 push descriptors
+inline constexpr int kMaxBindings = 16;  // within Vulkan's guaranteed 32 push descriptors
 
 struct KernelInfo {
   const char* name;        // kernel variant (sb_<name> is its MSL entry point)
@@ -111,14 +111,6 @@ inline constexpr KernelInfo kKernels[] = {
      {A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kReadWrite, A::kReadWrite, A::kRead,
       A::kRead, A::kRead, A::kReadWrite, A::kWrite},
      sizeof(QmmCombineArgs), SB_STR(SB_QMM_COMBINE_ARGS), 256, true, false, false, false, true},
-    // Decode's MoE FFN in one dispatch: qmm_row_glu_2k_dot4's bindings (7: h, read back),
-    // the down projection's codes, scales, biases and expert table, its products y, then
-    // qmm_row_combine_2k's combine operands, counters and output.
-    {"qmm_row_moe_dot4", "gather_qmm", 22,
-     {A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kReadWrite, A::kReadWrite, A::kRead,
-      A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kReadWrite, A::kRead, A::kRead, A::kRead,
-      A::kReadWrite, A::kWrite},
-     sizeof(QmmMoeArgs), SB_STR(SB_QMM_MOE_ARGS), 256, true, false, false, false, true},
     {"qmm_tiles", "gather_qmm", 4, {A::kRead, A::kRead, A::kWrite, A::kReadWrite}, sizeof(QmmArgs), SB_STR(SB_QMM_ARGS),
      256, true},
     {"qmm_tile", "gather_qmm", 11, SB_QMM_ACCESS,
@@ -174,8 +166,6 @@ static_assert(sizeof(QmmArgs) == 64 && offsetof(QmmArgs, out_dtype) == 32 && off
 static_assert(sizeof(QmmGluArgs) == 80 && offsetof(QmmGluArgs, glu_kind) == 64 && offsetof(QmmGluArgs, glu_limit) == 72);
 static_assert(sizeof(QmmCombineArgs) == 96 && offsetof(QmmCombineArgs, slots) == 64 &&
               offsetof(QmmCombineArgs, gate_dtype) == 80);
-static_assert(sizeof(QmmMoeArgs) == 128 && offsetof(QmmMoeArgs, d_groups) == 80 && offsetof(QmmMoeArgs, slots) == 92 &&
-              offsetof(QmmMoeArgs, spin_limit) == 112);  // 128: Vulkan's guaranteed push-constant size
 static_assert(sizeof(PermuteArgs) == 32 && offsetof(PermuteArgs, out_words) == 16);
 static_assert(sizeof(ProbeArgs) == 16 && sizeof(ArgsortArgs) == 16);
 static_assert(sizeof(GatherMmArgs) == 32 && sizeof(ReduceArgs) == 32 && sizeof(RegionArgs) == 48);

@@ -64,9 +64,6 @@ class GpuRuntime {
   // Vulkan semantics. Metal's translation of the fence is not known to promise it, so
   // qmm_row_combine_2k runs on Vulkan only.
   bool cross_workgroup_handoff() const { return cross_workgroup_handoff_; }
-  // How many polls a workgroup may spend waiting for workgroups of the same dispatch that
-  // started before it (qmm_row_moe_dot4's tickets); 0: no such waits (the default).
-  uint32_t spin_limit() const { return spin_limit_; }
 
  protected:
   bool exact_division_ = false;
@@ -74,7 +71,6 @@ class GpuRuntime {
   bool int8_mma_ = false;
   bool int_dot_ = false;
   bool cross_workgroup_handoff_ = false;
-  uint32_t spin_limit_ = 0;
 };
 
 // The widest grid row dispatch() uses: 65535 workgroups, or SWITCHBOARD_GPU_MAX_GROUPS_X

@@ -64,7 +64,6 @@ struct Context {
   uint32_t queue_family = 0;
   uint32_t memory_type = 0;
   VkPhysicalDeviceLimits limits{};
-  VkPhysicalDeviceProperties props{};
   bool int64 = false;
   bool int8_mma = false;
   bool int_dot = false;
@@ -198,7 +197,6 @@ Status pick_device(Context& c, int index, std::string& description) {
   VkPhysicalDeviceProperties p;
   c.vkGetPhysicalDeviceProperties(c.physical, &p);
   c.limits = p.limits;
-  c.props = p;
   description = strformat("vulkan:%d %s (Vulkan %u.%u, driver 0x%x)", best, p.deviceName, VK_VERSION_MAJOR(p.apiVersion),
                           VK_VERSION_MINOR(p.apiVersion), p.driverVersion);
   SB_CHECK_OR_RETURN(VK_VERSION_MINOR(p.apiVersion) >= 2 || VK_VERSION_MAJOR(p.apiVersion) > 1, StatusCode::kNotFound,
@@ -519,17 +517,6 @@ Result<Pipeline*> pipeline_for(Context& c, const char* name) {
 
 }  // namespace
 
-// GpuRuntime::spin_limit: Vulkan promises no forward progress between workgroups, so
-// waits are allowed only where started workgroups are known to keep running: NVIDIA
-// (H100, driver 580: measured) and CPU implementations (lavapipe: each workgroup runs to
-// its end on one thread). Polls: ~10 s on the H100; CPU polls are faster and a loaded CI
-// machine may deschedule the awaited thread, so they get more. SWITCHBOARD_GPU_SPIN=0: off.
-uint32_t spin_limit_for(const VkPhysicalDeviceProperties& p) {
-  if (const char* env = std::getenv("SWITCHBOARD_GPU_SPIN"); env && std::strcmp(env, "0") == 0) return 0;
-  if (p.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU) return 1u << 30;
-  return p.vendorID == 0x10de ? 1u << 24 : 0;
-}
-
 Result<std::unique_ptr<VulkanRuntime>> VulkanRuntime::open(int index) {
   std::unique_ptr<VulkanRuntime> rt(new VulkanRuntime());
   rt->ctx_ = std::make_shared<Context>();
@@ -541,7 +528,6 @@ Result<std::unique_ptr<VulkanRuntime>> VulkanRuntime::open(int index) {
   rt->int8_mma_ = c.int8_mma;
   rt->int_dot_ = c.int_dot;
   rt->cross_workgroup_handoff_ = true;
-  rt->spin_limit_ = spin_limit_for(c.props);
   SB_RETURN_IF_ERROR(rt->init(std::make_shared<gpu::MemoryPool>(std::make_unique<VulkanBlocks>(rt->ctx_)),
                               c.limits.maxStorageBufferRange, c.limits.minStorageBufferOffsetAlignment));
   SB_RETURN_IF_ERROR(rt->probe_numerics());
