@@ -565,8 +565,9 @@ TEST(GatherQmmDevices, DownProjectionWithCombine) {
 // prefill runs it (argsort first): on a GPU with int8 tensor cores and 4-bit experts, one
 // kernel makes the Q8 blocks of h = Glu(gate, up) (qmm_mma4_glu) and h is never stored.
 // Unsorted as decode runs it: the row kernels (gate/up/Glu in one dispatch, then the down
-// projection with combine). Every device must give the CPU's bits (the CPU's GatherQmm is
-// checked against the oracle above).
+// projection with combine); on Vulkan with int8 dot products the gate/up kernel also routes
+// (qmm_row_glu_2k_dot4_routed) and writes the router's outputs. Every device must give the
+// CPU's bits (the CPU's GatherQmm is checked against the oracle above).
 struct FfnCase {
   DType dt;
   GluKind kind;
@@ -638,18 +639,22 @@ TEST(GatherQmmDevices, MoeFfnSortedAndDecode) {
       gate = b.input("sgate", fc.dt, {m, 1});
     }
     b.output("y", b.moe_experts(x, r.weights, r.indices, e, shared, gate));
+    b.output("indices", r.indices);  // decode on Vulkan: written by the routed gate/up kernel
+    b.output("weights", r.weights);
     // The reference: the CPU's result of the same program.
-    RefTensor want;
+    Expected want;
     detail::for_each_device(b, in, [&](const Program&, Session& s, const std::string& dev) {
       if (dev != "cpu") return;
       ASSERT_TRUE(s.execute().is_ok());
-      Tensor y = *s.output("y");
-      want = RefTensor{y.shape(), y.to_doubles(), {}};
+      for (const char* name : {"y", "indices", "weights"}) {
+        Tensor t = *s.output(name);
+        want[name] = RefTensor{t.shape(), t.to_doubles(), {}};
+      }
     });
     check_op(
         b, in,
         [&](const Inputs&) {
-          return Expected{{"y", want}};
+          return want;
         },
         Tolerance::exact());
   }
