@@ -35,7 +35,6 @@ set(SB_KERNEL_VARIANTS
   gather_qmm:QMM_ROW_2K_DOT4:qmm_row_2k_dot4:vulkan
   gather_qmm:QMM_ROW_GLU_DOT4:qmm_row_glu_dot4:vulkan
   gather_qmm:QMM_ROW_GLU_2K_DOT4:qmm_row_glu_2k_dot4:vulkan
-  gather_qmm:QMM_ROW_GLU_2K_DOT4_ROUTED:qmm_row_glu_2k_dot4_routed:vulkan
   gather_qmm:QMM_ROW_COMBINE_2K_DOT4:qmm_row_combine_2k_dot4:vulkan
   gather_qmm:QMM_TILES:qmm_tiles
   gather_qmm:QMM_TILE:qmm_tile

@@ -16,10 +16,6 @@
 #extension GL_EXT_control_flow_attributes : require
 // *_DOT4: the row kernels for all-4-bit experts on packed int8 dot products (OpSDot of
 // SPV_KHR_integer_dot_product, which SPIRV-Cross cannot translate: Vulkan only).
-#ifdef QMM_ROW_GLU_2K_DOT4_ROUTED  // qmm_row_glu_2k_dot4 that routes its pairs' tokens itself
-#define QMM_ROW_GLU_2K_DOT4
-#define QMM_ROW_ROUTED
-#endif
 #ifdef QMM_ROW_DOT4
 #define QMM_ROW
 #define SB_ROW_DOT4
@@ -336,24 +332,7 @@ layout(std430, binding = 8) buffer Er { uint err[]; };
 layout(std430, binding = 9) readonly buffer Wu { uvec4 codes_up4[]; };
 layout(std430, binding = 10) readonly buffer Su { uint scales_up[]; };
 layout(std430, binding = 11) readonly buffer Bu { uint biases_up[]; };
-#ifdef QMM_ROW_ROUTED
-// Decode without a router dispatch: every workgroup of pair p routes p's token t itself
-// (router.comp's code: the same bits) and takes its slot's expert; workgroup (slot 0,
-// tile 0) of each token also writes weights and indices [t] for the down projection and
-// combine. rhs (binding 5) is bound to indices and never read.
-layout(std430, binding = 12) readonly buffer RL { uint logits[]; };
-layout(std430, binding = 13) readonly buffer RB { float bias[]; };
-layout(std430, binding = 14) readonly buffer RS { float expert_scale[]; };
-layout(std430, binding = 15) readonly buffer RV { uint live[]; };
-layout(std430, binding = 16) writeonly buffer RW { float weights[]; };
-layout(std430, binding = 17) writeonly buffer RI { int indices[]; };
-layout(push_constant) uniform Args { SB_QMM_GLU_ROUTER_ARGS } args;
-#define RT(f) args.r_##f
-#define ROUTER_E256
-#include "router.glsl"
-#else
 layout(push_constant) uniform Args { SB_QMM_GLU_ARGS } args;
-#endif
 const uint kProjections = 2u;
 #else
 layout(push_constant) uniform Args { SB_QMM_ARGS } args;
@@ -619,13 +598,7 @@ void main() {
   if (wg >= args.pairs * args.tiles) return;  // uniform over the workgroup
   uint p = wg / args.tiles, n0 = (wg % args.tiles) * args.per_wg;
   uint cnt = min(args.per_wg, args.n - n0);
-#ifdef QMM_ROW_ROUTED
-  route_token(p / RT(k));
-  int ex = int(s_id[p % RT(k)]);
-  if (tid == 0u && p % RT(k) == 0u && n0 == 0u) route_write(p / RT(k));
-#else
   int ex = args.has_rhs != 0u ? rhs[p] : 0;
-#endif
   int r = args.has_lhs != 0u ? lhs[p] : int(p * args.rows / args.pairs);
   bool bad = ex < 0 || uint(ex) >= args.experts || r < 0 || uint(r) >= args.rows;
 #ifdef SB_ROW_DOT4

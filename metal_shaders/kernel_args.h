@@ -61,12 +61,6 @@
 // QMM_ROW_GLU: QMM_ROW for a gate and an up projection of the same pairs, out = their
 // Glu (glu.comp's kinds) of the two results rounded to the output dtype.
 #define SB_QMM_GLU_ARGS SB_QMM_ARGS uint glu_kind; float glu_alpha; float glu_limit; uint pad1;
-// QMM_ROW_ROUTED: QMM_ROW_GLU whose workgroups route their pairs' tokens (pairs = tokens *
-// r_k), then router.comp's arguments (SB_ROUTER_ARGS, each field prefixed r_).
-#define SB_QMM_GLU_ROUTER_ARGS \
-  SB_QMM_GLU_ARGS uint r_tokens; uint r_experts; uint r_k; uint r_kind; \
-  uint r_dtype; uint r_renormalize; uint r_n_group; uint r_topk_group; \
-  float r_routed_scaling_factor; uint r_has_bias; uint r_has_scale; uint r_pad0;
 // QMM_ROW_COMBINE: QMM_ROW with combine.comp's operands (pairs = tokens * slots).
 #define SB_QMM_COMBINE_ARGS \
   SB_QMM_ARGS uint slots; uint has_shared; uint shared_dtype; uint has_gate; uint gate_dtype; uint pad1; uint pad2; uint pad3;
@@ -132,7 +126,6 @@ struct Q8Args { SB_Q8_ARGS };
 struct QmmArgs { SB_QMM_ARGS };
 struct QmmGluArgs { SB_QMM_GLU_ARGS };
 struct QmmCombineArgs { SB_QMM_COMBINE_ARGS };
-struct QmmGluRouterArgs { SB_QMM_GLU_ROUTER_ARGS };
 struct PermuteArgs { SB_PERMUTE_ARGS };
 struct ProbeArgs { SB_PROBE_ARGS };
 struct GatherMmArgs { SB_GATHER_MM_ARGS };

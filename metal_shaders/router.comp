@@ -19,12 +19,270 @@ layout(std430, binding = 5) writeonly buffer I { int indices[]; };
 layout(std430, binding = 6) buffer E { uint err[]; };
 layout(push_constant) uniform Args { SB_ROUTER_ARGS } args;
 
-#define RT(f) args.f
-#include "router.glsl"
+// ROUTER_E256: the twin for <= 256 experts (the host picks it). Shared memory is sized
+// for the experts because it bounds the workgroups per SM (H100, 512 tokens of 128
+// experts: 35 -> 18 us).
+#ifdef ROUTER_E256
+const uint kMaxExperts = 256u;
+#else
+const uint kMaxExperts = 1024u;
+#endif
+const uint kThreads = 256u, kMaxK = 64u, NONE = 0xffffffffu;
+const uint ALLOWED = 1u, TAKEN = 2u, KEPT_GROUP = 4u;
+shared float s_v[kMaxExperts];  // p (softmax), logits (top-k softmax) or s (sigmoid)
+shared float s_c[kMaxExperts];  // corrected scores (sigmoid router)
+shared uint s_f[kMaxExperts];   // ALLOWED / TAKEN; KEPT_GROUP on group slots
+shared float s_g[kMaxExperts];  // group scores
+shared float r_v[kThreads];
+shared uint r_i[kThreads];
+shared float s_w[kMaxK];
+shared uint s_id[kMaxK];
+shared uint s_rank[kMaxExperts];
+shared uint s_key[kMaxExperts];  // selection key: higher is better, NaN highest; 0: not allowed
+shared float s_m;
+shared int s_max_key;
+shared uint s_zeros, s_first_nan;
+
+// Higher first, NaN above everything, ties to the lower id; NONE loses to all.
+bool better(float va, uint ia, float vb, uint ib) {
+  if (ib == NONE) return ia != NONE;
+  if (ia == NONE) return false;
+  bool na = sb_isnan(va), nb = sb_isnan(vb);
+  if (na != nb) return na;
+  if (!na && !sb_eq(va, vb)) return sb_gt(va, vb);
+  return ia < ib;
+}
+
+// Best allowed, untaken id in [lo, hi) of s_c (use_c) or s_v; NONE if none. Called
+// by every thread.
+uint pick(bool use_c, uint lo, uint hi) {
+  uint tid = gl_LocalInvocationID.x;
+  uint best = NONE;
+  float bv = 0.0;
+  for (uint i = lo + tid; i < hi; i += kThreads) {
+    if ((s_f[i] & (ALLOWED | TAKEN)) != ALLOWED) continue;
+    float v = use_c ? s_c[i] : s_v[i];
+    if (better(v, i, bv, best)) {
+      best = i;
+      bv = v;
+    }
+  }
+  r_v[tid] = bv;
+  r_i[tid] = best;
+  barrier();
+  for (uint s = kThreads / 2u; s > 0u; s >>= 1) {
+    if (tid < s && better(r_v[tid + s], r_i[tid + s], r_v[tid], r_i[tid])) {
+      r_v[tid] = r_v[tid + s];
+      r_i[tid] = r_i[tid + s];
+    }
+    barrier();
+  }
+  uint r = r_i[0];
+  barrier();
+  return r;
+}
+
+// Top-k without rounds: an allowed expert's slot is the number of allowed experts
+// better than it ("better" is a strict total order, so slots are distinct); slots
+// left empty (fewer than k allowed) raise SB_ERR_ROUTER and hold expert 0, as pick() does.
+// "better" as one unsigned key per expert: the value's order key (NaN highest), ties
+// to the lower id; keys of allowed experts are >= 0x00800000, so key 0 marks the others.
+// Thread -> (expert i, part q): the parts split the comparisons of i (integer counts,
+// added in any order), so a router of few experts still keeps every thread busy.
+void select_by_rank(bool use_c, uint e) {
+  uint tid = gl_LocalInvocationID.x;
+  for (uint j = tid; j < args.k; j += kThreads) s_id[j] = NONE;
+  for (uint i = tid; i < e; i += kThreads) {
+    float v = use_c ? s_c[i] : s_v[i];
+    s_key[i] = (s_f[i] & ALLOWED) == 0u ? 0u : sb_isnan(v) ? 0xffffffffu : uint(sb_key(v)) ^ 0x80000000u;
+    s_rank[i] = 0u;
+  }
+  barrier();
+  uint parts = max(1u, kThreads / e);
+  for (uint u = tid; u < e * parts; u += kThreads) {
+    uint i = u % e, q = u / e, ki = s_key[i];
+    if (ki == 0u) continue;
+    uint count = 0u, lo = q * e / parts, hi = (q + 1u) * e / parts;
+    for (uint j0 = lo; j0 < hi; j0 += 8u) {
+      uint kj[8];
+      [[unroll]] for (uint d = 0u; d < 8u; ++d) kj[d] = s_key[min(j0 + d, hi - 1u)];
+      [[unroll]] for (uint d = 0u; d < 8u; ++d)
+        if (j0 + d < hi && (kj[d] > ki || (kj[d] == ki && j0 + d < i))) ++count;
+    }
+    if (count != 0u) atomicAdd(s_rank[i], count);
+  }
+  barrier();
+  for (uint i = tid; i < e; i += kThreads) {
+    uint rank = s_rank[i];
+    if (s_key[i] != 0u && rank < args.k) {
+      s_id[rank] = i;
+      s_w[rank] = s_v[i];
+    }
+  }
+  barrier();
+  if (tid == 0u) {
+    for (uint j = 0u; j < args.k; ++j) {
+      if (s_id[j] != NONE) continue;
+      atomicOr(err[0], SB_ERR_ROUTER);
+      s_id[j] = 0u;
+      s_w[j] = s_v[0];
+    }
+  }
+  barrier();
+}
+
+// The running max of s_v[0..e) in index order (max_f32: a NaN sticks, equal values
+// AND their bits) without the serial loop: it is the first NaN if there is one, else
+// the value of the largest order key, where the key 0 (+-0) gives the AND of all zeros'
+// bits. s_max_key / s_zeros / s_first_nan were set in main's first pass.
+float softmax_max() {
+  return s_first_nan != NONE ? s_v[s_first_nan] : sb_from_key(s_max_key, s_zeros);
+}
+
+// s_v[0] + ... + s_v[e - 1] in index order (thread 0), eight shared reads at a time.
+float sum_in_order(uint e) {
+  precise float sum = 0.0;
+  for (uint i0 = 0u; i0 < e; i0 += 8u) {
+    float v[8];
+    [[unroll]] for (uint d = 0u; d < 8u; ++d) v[d] = s_v[min(i0 + d, e - 1u)];
+    [[unroll]] for (uint d = 0u; d < 8u; ++d)
+      if (i0 + d < e) sum = sum + v[d];
+  }
+  return sum;
+}
+
+// Softmax over s_w[0..k) in slot order (thread 0).
+void softmax_slots() {
+  float m = s_w[0];
+  for (uint j = 0u; j < args.k; ++j) m = sb_max(m, s_w[j]);
+  precise float sum = 0.0;
+  for (uint j = 0u; j < args.k; ++j) {
+    precise float d = s_w[j] - m;
+    float ex = sb_exp(d);
+    s_w[j] = ex;
+    sum = sum + ex;
+  }
+  float r = sb_rcp(sum);
+  for (uint j = 0u; j < args.k; ++j) {
+    precise float p = s_w[j] * r;
+    s_w[j] = p;
+  }
+}
 
 void main() {
   uint t = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
   if (t >= args.tokens) return;  // uniform over the workgroup
-  route_token(t);
-  if (gl_LocalInvocationID.x == 0u) route_write(t);
+  uint tid = gl_LocalInvocationID.x, e = args.experts;
+  if (tid == 0u) {
+    s_max_key = int(0x80000000u);
+    s_zeros = 0xffffffffu;
+    s_first_nan = NONE;
+  }
+  barrier();
+  for (uint i = tid; i < e; i += kThreads) {
+    float v = SB_LOAD(logits, args.dtype, t * e + i);
+    s_f[i] = live[i] != 0u ? ALLOWED : 0u;
+    if (args.kind == 2u) {
+      float s = sb_sigmoid(v);
+      s_v[i] = s;
+      precise float cv = s + (args.has_bias != 0u ? bias[i] : 0.0);
+      s_c[i] = args.has_bias != 0u ? cv : s;
+    } else {
+      s_v[i] = v;
+      if (args.kind == 0u) {  // for softmax_max
+        int key = sb_key(v);
+        if (sb_isnan(v)) {
+          atomicMin(s_first_nan, i);
+        } else {
+          atomicMax(s_max_key, key);
+          if (key == 0) atomicAnd(s_zeros, floatBitsToUint(v));
+        }
+      }
+    }
+  }
+  barrier();
+  if (args.kind == 0u) {  // softmax over all experts: max and sum in index order
+    float m = softmax_max();
+    for (uint i = tid; i < e; i += kThreads) {
+      precise float d = s_v[i] - m;
+      s_v[i] = sb_exp(d);
+    }
+    barrier();
+    if (tid == 0u) s_m = sb_rcp(sum_in_order(e));
+    barrier();
+    for (uint i = tid; i < e; i += kThreads) {
+      precise float p = s_v[i] * s_m;
+      s_v[i] = p;
+    }
+    barrier();
+  }
+  if (args.kind == 2u && args.n_group > 1u) {
+    uint per = e / args.n_group;
+    for (uint q = 0u; q < args.n_group; ++q) {  // group score: its best two live scores
+      uint b0 = pick(true, q * per, (q + 1u) * per);
+      if (tid == 0u && b0 != NONE) s_f[b0] |= TAKEN;
+      barrier();
+      uint b1 = pick(true, q * per, (q + 1u) * per);
+      if (tid == 0u) {
+        if (b0 == NONE) {
+          s_g[q] = uintBitsToFloat(0xff800000u);
+        } else if (b1 == NONE) {
+          s_g[q] = s_c[b0];
+        } else {
+          precise float two = s_c[b0] + s_c[b1];
+          s_g[q] = two;
+        }
+        if (b0 != NONE) s_f[b0] &= ~TAKEN;
+      }
+      barrier();
+    }
+    if (tid == 0u) {  // keep the topk_group best groups (ties: lower group)
+      for (uint s = 0u; s < args.topk_group; ++s) {
+        uint best = NONE;
+        for (uint q = 0u; q < args.n_group; ++q)
+          if ((s_f[q] & KEPT_GROUP) == 0u && better(s_g[q], q, best == NONE ? 0.0 : s_g[best], best)) best = q;
+        if (best != NONE) s_f[best] |= KEPT_GROUP;
+      }
+    }
+    barrier();
+    for (uint i = tid; i < e; i += kThreads)
+      if ((s_f[i / per] & KEPT_GROUP) == 0u) s_f[i] &= ~ALLOWED;
+    barrier();
+    for (uint i = tid; i < e; i += kThreads) s_f[i] &= (ALLOWED | TAKEN);
+    barrier();
+  }
+  if (args.kind == 2u && args.n_group > 1u) {
+    for (uint j = 0u; j < args.k; ++j) {
+      uint best = pick(true, 0u, e);
+      if (tid == 0u) {
+        if (best == NONE) atomicOr(err[0], SB_ERR_ROUTER);
+        uint id = best == NONE ? 0u : best;
+        s_f[id] |= TAKEN;
+        s_id[j] = id;
+        s_w[j] = s_v[id];
+      }
+      barrier();
+    }
+  } else {
+    select_by_rank(args.kind == 2u, e);
+  }
+  if (tid != 0u) return;
+  if (args.kind == 1u) {
+    softmax_slots();
+  } else if (args.renormalize != 0u) {
+    precise float sum = 0.0;
+    for (uint j = 0u; j < args.k; ++j) sum = sum + s_w[j];
+    float r = sb_rcp(sum);
+    for (uint j = 0u; j < args.k; ++j) {
+      precise float v = s_w[j] * r;
+      s_w[j] = v;
+    }
+  }
+  for (uint j = 0u; j < args.k; ++j) {
+    precise float v = s_w[j];
+    if (args.kind == 2u) v = v * args.routed_scaling_factor;
+    if (args.has_scale != 0u) v = v * expert_scale[s_id[j]];
+    weights[t * args.k + j] = v;
+    indices[t * args.k + j] = int(s_id[j]);
+  }
 }

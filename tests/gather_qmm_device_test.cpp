@@ -565,9 +565,8 @@ TEST(GatherQmmDevices, DownProjectionWithCombine) {
 // prefill runs it (argsort first): on a GPU with int8 tensor cores and 4-bit experts, one
 // kernel makes the Q8 blocks of h = Glu(gate, up) (qmm_mma4_glu) and h is never stored.
 // Unsorted as decode runs it: the row kernels (gate/up/Glu in one dispatch, then the down
-// projection with combine); on Vulkan with int8 dot products the gate/up kernel also routes
-// (qmm_row_glu_2k_dot4_routed) and writes the router's outputs. Every device must give the
-// CPU's bits (the CPU's GatherQmm is checked against the oracle above).
+// projection with combine). Every device must give the CPU's bits, the router's outputs
+// included (the CPU's GatherQmm is checked against the oracle above).
 struct FfnCase {
   DType dt;
   GluKind kind;
@@ -639,7 +638,7 @@ TEST(GatherQmmDevices, MoeFfnSortedAndDecode) {
       gate = b.input("sgate", fc.dt, {m, 1});
     }
     b.output("y", b.moe_experts(x, r.weights, r.indices, e, shared, gate));
-    b.output("indices", r.indices);  // decode on Vulkan: written by the routed gate/up kernel
+    b.output("indices", r.indices);
     b.output("weights", r.weights);
     // The reference: the CPU's result of the same program.
     Expected want;

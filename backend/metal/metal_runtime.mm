@@ -145,14 +145,12 @@ Result<Pipeline*> MetalRuntime::compile_pipeline(const char* name) {
 Status MetalRuntime::dispatch(const char* kernel, const std::vector<gpu::BufferRef>& bindings, const void* args,
                               size_t args_size, uint64_t invocations) {
   @autoreleasepool {
-    SB_RETURN_IF_ERROR(flush_deferred());
     return record(kernel, bindings, args, args_size, invocations);
   }
 }
 
 Status MetalRuntime::sync() {
   @autoreleasepool {
-    SB_RETURN_IF_ERROR(flush_deferred());
     return finish();
   }
 }

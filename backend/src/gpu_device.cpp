@@ -282,13 +282,6 @@ Status argsort(KernelContext& ctx, const fb::OpNodeUnion& op) {
   return ctx.out(n->out.get(), std::move(out));
 }
 
-// GatherQmm takes the one-dispatch row kernel (qmm_row) up to this many (pair) rows
-// where the tiles do not (each of its workgroups quantizes a row of x). H100, Qwen3 MoE
-// layer at M = 5 / 8 / 16 / 32 tokens (40-256 pairs, below the tiles' 4 pairs per
-// expert): 456 / 687 / 1324 / 2574 us through quantize + qmm with the limit at 32,
-// 116 / 139 / 219 / 378 us through the row kernels.
-constexpr int64_t kQmmRowMaxPairs = 512;
-
 Status router(KernelContext& ctx, const fb::OpNodeUnion& op) {
   const auto* n = op.AsRouterNode();
   Runtime& rt = rt_of(ctx);
@@ -325,16 +318,9 @@ Status router(KernelContext& ctx, const fb::OpNodeUnion& op) {
   args.has_bias = bias.defined();
   args.has_scale = scale.defined();
   // One workgroup of 256 threads per token (router.comp); router_e256 has a quarter of
-  // the shared memory. Decode's is held back: the routed gate/up kernel may route itself.
-  std::vector<BufferRef> binds = {bl, bb, bs, blive, bw, bi, rt.error_word()};
-  if (e <= 256 && rt.int_dot() && tokens * n->k <= kQmmRowMaxPairs) {
-    const auto* a = reinterpret_cast<const uint8_t*>(&args);
-    SB_RETURN_IF_ERROR(rt.defer(DeferredDispatch{"router_e256", std::move(binds), std::vector<uint8_t>(a, a + sizeof(args)),
-                                                 256 * static_cast<uint64_t>(tokens), indices.data()}));
-  } else {
-    SB_RETURN_IF_ERROR(rt.dispatch(e <= 256 ? "router_e256" : "router", binds, &args, sizeof(args),
-                                   256 * static_cast<uint64_t>(tokens)));
-  }
+  // the shared memory.
+  SB_RETURN_IF_ERROR(rt.dispatch(e <= 256 ? "router_e256" : "router", {bl, bb, bs, blive, bw, bi, rt.error_word()},
+                                 &args, sizeof(args), 256 * static_cast<uint64_t>(tokens)));
   SB_RETURN_IF_ERROR(ctx.out(n->weights.get(), std::move(weights)));
   return ctx.out(n->indices.get(), std::move(indices));
 }
@@ -438,6 +424,12 @@ Status bind_indices(KernelContext& ctx, const std::unique_ptr<fb::Tid>& lhs_tid,
   return Status::ok();
 }
 
+// GatherQmm takes the one-dispatch row kernel (qmm_row) up to this many (pair) rows
+// where the tiles do not (each of its workgroups quantizes a row of x). H100, Qwen3 MoE
+// layer at M = 5 / 8 / 16 / 32 tokens (40-256 pairs, below the tiles' 4 pairs per
+// expert): 456 / 687 / 1324 / 2574 us through quantize + qmm with the limit at 32,
+// 116 / 139 / 219 / 378 us through the row kernels.
+constexpr int64_t kQmmRowMaxPairs = 512;
 // qmm_row widens its tiles while more workgroups than this would run.
 constexpr int64_t kQmmRowWorkgroups = 1056;
 // Sorted pairs (or pairs without rhs) from this many on, and with rhs at least
@@ -644,9 +636,9 @@ Status qmm_from_q8(Runtime& rt, QmmSetup& q, const Q8Blocks& q8, const QmmTileLi
 
 // Push constants that begin with a QmmArgs (gpu_kernel_table.h checks where the extra
 // fields start), the rest zero.
-template <typename T, typename S = k::QmmArgs>
-T extend_qmm_args(const S& qa) {
-  static_assert(sizeof(T) > sizeof(S));
+template <typename T>
+T extend_qmm_args(const k::QmmArgs& qa) {
+  static_assert(sizeof(T) > sizeof(k::QmmArgs));
   T args{};
   std::memcpy(&args, &qa, sizeof(qa));
   return args;
@@ -729,17 +721,6 @@ k::QmmGluArgs glu_args(const k::QmmArgs& qa, const fb::GluNodeT* glu_node) {
   return args;
 }
 
-// Whether the gate/up kernel `kernel` of g can take over the held-back decode router: the
-// router made g's experts (rhs is its indices, one pair per (token, slot)), rows are tokens.
-bool routes_itself(const Runtime& rt, const QmmSetup& g, const char* kernel) {
-  const DeferredDispatch* r = rt.deferred();
-  if (!r || r->kernel != "router_e256" || std::strcmp(kernel, "qmm_row_glu_2k_dot4") != 0) return false;
-  k::RouterArgs ra;
-  std::memcpy(&ra, r->args.data(), sizeof(ra));
-  return g.rhs.defined() && g.rhs.data() == r->tag && !g.lhs.defined() && g.sorted == 0 &&
-         g.pairs == static_cast<int64_t>(ra.tokens) * ra.k && g.rows == ra.tokens;
-}
-
 // The fused gate/up/Glu of decode (GpuDevice::fuse): ins[0..1] are GatherQmm of the
 // same x, indices and widths, ins[2] the Glu of their outputs. One qmm_row_glu dispatch
 // when the rows suit it; otherwise the three kernels one by one.
@@ -781,20 +762,9 @@ Status gate_up_glu(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>* 
   SB_ASSIGN_OR_RETURN(Tensor out, rt.alloc(g.x.dtype(), {g.pairs, g.nout}));
   SB_ASSIGN_OR_RETURN(BufferRef bo, rt.bind(out, false));
   k::QmmGluArgs args = glu_args(g.args, glu_node);
-  const char* kernel = qmm_row_kernel(rt, g, true, g.all_4bit && u.all_4bit);
-  std::vector<BufferRef> binds = {g.bx, g.bw, g.bs, g.bb, g.bl, g.br, g.bi, bo, rt.error_word(), u.bw, u.bs, u.bb};
-  const uint64_t invocations = 256 * static_cast<uint64_t>(g.pairs) * args.tiles;
-  if (routes_itself(rt, g, kernel)) {
-    // The held-back router's work is done by this kernel (router.comp's code per workgroup).
-    DeferredDispatch r = rt.take_deferred();
-    auto rargs = extend_qmm_args<k::QmmGluRouterArgs>(args);
-    std::memcpy(&rargs.r_tokens, r.args.data(), sizeof(k::RouterArgs));
-    binds.insert(binds.end(), r.bindings.begin(), r.bindings.begin() + 6);  // not its error word
-    SB_RETURN_IF_ERROR(
-        rt.dispatch("qmm_row_glu_2k_dot4_routed", binds, &rargs, sizeof(rargs), invocations));
-  } else {
-    SB_RETURN_IF_ERROR(rt.dispatch(kernel, binds, &args, sizeof(args), invocations));
-  }
+  SB_RETURN_IF_ERROR(rt.dispatch(qmm_row_kernel(rt, g, true, g.all_4bit && u.all_4bit),
+                                 {g.bx, g.bw, g.bs, g.bb, g.bl, g.br, g.bi, bo, rt.error_word(), u.bw, u.bs, u.bb},
+                                 &args, sizeof(args), 256 * static_cast<uint64_t>(g.pairs) * args.tiles));
   return ctx.out(glu_node->out.get(), std::move(out));
 }
 

@@ -16,7 +16,7 @@ namespace switchboard::kernels {
 enum class Access : uint8_t { kRead, kWrite, kReadWrite };
 
 inline constexpr uint32_t kMetalArgsBuffer = 30;
-inline constexpr int kMaxBindings = 24;  // within Vulkan's guaranteed 32 push descriptors
+inline constexpr int kMaxBindings = 16;  // within Vulkan's guaranteed 32 push descriptors
 
 struct KernelInfo {
   const char* name;        // kernel variant (sb_<name> is its MSL entry point)
@@ -107,12 +107,6 @@ inline constexpr KernelInfo kKernels[] = {
      true, false, false, false, true},
     {"qmm_row_glu_2k_dot4", "gather_qmm", 12, SB_QMM_ROW_GLU_ACCESS, sizeof(QmmGluArgs), SB_STR(SB_QMM_GLU_ARGS), 256,
      true, false, false, false, true},
-    // qmm_row_glu_2k_dot4 that routes the tokens itself: router.comp's bindings follow
-    // (logits, selection bias, expert scale, live experts; weights and indices written).
-    {"qmm_row_glu_2k_dot4_routed", "gather_qmm", 18,
-     {A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kWrite, A::kReadWrite, A::kRead, A::kRead,
-      A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kWrite, A::kWrite},
-     sizeof(QmmGluRouterArgs), SB_STR(SB_QMM_GLU_ROUTER_ARGS), 256, true, false, false, false, true},
     {"qmm_row_combine_2k_dot4", "gather_qmm", 14,
      {A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kRead, A::kReadWrite, A::kReadWrite, A::kRead,
       A::kRead, A::kRead, A::kReadWrite, A::kWrite},
@@ -172,10 +166,6 @@ static_assert(sizeof(QmmArgs) == 64 && offsetof(QmmArgs, out_dtype) == 32 && off
 static_assert(sizeof(QmmGluArgs) == 80 && offsetof(QmmGluArgs, glu_kind) == 64 && offsetof(QmmGluArgs, glu_limit) == 72);
 static_assert(sizeof(QmmCombineArgs) == 96 && offsetof(QmmCombineArgs, slots) == 64 &&
               offsetof(QmmCombineArgs, gate_dtype) == 80);
-static_assert(sizeof(RouterArgs) == 48 && sizeof(QmmGluRouterArgs) == sizeof(QmmGluArgs) + sizeof(RouterArgs) &&
-              offsetof(QmmGluRouterArgs, r_tokens) == sizeof(QmmGluArgs) &&
-              offsetof(QmmGluRouterArgs, r_routed_scaling_factor) - offsetof(QmmGluRouterArgs, r_tokens) ==
-                  offsetof(RouterArgs, routed_scaling_factor));  // 128: Vulkan's guaranteed push constants
 static_assert(sizeof(PermuteArgs) == 32 && offsetof(PermuteArgs, out_words) == 16);
 static_assert(sizeof(ProbeArgs) == 16 && sizeof(ArgsortArgs) == 16);
 static_assert(sizeof(GatherMmArgs) == 32 && sizeof(ReduceArgs) == 32 && sizeof(RegionArgs) == 48);

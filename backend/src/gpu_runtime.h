@@ -23,35 +23,9 @@ struct BufferRef {
   uint64_t range = 0;
 };
 
-// A dispatch held back so that the next kernel may do its work itself (the decode
-// router, absorbed by the routed gate/up kernel). `tag`: what it makes, for that kernel
-// to recognize (the router's indices storage).
-struct DeferredDispatch {
-  std::string kernel;
-  std::vector<BufferRef> bindings;
-  std::vector<uint8_t> args;
-  uint64_t invocations = 0;
-  const void* tag = nullptr;
-};
-
 class GpuRuntime {
  public:
   virtual ~GpuRuntime() = default;
-  // Holds a dispatch back (one at a time): recorded as it was, before the next dispatch
-  // or sync, unless a kernel takes it first (take_deferred).
-  Status defer(DeferredDispatch d) {
-    SB_RETURN_IF_ERROR(flush_deferred());
-    deferred_ = std::move(d);
-    has_deferred_ = true;
-    return Status::ok();
-  }
-  // The held-back dispatch (nullptr when none).
-  const DeferredDispatch* deferred() const { return has_deferred_ ? &deferred_ : nullptr; }
-  // A kernel that did the held-back dispatch's work: it is never recorded.
-  DeferredDispatch take_deferred() {
-    has_deferred_ = false;
-    return std::move(deferred_);
-  }
   // "vulkan:0 NVIDIA H100 ..." and the like.
   virtual const std::string& description() const = 0;
   // A tensor in device memory (contents undefined until a kernel writes it).
@@ -92,21 +66,11 @@ class GpuRuntime {
   bool cross_workgroup_handoff() const { return cross_workgroup_handoff_; }
 
  protected:
-  // Records the held-back dispatch, if any: first thing in dispatch() and sync().
-  Status flush_deferred() {
-    if (!has_deferred_) return Status::ok();
-    DeferredDispatch d = take_deferred();
-    return dispatch(d.kernel.c_str(), d.bindings, d.args.data(), d.args.size(), d.invocations);
-  }
   bool exact_division_ = false;
   bool int64_ = false;
   bool int8_mma_ = false;
   bool int_dot_ = false;
   bool cross_workgroup_handoff_ = false;
-
- private:
-  DeferredDispatch deferred_;
-  bool has_deferred_ = false;
 };
 
 // The widest grid row dispatch() uses: 65535 workgroups, or SWITCHBOARD_GPU_MAX_GROUPS_X

@@ -598,7 +598,6 @@ Status VulkanRuntime::submit_slice() {
 
 Status VulkanRuntime::dispatch(const char* kernel, const std::vector<gpu::BufferRef>& bindings, const void* args, size_t args_size,
                          uint64_t invocations) {
-  SB_RETURN_IF_ERROR(flush_deferred());
   if (invocations == 0) return Status::ok();
   Context& c = *ctx_;
   SB_ASSIGN_OR_RETURN(Pipeline * p, pipeline_for(c, kernel));
@@ -702,7 +701,6 @@ void VulkanRuntime::track(const std::vector<gpu::BufferRef>& bindings, const ker
 }
 
 Status VulkanRuntime::sync() {
-  SB_RETURN_IF_ERROR(flush_deferred());
   if (!recording_) return Status::ok();
   Context& c = *ctx_;
   recording_ = false;
