@@ -44,7 +44,9 @@ set(SB_KERNEL_VARIANTS
   gather_qmm:QMM_MMA_PROBE:qmm_mma_probe:vulkan
   permute:ARGSORT:argsort
   router:ROUTER:router
-  router:ROUTER_E256:router_e256
+  router:ROUTER_E256_SOFTMAX:router_e256_softmax
+  router:ROUTER_E256_TOPK_SOFTMAX:router_e256_topk_softmax
+  router:ROUTER_E256_SIGMOID:router_e256_sigmoid
   gather_mm:GATHER_MM:gather_mm
   matmul:MATMUL:matmul
   matmul:MATMUL_ROWS16:matmul_rows16

@@ -317,9 +317,11 @@ Status router(KernelContext& ctx, const fb::OpNodeUnion& op) {
   args.routed_scaling_factor = n->routed_scaling_factor;
   args.has_bias = bias.defined();
   args.has_scale = scale.defined();
-  // One workgroup of 256 threads per token (router.comp); router_e256 has a quarter of
-  // the shared memory.
-  SB_RETURN_IF_ERROR(rt.dispatch(e <= 256 ? "router_e256" : "router", {bl, bb, bs, blive, bw, bi, rt.error_word()},
+  // One workgroup of 256 threads per token (router.comp); the router_e256_* variants have
+  // a quarter of the shared memory and only their kind's code.
+  static constexpr const char* kE256[] = {"router_e256_softmax", "router_e256_topk_softmax", "router_e256_sigmoid"};
+  SB_CHECK_OR_RETURN(args.kind < 3, StatusCode::kInvalidArgument, "Router kind %u is not known", args.kind);
+  SB_RETURN_IF_ERROR(rt.dispatch(e <= 256 ? kE256[args.kind] : "router", {bl, bb, bs, blive, bw, bi, rt.error_word()},
                                  &args, sizeof(args), 256 * static_cast<uint64_t>(tokens)));
   SB_RETURN_IF_ERROR(ctx.out(n->weights.get(), std::move(weights)));
   return ctx.out(n->indices.get(), std::move(indices));

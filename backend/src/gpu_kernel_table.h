@@ -130,7 +130,12 @@ inline constexpr KernelInfo kKernels[] = {
     {"argsort", "permute", 2, {A::kRead, A::kWrite}, sizeof(ArgsortArgs), SB_STR(SB_ARGSORT_ARGS), 256, true},
     {"router", "router", 7, {A::kRead, A::kRead, A::kRead, A::kRead, A::kWrite, A::kWrite, A::kReadWrite},
      sizeof(RouterArgs), SB_STR(SB_ROUTER_ARGS), 256, true},
-    {"router_e256", "router", 7, {A::kRead, A::kRead, A::kRead, A::kRead, A::kWrite, A::kWrite, A::kReadWrite},
+    // router for <= 256 experts of one kind (RouterKind 0, 1, 2).
+    {"router_e256_softmax", "router", 7, {A::kRead, A::kRead, A::kRead, A::kRead, A::kWrite, A::kWrite, A::kReadWrite},
+     sizeof(RouterArgs), SB_STR(SB_ROUTER_ARGS), 256, true},
+    {"router_e256_topk_softmax", "router", 7, {A::kRead, A::kRead, A::kRead, A::kRead, A::kWrite, A::kWrite, A::kReadWrite},
+     sizeof(RouterArgs), SB_STR(SB_ROUTER_ARGS), 256, true},
+    {"router_e256_sigmoid", "router", 7, {A::kRead, A::kRead, A::kRead, A::kRead, A::kWrite, A::kWrite, A::kReadWrite},
      sizeof(RouterArgs), SB_STR(SB_ROUTER_ARGS), 256, true},
     {"gather_mm", "gather_mm", 6, {A::kRead, A::kRead, A::kRead, A::kRead, A::kWrite, A::kReadWrite},
      sizeof(GatherMmArgs), SB_STR(SB_GATHER_MM_ARGS), 32, true},
