@@ -59,8 +59,9 @@ class MetalRuntime final : public gpu::MappedRuntime {
     }
   }
   const std::string& description() const override { return description_; }
+  // `spec` is ignored: only the Vulkan-only *_dot4 kernels declare specialization constants.
   Status dispatch(const char* kernel, const std::vector<gpu::BufferRef>& bindings, const void* args, size_t args_size,
-                  uint64_t invocations) override;
+                  uint64_t invocations, const gpu::SpecConstants& spec = {}) override;
   Status sync() override;
   double last_gpu_us() const override { return last_gpu_us_; }
 
@@ -143,7 +144,7 @@ Result<Pipeline*> MetalRuntime::compile_pipeline(const char* name) {
 }
 
 Status MetalRuntime::dispatch(const char* kernel, const std::vector<gpu::BufferRef>& bindings, const void* args,
-                              size_t args_size, uint64_t invocations) {
+                              size_t args_size, uint64_t invocations, const gpu::SpecConstants&) {
   @autoreleasepool {
     return record(kernel, bindings, args, args_size, invocations);
   }

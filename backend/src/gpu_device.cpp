@@ -550,6 +550,13 @@ const char* qmm_row_kernel(const Runtime& rt, const QmmSetup& q, bool glu, bool 
   return glu ? (dot4 ? "qmm_row_glu_dot4" : "qmm_row_glu") : (dot4 ? "qmm_row_dot4" : "qmm_row");
 }
 
+// A *_dot4 row kernel's specialization constants (gather_qmm.comp): x, out and scale
+// dtypes and the Glu kind, so the driver builds only the path this dispatch takes.
+SpecConstants row_spec(const char* kernel, const k::QmmArgs& a, uint32_t glu_kind = 0) {
+  if (!std::strstr(kernel, "_dot4")) return {};
+  return SpecConstants{{a.x_dtype, a.out_dtype, a.scale_dtype, glu_kind}, 4};
+}
+
 // Q8 activation blocks of a GatherQmm's x (quantize_q8); the fused gate/up path makes
 // them once for both projections of the same x.
 struct Q8Blocks {
@@ -663,10 +670,12 @@ Status qmm_row_combine(KernelContext& ctx, const fb::GatherQmmNodeT* n, const Qm
   args.shared_dtype = c.shared.defined() ? static_cast<uint32_t>(c.shared.dtype()) : 0;
   args.has_gate = c.gate.defined();
   args.gate_dtype = c.gate.defined() ? static_cast<uint32_t>(c.gate.dtype()) : 0;
-  SB_RETURN_IF_ERROR(
-      rt.dispatch(q.all_4bit && rt.int_dot() ? "qmm_row_combine_2k_dot4" : "qmm_row_combine_2k",
-                  {q.bx, q.bw, q.bs, q.bb, q.bl, q.br, q.bi, by, rt.error_word(), c.bw, c.bs, c.bgate, bn, bo}, &args,
-                  sizeof(args), 256 * static_cast<uint64_t>(q.pairs) * q.args.tiles));
+  const char* kernel = q.all_4bit && rt.int_dot() ? "qmm_row_combine_2k_dot4" : "qmm_row_combine_2k";
+  SB_RETURN_IF_ERROR(rt.dispatch(kernel,
+                                 {q.bx, q.bw, q.bs, q.bb, q.bl, q.br, q.bi, by, rt.error_word(), c.bw, c.bs, c.bgate,
+                                  bn, bo},
+                                 &args, sizeof(args), 256 * static_cast<uint64_t>(q.pairs) * q.args.tiles,
+                                 row_spec(kernel, q.args)));
   return ctx.out(n->out.get(), std::move(out));
 }
 
@@ -690,9 +699,10 @@ Status gather_qmm_run(KernelContext& ctx, const fb::GatherQmmNodeT* n, QmmSetup&
     // One workgroup per (pair, tile of outputs) quantizes its row itself: no Q8 dispatch.
     if (n->combine_weights && q.kdim <= SB_QMM_ROW_SMALL_K && rt.cross_workgroup_handoff())
       return qmm_row_combine(ctx, n, q, c, out, bo);
-    SB_RETURN_IF_ERROR(rt.dispatch(qmm_row_kernel(rt, q, false, q.all_4bit),
-                                   {q.bx, q.bw, q.bs, q.bb, q.bl, q.br, q.bi, bo, rt.error_word()}, &q.args,
-                                   sizeof(q.args), 256 * static_cast<uint64_t>(q.pairs) * q.args.tiles));
+    const char* kernel = qmm_row_kernel(rt, q, false, q.all_4bit);
+    SB_RETURN_IF_ERROR(rt.dispatch(kernel, {q.bx, q.bw, q.bs, q.bb, q.bl, q.br, q.bi, bo, rt.error_word()}, &q.args,
+                                   sizeof(q.args), 256 * static_cast<uint64_t>(q.pairs) * q.args.tiles,
+                                   row_spec(kernel, q.args)));
   } else {
     SB_ASSIGN_OR_RETURN(Q8Blocks q8, quantize_rows(rt, q, q8_permuted(rt, q)));
     QmmTileList tiles;
@@ -764,9 +774,11 @@ Status gate_up_glu(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>* 
   SB_ASSIGN_OR_RETURN(Tensor out, rt.alloc(g.x.dtype(), {g.pairs, g.nout}));
   SB_ASSIGN_OR_RETURN(BufferRef bo, rt.bind(out, false));
   k::QmmGluArgs args = glu_args(g.args, glu_node);
-  SB_RETURN_IF_ERROR(rt.dispatch(qmm_row_kernel(rt, g, true, g.all_4bit && u.all_4bit),
+  const char* kernel = qmm_row_kernel(rt, g, true, g.all_4bit && u.all_4bit);
+  SB_RETURN_IF_ERROR(rt.dispatch(kernel,
                                  {g.bx, g.bw, g.bs, g.bb, g.bl, g.br, g.bi, bo, rt.error_word(), u.bw, u.bs, u.bb},
-                                 &args, sizeof(args), 256 * static_cast<uint64_t>(g.pairs) * args.tiles));
+                                 &args, sizeof(args), 256 * static_cast<uint64_t>(g.pairs) * args.tiles,
+                                 row_spec(kernel, g.args, args.glu_kind)));
   return ctx.out(glu_node->out.get(), std::move(out));
 }
 

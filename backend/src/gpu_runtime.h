@@ -23,6 +23,13 @@ struct BufferRef {
   uint64_t range = 0;
 };
 
+// Values of a kernel's specialization constants 0 .. count - 1: the driver builds the
+// kernel for them (Vulkan). count 0: the kernel's defaults.
+struct SpecConstants {
+  uint32_t values[4] = {};
+  uint32_t count = 0;
+};
+
 class GpuRuntime {
  public:
   virtual ~GpuRuntime() = default;
@@ -41,9 +48,10 @@ class GpuRuntime {
   // The status word kernels raise SB_ERR_* bits in (reset at each sync).
   virtual BufferRef error_word() const = 0;
   // Records one dispatch of `kernel` over `invocations` threads (a 2D grid of
-  // workgroups of the kernel's size, at most 65535 wide).
+  // workgroups of the kernel's size, at most 65535 wide). `spec`: only for kernels that
+  // declare specialization constants (the Vulkan-only *_dot4 row kernels).
   virtual Status dispatch(const char* kernel, const std::vector<BufferRef>& bindings, const void* args,
-                          size_t args_size, uint64_t invocations) = 0;
+                          size_t args_size, uint64_t invocations, const SpecConstants& spec = {}) = 0;
   // Runs what was recorded and waits; errors name the SB_ERR_* bits raised.
   virtual Status sync() = 0;
   // GPU time of the last submission, first dispatch start to last dispatch end (us);

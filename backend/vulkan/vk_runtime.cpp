@@ -455,8 +455,12 @@ void log_pipeline_stats(Context& c, const char* name, VkPipeline pipeline) {
   }
 }
 
-Result<Pipeline*> pipeline_for(Context& c, const char* name) {
-  auto it = c.pipelines.find(name);
+// The pipeline of kernel `name` built for `spec` (one per distinct set of values).
+Result<Pipeline*> pipeline_for(Context& c, const char* name, const gpu::SpecConstants& spec) {
+  SB_CHECK_OR_RETURN(spec.count <= 4, StatusCode::kInternal, "kernel %s: %u specialization constants", name, spec.count);
+  std::string key = name;
+  for (uint32_t i = 0; i < spec.count; ++i) key += (i ? "," : "#") + std::to_string(spec.values[i]);
+  auto it = c.pipelines.find(key);
   if (it != c.pipelines.end()) return &it->second;
   const kernels::KernelInfo* info = kernels::find_kernel(name);
   const gpu::EmbeddedKernel* code = gpu::find_embedded_kernel(name);
@@ -509,14 +513,18 @@ Result<Pipeline*> pipeline_for(Context& c, const char* name) {
   ci.stage.stage = VK_SHADER_STAGE_COMPUTE_BIT;
   ci.stage.module = mod;
   ci.stage.pName = "main";
+  std::array<VkSpecializationMapEntry, 4> entries{};
+  for (uint32_t i = 0; i < spec.count; ++i) entries[i] = {i, 4 * i, 4};
+  const VkSpecializationInfo si{spec.count, entries.data(), 4 * spec.count, spec.values};
+  if (spec.count) ci.stage.pSpecializationInfo = &si;
   ci.layout = p.layout;
   const bool stats = c.vkGetPipelineExecutablePropertiesKHR && c.vkGetPipelineExecutableStatisticsKHR;
   if (stats) ci.flags |= VK_PIPELINE_CREATE_CAPTURE_STATISTICS_BIT_KHR;
   VkResult r = c.vkCreateComputePipelines(c.device, VK_NULL_HANDLE, 1, &ci, nullptr, &p.pipeline);
   c.vkDestroyShaderModule(c.device, mod, nullptr);
   SB_CHECK_OR_RETURN(r == VK_SUCCESS, StatusCode::kInternal, "%s", vk_error("vkCreateComputePipelines", r).c_str());
-  if (stats) log_pipeline_stats(c, name, p.pipeline);
-  return &c.pipelines.emplace(name, p).first->second;
+  if (stats) log_pipeline_stats(c, key.c_str(), p.pipeline);
+  return &c.pipelines.emplace(key, p).first->second;
 }
 
 }  // namespace
@@ -606,10 +614,10 @@ Status VulkanRuntime::submit_slice() {
 }
 
 Status VulkanRuntime::dispatch(const char* kernel, const std::vector<gpu::BufferRef>& bindings, const void* args, size_t args_size,
-                         uint64_t invocations) {
+                         uint64_t invocations, const gpu::SpecConstants& spec) {
   if (invocations == 0) return Status::ok();
   Context& c = *ctx_;
-  SB_ASSIGN_OR_RETURN(Pipeline * p, pipeline_for(c, kernel));
+  SB_ASSIGN_OR_RETURN(Pipeline * p, pipeline_for(c, kernel, spec));
   SB_CHECK_OR_RETURN(static_cast<int>(bindings.size()) == p->info->num_bindings && args_size == p->info->args_size,
                      StatusCode::kInternal, "kernel %s: %zu bindings / %zu argument bytes, expected %d / %u", kernel,
                      bindings.size(), args_size, p->info->num_bindings, p->info->args_size);

@@ -25,7 +25,7 @@ class VulkanRuntime final : public gpu::MappedRuntime {
 
   const std::string& description() const override { return description_; }
   Status dispatch(const char* kernel, const std::vector<gpu::BufferRef>& bindings, const void* args, size_t args_size,
-                  uint64_t invocations) override;
+                  uint64_t invocations, const gpu::SpecConstants& spec = {}) override;
   Status sync() override;
   double last_gpu_us() const override { return last_gpu_us_; }
 
