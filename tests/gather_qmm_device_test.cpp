@@ -651,11 +651,7 @@ TEST(GatherQmmDevices, MoeFfnSortedAndDecode) {
       }
     });
     check_op(
-        b, in,
-        [&](const Inputs&) {
-          return want;
-        },
-        Tolerance::exact());
+        b, in, [&](const Inputs&) { return want; }, Tolerance::exact());
   }
 }
 

@@ -671,11 +671,9 @@ Status qmm_row_combine(KernelContext& ctx, const fb::GatherQmmNodeT* n, const Qm
   args.has_gate = c.gate.defined();
   args.gate_dtype = c.gate.defined() ? static_cast<uint32_t>(c.gate.dtype()) : 0;
   const char* kernel = q.all_4bit && rt.int_dot() ? "qmm_row_combine_2k_dot4" : "qmm_row_combine_2k";
-  SB_RETURN_IF_ERROR(rt.dispatch(kernel,
-                                 {q.bx, q.bw, q.bs, q.bb, q.bl, q.br, q.bi, by, rt.error_word(), c.bw, c.bs, c.bgate,
-                                  bn, bo},
-                                 &args, sizeof(args), 256 * static_cast<uint64_t>(q.pairs) * q.args.tiles,
-                                 row_spec(kernel, q.args)));
+  SB_RETURN_IF_ERROR(
+      rt.dispatch(kernel, {q.bx, q.bw, q.bs, q.bb, q.bl, q.br, q.bi, by, rt.error_word(), c.bw, c.bs, c.bgate, bn, bo},
+                  &args, sizeof(args), 256 * static_cast<uint64_t>(q.pairs) * q.args.tiles, row_spec(kernel, q.args)));
   return ctx.out(n->out.get(), std::move(out));
 }
 
@@ -775,10 +773,9 @@ Status gate_up_glu(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>* 
   SB_ASSIGN_OR_RETURN(BufferRef bo, rt.bind(out, false));
   k::QmmGluArgs args = glu_args(g.args, glu_node);
   const char* kernel = qmm_row_kernel(rt, g, true, g.all_4bit && u.all_4bit);
-  SB_RETURN_IF_ERROR(rt.dispatch(kernel,
-                                 {g.bx, g.bw, g.bs, g.bb, g.bl, g.br, g.bi, bo, rt.error_word(), u.bw, u.bs, u.bb},
-                                 &args, sizeof(args), 256 * static_cast<uint64_t>(g.pairs) * args.tiles,
-                                 row_spec(kernel, g.args, args.glu_kind)));
+  SB_RETURN_IF_ERROR(rt.dispatch(
+      kernel, {g.bx, g.bw, g.bs, g.bb, g.bl, g.br, g.bi, bo, rt.error_word(), u.bw, u.bs, u.bb}, &args, sizeof(args),
+      256 * static_cast<uint64_t>(g.pairs) * args.tiles, row_spec(kernel, g.args, args.glu_kind)));
   return ctx.out(glu_node->out.get(), std::move(out));
 }
 

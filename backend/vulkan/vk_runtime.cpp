@@ -34,7 +34,7 @@ namespace switchboard::vulkan {
   X(vkAllocateCommandBuffers) X(vkBeginCommandBuffer) X(vkEndCommandBuffer) X(vkResetCommandBuffer)        \
   X(vkCmdBindPipeline) X(vkCmdPushConstants) X(vkCmdDispatch) X(vkCmdPipelineBarrier)                      \
   X(vkCmdPushDescriptorSetKHR) X(vkCreateFence) X(vkDestroyFence) X(vkWaitForFences) X(vkResetFences)      \
-  X(vkQueueSubmit) X(vkDeviceWaitIdle) X(vkCreateQueryPool) X(vkDestroyQueryPool) X(vkCmdResetQueryPool)         \
+  X(vkQueueSubmit) X(vkDeviceWaitIdle) X(vkCreateQueryPool) X(vkDestroyQueryPool) X(vkCmdResetQueryPool)  \
   X(vkCmdWriteTimestamp) X(vkGetQueryPoolResults) X(vkResetQueryPool)
 
 namespace {
@@ -457,7 +457,8 @@ void log_pipeline_stats(Context& c, const char* name, VkPipeline pipeline) {
 
 // The pipeline of kernel `name` built for `spec` (one per distinct set of values).
 Result<Pipeline*> pipeline_for(Context& c, const char* name, const gpu::SpecConstants& spec) {
-  SB_CHECK_OR_RETURN(spec.count <= 4, StatusCode::kInternal, "kernel %s: %u specialization constants", name, spec.count);
+  SB_CHECK_OR_RETURN(spec.count <= 4, StatusCode::kInternal, "kernel %s: %u specialization constants", name,
+                     spec.count);
   std::string key = name;
   for (uint32_t i = 0; i < spec.count; ++i) key += (i ? "," : "#") + std::to_string(spec.values[i]);
   auto it = c.pipelines.find(key);
@@ -613,8 +614,8 @@ Status VulkanRuntime::submit_slice() {
   return Status::ok();
 }
 
-Status VulkanRuntime::dispatch(const char* kernel, const std::vector<gpu::BufferRef>& bindings, const void* args, size_t args_size,
-                         uint64_t invocations, const gpu::SpecConstants& spec) {
+Status VulkanRuntime::dispatch(const char* kernel, const std::vector<gpu::BufferRef>& bindings, const void* args,
+                               size_t args_size, uint64_t invocations, const gpu::SpecConstants& spec) {
   if (invocations == 0) return Status::ok();
   Context& c = *ctx_;
   SB_ASSIGN_OR_RETURN(Pipeline * p, pipeline_for(c, kernel, spec));
