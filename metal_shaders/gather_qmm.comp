@@ -412,8 +412,8 @@ int dot4_block(uvec4 cw, uint qb) {
   float NAME(uint ex, uint n0, uint oi, uint g, uint wbase, uint bits) {                             \
     uint per_group = args.group_size / 32u, end = (g + 1u) * per_group;                              \
     uint sidx = (ex * args.n + n0 + oi) * args.groups + g;                                           \
-    float sc = SB_LOAD(SCALES, SCALE_DTYPE, sidx);                                              \
-    float bc = SB_LOAD(BIASES, SCALE_DTYPE, sidx);                                              \
+    float sc = SB_LOAD(SCALES, SCALE_DTYPE, sidx);                                                   \
+    float bc = SB_LOAD(BIASES, SCALE_DTYPE, sidx);                                                   \
     uint row4 = (wbase + oi * (args.k / 8u)) >> 2u;                                                  \
     precise float pg = 0.0, xg = 0.0;                                                                \
     for (uint j = g * per_group; j < end; j += 2u) {                                                 \
@@ -438,8 +438,8 @@ int dot4_block(uvec4 cw, uint qb) {
   float NAME(uint ex, uint n0, uint oi, uint g, uint wbase, uint bits) {                             \
     uint row_words = args.k * bits / 32u, per_group = args.group_size / 32u;                         \
     uint sidx = (ex * args.n + n0 + oi) * args.groups + g;                                           \
-    float sc = SB_LOAD(SCALES, SCALE_DTYPE, sidx);                                              \
-    float bc = SB_LOAD(BIASES, SCALE_DTYPE, sidx);                                              \
+    float sc = SB_LOAD(SCALES, SCALE_DTYPE, sidx);                                                   \
+    float bc = SB_LOAD(BIASES, SCALE_DTYPE, sidx);                                                   \
     uint row = wbase + oi * row_words;                                                               \
     bool v16 = bits == 4u && (wbase & 3u) == 0u; /* rows are whole 16-byte units */                    \
     precise float pg = 0.0, xg = 0.0;                                                                \
