@@ -543,17 +543,20 @@ bool qmm_row_plan(QmmSetup& q, int64_t projections) {
 // The row kernel for these rows: the *_2k twin (less shared memory) where K allows; the
 // *_dot4 twin (packed int8 dot products: H100 decode layer 56 -> 52 us) where the device
 // has them and every expert of every projection it computes is 4-bit.
+bool row_dot4(const Runtime& rt, bool all_4bit) { return all_4bit && rt.int_dot(); }
+
 const char* qmm_row_kernel(const Runtime& rt, const QmmSetup& q, bool glu, bool all_4bit) {
-  const bool dot4 = all_4bit && rt.int_dot();
+  const bool dot4 = row_dot4(rt, all_4bit);
   if (q.kdim <= SB_QMM_ROW_SMALL_K)
     return glu ? (dot4 ? "qmm_row_glu_2k_dot4" : "qmm_row_glu_2k") : (dot4 ? "qmm_row_2k_dot4" : "qmm_row_2k");
   return glu ? (dot4 ? "qmm_row_glu_dot4" : "qmm_row_glu") : (dot4 ? "qmm_row_dot4" : "qmm_row");
 }
 
-// A *_dot4 row kernel's specialization constants (gather_qmm.comp): x, out and scale
-// dtypes and the Glu kind, so the driver builds only the path this dispatch takes.
-SpecConstants row_spec(const char* kernel, const k::QmmArgs& a, uint32_t glu_kind = 0) {
-  if (!std::strstr(kernel, "_dot4")) return {};
+// The specialization constants of the row kernel row_dot4 picks (gather_qmm.comp: only
+// the *_dot4 twins declare them): x, out and scale dtypes and the Glu kind, so the
+// driver builds only the path this dispatch takes.
+SpecConstants row_spec(const Runtime& rt, bool all_4bit, const k::QmmArgs& a, uint32_t glu_kind = 0) {
+  if (!row_dot4(rt, all_4bit)) return {};
   return SpecConstants{{a.x_dtype, a.out_dtype, a.scale_dtype, glu_kind}, 4};
 }
 
@@ -670,10 +673,10 @@ Status qmm_row_combine(KernelContext& ctx, const fb::GatherQmmNodeT* n, const Qm
   args.shared_dtype = c.shared.defined() ? static_cast<uint32_t>(c.shared.dtype()) : 0;
   args.has_gate = c.gate.defined();
   args.gate_dtype = c.gate.defined() ? static_cast<uint32_t>(c.gate.dtype()) : 0;
-  const char* kernel = q.all_4bit && rt.int_dot() ? "qmm_row_combine_2k_dot4" : "qmm_row_combine_2k";
+  const char* kernel = row_dot4(rt, q.all_4bit) ? "qmm_row_combine_2k_dot4" : "qmm_row_combine_2k";
   SB_RETURN_IF_ERROR(
       rt.dispatch(kernel, {q.bx, q.bw, q.bs, q.bb, q.bl, q.br, q.bi, by, rt.error_word(), c.bw, c.bs, c.bgate, bn, bo},
-                  &args, sizeof(args), 256 * static_cast<uint64_t>(q.pairs) * q.args.tiles, row_spec(kernel, q.args)));
+                  &args, sizeof(args), 256 * static_cast<uint64_t>(q.pairs) * q.args.tiles, row_spec(rt, q.all_4bit, q.args)));
   return ctx.out(n->out.get(), std::move(out));
 }
 
@@ -700,7 +703,7 @@ Status gather_qmm_run(KernelContext& ctx, const fb::GatherQmmNodeT* n, QmmSetup&
     const char* kernel = qmm_row_kernel(rt, q, false, q.all_4bit);
     SB_RETURN_IF_ERROR(rt.dispatch(kernel, {q.bx, q.bw, q.bs, q.bb, q.bl, q.br, q.bi, bo, rt.error_word()}, &q.args,
                                    sizeof(q.args), 256 * static_cast<uint64_t>(q.pairs) * q.args.tiles,
-                                   row_spec(kernel, q.args)));
+                                   row_spec(rt, q.all_4bit, q.args)));
   } else {
     SB_ASSIGN_OR_RETURN(Q8Blocks q8, quantize_rows(rt, q, q8_permuted(rt, q)));
     QmmTileList tiles;
@@ -772,10 +775,11 @@ Status gate_up_glu(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>* 
   SB_ASSIGN_OR_RETURN(Tensor out, rt.alloc(g.x.dtype(), {g.pairs, g.nout}));
   SB_ASSIGN_OR_RETURN(BufferRef bo, rt.bind(out, false));
   k::QmmGluArgs args = glu_args(g.args, glu_node);
-  const char* kernel = qmm_row_kernel(rt, g, true, g.all_4bit && u.all_4bit);
+  const bool all_4bit = g.all_4bit && u.all_4bit;
+  const char* kernel = qmm_row_kernel(rt, g, true, all_4bit);
   SB_RETURN_IF_ERROR(rt.dispatch(
       kernel, {g.bx, g.bw, g.bs, g.bb, g.bl, g.br, g.bi, bo, rt.error_word(), u.bw, u.bs, u.bb}, &args, sizeof(args),
-      256 * static_cast<uint64_t>(g.pairs) * args.tiles, row_spec(kernel, g.args, args.glu_kind)));
+      256 * static_cast<uint64_t>(g.pairs) * args.tiles, row_spec(rt, all_4bit, g.args, args.glu_kind)));
   return ctx.out(glu_node->out.get(), std::move(out));
 }
 
