@@ -674,9 +674,9 @@ Status qmm_row_combine(KernelContext& ctx, const fb::GatherQmmNodeT* n, const Qm
   args.has_gate = c.gate.defined();
   args.gate_dtype = c.gate.defined() ? static_cast<uint32_t>(c.gate.dtype()) : 0;
   const char* kernel = row_dot4(rt, q.all_4bit) ? "qmm_row_combine_2k_dot4" : "qmm_row_combine_2k";
-  SB_RETURN_IF_ERROR(
-      rt.dispatch(kernel, {q.bx, q.bw, q.bs, q.bb, q.bl, q.br, q.bi, by, rt.error_word(), c.bw, c.bs, c.bgate, bn, bo},
-                  &args, sizeof(args), 256 * static_cast<uint64_t>(q.pairs) * q.args.tiles, row_spec(rt, q.all_4bit, q.args)));
+  SB_RETURN_IF_ERROR(rt.dispatch(
+      kernel, {q.bx, q.bw, q.bs, q.bb, q.bl, q.br, q.bi, by, rt.error_word(), c.bw, c.bs, c.bgate, bn, bo}, &args,
+      sizeof(args), 256 * static_cast<uint64_t>(q.pairs) * q.args.tiles, row_spec(rt, q.all_4bit, q.args)));
   return ctx.out(n->out.get(), std::move(out));
 }
 
