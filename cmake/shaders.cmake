@@ -60,7 +60,8 @@ set(SB_KERNEL_VARIANTS
   reduce:ARGMAX:argmax
   reduce:ARGMAX_ROW:argmax_row
   reduce:ARGMAX_INT:argmax_int
-  probe:PROBE:numerics_probe)
+  probe:PROBE:numerics_probe
+  probe:STREAM_READ:stream_read)
 
 find_program(SB_GLSLANG glslangValidator REQUIRED)
 find_program(SB_SPIRV_VAL spirv-val REQUIRED)

@@ -110,6 +110,8 @@
 
 // probe.comp: the start-up check of a device's arithmetic against the contract.
 #define SB_PROBE_ARGS uint n; uint pad0; uint pad1; uint pad2;
+// probe.comp STREAM_READ: reads n 16-byte words; stores only where their XOR is magic.
+#define SB_STREAM_ARGS uint n; uint magic; uint pad0; uint pad1;
 
 #ifdef __cplusplus
 #include <cstddef>
@@ -128,6 +130,7 @@ struct QmmGluArgs { SB_QMM_GLU_ARGS };
 struct QmmCombineArgs { SB_QMM_COMBINE_ARGS };
 struct PermuteArgs { SB_PERMUTE_ARGS };
 struct ProbeArgs { SB_PROBE_ARGS };
+struct StreamArgs { SB_STREAM_ARGS };
 struct GatherMmArgs { SB_GATHER_MM_ARGS };
 struct ReduceArgs { SB_REDUCE_ARGS };
 struct RegionArgs { SB_REGION_ARGS };

@@ -52,7 +52,9 @@ shared uint r_i[kThreads];
 shared float s_w[kMaxK];
 shared uint s_id[kMaxK];
 shared uint s_rank[kMaxExperts];
-shared uint s_key[kMaxExperts];  // selection key: higher is better, NaN highest; 0: not allowed
+// Selection keys, four per word so a rank count reads 16 bytes at a time: higher is
+// better, NaN highest; 0: not allowed (and the padding past the last expert).
+shared uvec4 s_key4[kMaxExperts / 4u];
 shared float s_m;
 shared int s_max_key;
 shared uint s_zeros, s_first_nan;
@@ -102,45 +104,48 @@ uint pick(bool use_c, uint lo, uint hi) {
 // "better" as one unsigned key per expert: the value's order key (NaN highest), ties
 // to the lower id; keys of allowed experts are >= 0x00800000, so key 0 marks the others.
 // Thread -> (expert i, part q): the parts split the comparisons of i (integer counts,
-// added in any order), so a router of few experts still keeps every thread busy.
+// added in any order), so a router of few experts still keeps every thread busy; each
+// part is whole words of s_key4. Plain loops: H100 decode, the 8-wide unrolled count
+// cost 1.9 us more.
 void select_by_rank(bool use_c, uint e) {
-  uint tid = gl_LocalInvocationID.x;
+  uint tid = gl_LocalInvocationID.x, words = (e + 3u) >> 2;
   for (uint j = tid; j < args.k; j += kThreads) s_id[j] = NONE;
-  for (uint i = tid; i < e; i += kThreads) {
-    float v = use_c ? s_c[i] : s_v[i];
-    s_key[i] = (s_f[i] & ALLOWED) == 0u ? 0u : sb_isnan(v) ? 0xffffffffu : uint(sb_key(v)) ^ 0x80000000u;
+  for (uint i = tid; i < 4u * words; i += kThreads) {
+    float v = use_c ? s_c[min(i, e - 1u)] : s_v[min(i, e - 1u)];
+    bool allowed = i < e && (s_f[i] & ALLOWED) != 0u;
+    s_key4[i >> 2][i & 3u] = !allowed ? 0u : sb_isnan(v) ? 0xffffffffu : uint(sb_key(v)) ^ 0x80000000u;
     s_rank[i] = 0u;
   }
   barrier();
   uint parts = max(1u, kThreads / e);
   for (uint u = tid; u < e * parts; u += kThreads) {
-    uint i = u % e, q = u / e, ki = s_key[i];
+    uint i = u % e, q = u / e, ki = s_key4[i >> 2][i & 3u];
     if (ki == 0u) continue;
-    uint count = 0u, lo = q * e / parts, hi = (q + 1u) * e / parts;
-    for (uint j0 = lo; j0 < hi; j0 += 8u) {
-      uint kj[8];
-      [[unroll]] for (uint d = 0u; d < 8u; ++d) kj[d] = s_key[min(j0 + d, hi - 1u)];
-      [[unroll]] for (uint d = 0u; d < 8u; ++d)
-        if (j0 + d < hi && (kj[d] > ki || (kj[d] == ki && j0 + d < i))) ++count;
+    uint count = 0u;
+    for (uint w = q * words / parts; w < (q + 1u) * words / parts; ++w) {
+      uvec4 kj = s_key4[w];
+      uint j = 4u * w;
+      count += (kj.x > ki || (kj.x == ki && j < i)) ? 1u : 0u;
+      count += (kj.y > ki || (kj.y == ki && j + 1u < i)) ? 1u : 0u;
+      count += (kj.z > ki || (kj.z == ki && j + 2u < i)) ? 1u : 0u;
+      count += (kj.w > ki || (kj.w == ki && j + 3u < i)) ? 1u : 0u;
     }
     if (count != 0u) atomicAdd(s_rank[i], count);
   }
   barrier();
   for (uint i = tid; i < e; i += kThreads) {
     uint rank = s_rank[i];
-    if (s_key[i] != 0u && rank < args.k) {
+    if (s_key4[i >> 2][i & 3u] != 0u && rank < args.k) {
       s_id[rank] = i;
       s_w[rank] = s_v[i];
     }
   }
   barrier();
-  if (tid == 0u) {
-    for (uint j = 0u; j < args.k; ++j) {
-      if (s_id[j] != NONE) continue;
-      atomicOr(err[0], SB_ERR_ROUTER);
-      s_id[j] = 0u;
-      s_w[j] = s_v[0];
-    }
+  for (uint j = tid; j < args.k; j += kThreads) {
+    if (s_id[j] != NONE) continue;
+    atomicOr(err[0], SB_ERR_ROUTER);
+    s_id[j] = 0u;
+    s_w[j] = s_v[0];
   }
   barrier();
 }
@@ -153,15 +158,10 @@ float softmax_max() {
   return s_first_nan != NONE ? s_v[s_first_nan] : sb_from_key(s_max_key, s_zeros);
 }
 
-// s_v[0] + ... + s_v[e - 1] in index order (thread 0), eight shared reads at a time.
+// s_v[0] + ... + s_v[e - 1] in index order (thread 0).
 float sum_in_order(uint e) {
   precise float sum = 0.0;
-  for (uint i0 = 0u; i0 < e; i0 += 8u) {
-    float v[8];
-    [[unroll]] for (uint d = 0u; d < 8u; ++d) v[d] = s_v[min(i0 + d, e - 1u)];
-    [[unroll]] for (uint d = 0u; d < 8u; ++d)
-      if (i0 + d < e) sum = sum + v[d];
-  }
+  for (uint i = 0u; i < e; ++i) sum = sum + s_v[i];
   return sum;
 }
 
@@ -181,6 +181,15 @@ void softmax_slots() {
     precise float p = s_w[j] * r;
     s_w[j] = p;
   }
+}
+
+// Slot j of token t: its weight w (scaled as the router's kind and options say) and id.
+void write_slot(uint t, uint j, float w) {
+  precise float v = w;
+  if (KIND == 2u) v = v * args.routed_scaling_factor;
+  if (args.has_scale != 0u) v = v * expert_scale[s_id[j]];
+  weights[t * args.k + j] = v;
+  indices[t * args.k + j] = int(s_id[j]);
 }
 
 void main() {
@@ -280,23 +289,21 @@ void main() {
   } else {
     select_by_rank(KIND == 2u, e);
   }
-  if (tid != 0u) return;
   if (KIND == 1u) {
+    if (tid != 0u) return;
     softmax_slots();
-  } else if (args.renormalize != 0u) {
+    for (uint j = 0u; j < args.k; ++j) write_slot(t, j, s_w[j]);
+    return;
+  }
+  // Thread j < k finishes slot j; each adds the k weights in slot order itself (the same
+  // sum on every thread), so no thread waits for another.
+  if (tid >= args.k) return;  // k <= kMaxK < kThreads
+  precise float v = s_w[tid];
+  if (args.renormalize != 0u) {
     precise float sum = 0.0;
     for (uint j = 0u; j < args.k; ++j) sum = sum + s_w[j];
-    float r = sb_rcp(sum);
-    for (uint j = 0u; j < args.k; ++j) {
-      precise float v = s_w[j] * r;
-      s_w[j] = v;
-    }
+    precise float w = v * sb_rcp(sum);
+    v = w;
   }
-  for (uint j = 0u; j < args.k; ++j) {
-    precise float v = s_w[j];
-    if (KIND == 2u) v = v * args.routed_scaling_factor;
-    if (args.has_scale != 0u) v = v * expert_scale[s_id[j]];
-    weights[t * args.k + j] = v;
-    indices[t * args.k + j] = int(s_id[j]);
-  }
+  write_slot(t, tid, v);
 }

@@ -158,6 +158,7 @@ inline constexpr KernelInfo kKernels[] = {
     {"rms_norm_row", "norm", 3, {A::kRead, A::kRead, A::kReadWrite}, sizeof(NormArgs), SB_STR(SB_NORM_ARGS), 256,
      true},
     {"numerics_probe", "probe", 2, {A::kRead, A::kWrite}, sizeof(ProbeArgs), SB_STR(SB_PROBE_ARGS), 64, true, true},
+    {"stream_read", "probe", 2, {A::kRead, A::kWrite}, sizeof(StreamArgs), SB_STR(SB_STREAM_ARGS), 256, true},
 };
 inline constexpr size_t kNumKernels = sizeof(kKernels) / sizeof(kKernels[0]);
 
@@ -172,7 +173,7 @@ static_assert(sizeof(QmmGluArgs) == 80 && offsetof(QmmGluArgs, glu_kind) == 64 &
 static_assert(sizeof(QmmCombineArgs) == 96 && offsetof(QmmCombineArgs, slots) == 64 &&
               offsetof(QmmCombineArgs, gate_dtype) == 80);
 static_assert(sizeof(PermuteArgs) == 32 && offsetof(PermuteArgs, out_words) == 16);
-static_assert(sizeof(ProbeArgs) == 16 && sizeof(ArgsortArgs) == 16);
+static_assert(sizeof(ProbeArgs) == 16 && sizeof(StreamArgs) == 16 && sizeof(ArgsortArgs) == 16);
 static_assert(sizeof(GatherMmArgs) == 32 && sizeof(ReduceArgs) == 32 && sizeof(RegionArgs) == 48);
 static_assert(sizeof(TransposeArgs) == 80 && offsetof(TransposeArgs, rank) == 64);
 static_assert(sizeof(MatmulArgs) == 48 && sizeof(NormArgs) == 32 && offsetof(NormArgs, eps) == 16);
