@@ -14,7 +14,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include "gpu_kernel_table.h"
 #include "vk_runtime.h"
 
 using namespace switchboard;
@@ -35,11 +34,8 @@ struct Bench {
 
   // One dispatch reading `bytes` of the next region (0: an empty kernel of one workgroup).
   Status read(double bytes, uint32_t groups) {
-    kernels::StreamArgs a{};
-    a.n = static_cast<uint32_t>(bytes / 16);
-    a.magic = 0x9e3779b9u;
-    const gpu::BufferRef& r = regions[next++ % regions.size()];
-    return rt->dispatch("stream_read", {r, out}, &a, sizeof(a), uint64_t{groups} * 256);
+    return gpu::dispatch_stream_read(*rt, regions[next++ % regions.size()], static_cast<uint64_t>(bytes) / 16 * 16,
+                                     groups, out);
   }
 
   // Median and minimum device time of a submission of `phases` dependent reads.
@@ -73,7 +69,7 @@ int run(int index, int iters, bool quick) {
     if (!ref) return std::fprintf(stderr, "gpu_floor_bench: %s\n", ref.status().to_string().c_str()), 1;
     b.regions.push_back(*ref);
   }
-  auto out = b.rt->scratch(size_t{4} * 256 * 8192, 0);
+  auto out = b.rt->scratch(size_t{1024} * 8448, 0);  // the widest grid below
   if (!out) return std::fprintf(stderr, "gpu_floor_bench: %s\n", out.status().to_string().c_str()), 1;
   b.out = *out;
 

@@ -601,9 +601,17 @@ void combine_tile(uint p, uint tile, uint n0, uint cnt) {
         precise float gs = sg * sv;
         acc = args.has_gate != 0u ? gs : sv;
       }
-      for (uint j = 0u; j < args.slots; ++j) {
-        uint q = token * args.slots + j;
-        acc = acc + cweights[q] * SB_LOAD(o, OUT_DTYPE, q * args.n + c);
+      // Eight slots' loads issued before any is used: one L2 round trip instead of eight
+      // (H100 decode layer: see bench/RESULTS.md, eleventh session).
+      for (uint j0 = 0u; j0 < args.slots; j0 += 8u) {
+        float wv[8], yv[8];
+        [[unroll]] for (uint d = 0u; d < 8u; ++d) {
+          uint q = token * args.slots + min(j0 + d, args.slots - 1u);
+          wv[d] = cweights[q];
+          yv[d] = SB_LOAD(o, OUT_DTYPE, q * args.n + c);
+        }
+        [[unroll]] for (uint d = 0u; d < 8u; ++d)
+          if (j0 + d < args.slots) acc = acc + wv[d] * yv[d];
       }
       r2[h] = acc;
     }

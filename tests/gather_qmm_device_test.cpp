@@ -554,7 +554,11 @@ TEST(GatherQmmDevices, DownProjectionWithCombine) {
   wide.c.k = 2048;
   wide.c.n = 20;
   wide.shared = wide.gate = true;
-  for (const CombineCase* cc : {&decode, &shared, &gated, &wide}) {
+  CombineCase many = decode;  // one token of 10 slots: the combine loads slots 8 at a time, then the last 2
+  many.slots = 10;
+  many.c.tokens = 10;
+  many.c.rhs = {3, 15, 0, 7, 9, 2, 11, 5, 12, 1};
+  for (const CombineCase* cc : {&decode, &shared, &gated, &wide, &many}) {
     SCOPED_TRACE("k " + std::to_string(cc->c.k) + ", slots " + std::to_string(cc->slots) + ", pairs " +
                  std::to_string(cc->c.tokens));
     run_combine(*cc);

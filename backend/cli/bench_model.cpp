@@ -84,7 +84,7 @@ int run_bench_model(const BenchModelOptions& o) {
                       {"peak_rss_mib", peak_rss_mib()}};
   if ((*session)->device_name() != "cpu" && g->decode_device_us > 0 && steps > 0) {
     // On a GPU the roofline is its own memory; the time, its kernels' (timestamps).
-    const double gbps = measure_device_gbps(o.device);
+    const double gbps = measure_device_bandwidth((*session)->device_name(), 0).gbps;
     const double gpu_tps = static_cast<double>(steps) / (g->decode_device_us * 1e-6);
     j["device_gbps"] = gbps;
     j["prefill_gpu_tok_s"] = static_cast<double>(o.prompt_len) / (g->prefill_device_us * 1e-6);

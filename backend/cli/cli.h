@@ -61,8 +61,15 @@ int run_bench_model(const BenchModelOptions& o);
 Result<std::shared_ptr<const Program>> load_model(const std::string& path);
 // Streaming read bandwidth of this machine with every kernel thread (GB/s, best of 5).
 double measure_dram_gbps();
-// A GPU's memory bandwidth from its own timestamps (a 96 MiB copy, best of 5); -1 without.
-double measure_device_gbps(const std::string& device);
+// A GPU's memory bandwidth from its own timestamps (gbps; -1 without a timer). Vulkan: the
+// read bandwidth of stream_read (gpu_runtime.h ReadFloor), with the submission floor and,
+// for floor_bytes > 0, the time of one cold read of that many bytes; other devices: a
+// 96 MiB copy (read + written), best of 5.
+struct DeviceBandwidth {
+  double gbps = -1, empty_us = -1, read_us = -1;
+  std::string method;  // "stream_read" or "copy"
+};
+DeviceBandwidth measure_device_bandwidth(const std::string& device, double floor_bytes);
 int run_inspect(const std::string& path);
 
 }  // namespace switchboard::cli

@@ -95,6 +95,20 @@ std::vector<float> probe_inputs();
 Status check_probe(const std::string& device, const std::vector<float>& inputs, const float* results,
                    bool& exact_division);
 
+// Records a stream_read dispatch (probe.comp): `bytes` (a multiple of 16) of `data` read
+// by `groups` workgroups of 256; `out` holds at least 1 KiB per workgroup.
+Status dispatch_stream_read(GpuRuntime& rt, const BufferRef& data, uint64_t bytes, uint32_t groups,
+                            const BufferRef& out);
+
+// What any kernel can reach on rt (gpu_read_floor.cpp), from its timestamps: `gbps` the read
+// bandwidth (the slope from 32 to 128 MiB reads), `empty_us` a submission of one empty
+// dispatch, `read_us` a submission of one dispatch reading `bytes` cold (median; 0 or over
+// 32 MiB: not measured).
+struct ReadFloor {
+  double gbps = -1, empty_us = -1, read_us = -1;
+};
+Result<ReadFloor> measure_read_floor(GpuRuntime& rt, uint64_t bytes);
+
 // A Device that runs every GPU kernel on `rt`; `name` is "vulkan", "metal", ...
 std::unique_ptr<Device> make_gpu_device(std::unique_ptr<GpuRuntime> rt, std::string name);
 

@@ -1,0 +1,70 @@
+// What any kernel can reach on a GPU device: the read bandwidth and the fixed cost of a
+// submission, from the device's own timestamps (stream_read in probe.comp).
+#include <algorithm>
+#include <vector>
+
+#include "gpu_kernel_table.h"
+#include "gpu_runtime.h"
+
+namespace switchboard::gpu {
+
+Status dispatch_stream_read(GpuRuntime& rt, const BufferRef& data, uint64_t bytes, uint32_t groups,
+                            const BufferRef& out) {
+  SB_CHECK_OR_RETURN(bytes % 16 == 0 && bytes <= data.range && bytes / 16 <= UINT32_MAX, StatusCode::kInvalidArgument,
+                     "stream_read: %llu bytes of a %llu-byte buffer", (unsigned long long)bytes,
+                     (unsigned long long)data.range);
+  SB_CHECK_OR_RETURN(out.range >= uint64_t{1024} * groups, StatusCode::kInvalidArgument,
+                     "stream_read: %u workgroups need %llu output bytes, got %llu", groups,
+                     (unsigned long long)(uint64_t{1024} * groups), (unsigned long long)out.range);
+  kernels::StreamArgs a{};
+  a.n = static_cast<uint32_t>(bytes / 16);
+  a.magic = 0x9e3779b9u;  // a store only where the words' XOR happens to equal it
+  return rt.dispatch("stream_read", {data, out}, &a, sizeof(a), uint64_t{groups} * 256);
+}
+
+namespace {
+
+// Device microseconds of `reps` submissions of one read each (region i of `regions`).
+Result<std::vector<double>> time_reads(GpuRuntime& rt, const std::vector<BufferRef>& regions, uint64_t bytes,
+                                       uint32_t groups, const BufferRef& out, int reps) {
+  std::vector<double> us;
+  for (int i = 0; i < reps; ++i) {
+    SB_RETURN_IF_ERROR(dispatch_stream_read(rt, regions[static_cast<size_t>(i) % regions.size()], bytes, groups, out));
+    SB_RETURN_IF_ERROR(rt.sync());
+    SB_CHECK_OR_RETURN(rt.last_gpu_us() > 0, StatusCode::kUnimplemented, "%s has no timestamps",
+                       rt.description().c_str());
+    us.push_back(rt.last_gpu_us());
+  }
+  std::sort(us.begin(), us.end());
+  return us;
+}
+
+}  // namespace
+
+Result<ReadFloor> measure_read_floor(GpuRuntime& rt, uint64_t bytes) {
+  // 128 MiB: the storage-buffer range every device here binds (lavapipe's limit).
+  constexpr uint64_t kBig = uint64_t{128} << 20, kSmall = uint64_t{32} << 20;
+  constexpr uint32_t kGroups = 2112;  // 16 per H100 SM: its best read_layer grid (bench/RESULTS.md)
+  bytes = bytes <= kBig / 4 ? bytes / 16 * 16 : 0;  // larger reads would not be cold
+  SB_ASSIGN_OR_RETURN(Tensor data, rt.alloc(DType::kU32, {static_cast<int64_t>(kBig / 4)}));
+  SB_ASSIGN_OR_RETURN(BufferRef whole, rt.bind(data, false));
+  SB_ASSIGN_OR_RETURN(BufferRef out, rt.scratch(size_t{1024} * kGroups, 0));
+  // `bytes` regions across the whole buffer, visited in turn: each is cold (evicted by the others) when read.
+  std::vector<BufferRef> regions;
+  for (uint64_t off = 0; bytes > 0 && off + bytes <= kBig; off += (bytes + 255) / 256 * 256)
+    regions.push_back({whole.buffer, whole.offset + off, bytes});
+  ReadFloor f;
+  SB_ASSIGN_OR_RETURN(auto empty, time_reads(rt, {whole}, 0, 1, out, 21));
+  f.empty_us = empty[empty.size() / 2];
+  if (bytes > 0) {
+    SB_ASSIGN_OR_RETURN(auto read, time_reads(rt, regions, bytes, kGroups, out, 2 * static_cast<int>(regions.size()) + 1));
+    f.read_us = read[read.size() / 2];
+  }
+  SB_ASSIGN_OR_RETURN(auto big, time_reads(rt, {whole}, kBig, kGroups, out, 5));
+  SB_ASSIGN_OR_RETURN(auto small, time_reads(rt, {{whole.buffer, whole.offset, kSmall}}, kSmall, kGroups, out, 5));
+  // The slope between two sizes: bandwidth without the submission's fixed cost.
+  f.gbps = static_cast<double>(kBig - kSmall) / ((big.front() - small.front()) * 1e3);
+  return f;
+}
+
+}  // namespace switchboard::gpu
