@@ -31,6 +31,7 @@
 #ifdef QMM_ROW_GLU_2K_DOT4
 #define QMM_ROW_GLU_2K
 #define SB_ROW_DOT4
+#define SB_ROW_WAIT  // may follow the router without a barrier (args.wait_rhs)
 #endif
 #ifdef QMM_ROW_COMBINE_2K_DOT4
 #define QMM_ROW_COMBINE_2K
@@ -307,7 +308,11 @@ layout(std430, binding = 1) readonly buffer Wt { uvec4 codes4[]; };  // 16-byte 
 layout(std430, binding = 2) readonly buffer Sc { uint scales[]; };
 layout(std430, binding = 3) readonly buffer Bi { uint biases[]; };
 layout(std430, binding = 4) readonly buffer L { int lhs[]; };
+#ifdef SB_ROW_WAIT
+layout(std430, binding = 5) coherent volatile readonly buffer R { int rhs[]; };  // polled while the router writes
+#else
 layout(std430, binding = 5) readonly buffer R { int rhs[]; };
+#endif
 layout(std430, binding = 6) readonly buffer Ex { uint expert_info[]; };  // [E] bits, then [E] word offsets
 #ifdef QMM_ROW_COMBINE
 // The down projection with combine_weights: y (binding 7) as GatherQmm stores it, then
@@ -620,14 +625,41 @@ void combine_tile(uint p, uint tile, uint n0, uint cnt) {
 }
 #endif
 
+#ifdef SB_ROW_WAIT
+// rhs[p] once the dispatch before (the router, recorded without a barrier after it) has
+// replaced its -1: thread 0 polls it (coherent, volatile loads: 0.4 us faster on the H100
+// than atomics), bounded, and hands it to the workgroup. The router's workgroups were dispatched first and need no slot
+// these hold, so they finish. Gives up with SB_ERR_HANDOFF (the value stays -1: a bad index).
+shared int s_rhs;
+int wait_for_rhs(uint p) {
+  if (gl_LocalInvocationID.x == 0u) {
+    int v = rhs[p];
+    for (uint n = 0u; v < 0 && n < (1u << 22); ++n) v = rhs[p];
+    if (v < 0) atomicOr(err[0], SB_ERR_HANDOFF);
+    s_rhs = v;
+  }
+  barrier();
+  return s_rhs;
+}
+#endif
+
 void main() {
   uint wg = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
   uint tid = gl_LocalInvocationID.x;
   if (wg >= args.pairs * args.tiles) return;  // uniform over the workgroup
   uint p = wg / args.tiles, n0 = (wg % args.tiles) * args.per_wg;
   uint cnt = min(args.per_wg, args.n - n0);
-  int ex = args.has_rhs != 0u ? rhs[p] : 0;
   int r = args.has_lhs != 0u ? lhs[p] : int(p * args.rows / args.pairs);
+#ifdef SB_ROW_WAIT
+  // x's row does not depend on the router: staged while it still runs (H100 decode:
+  // see bench/RESULTS.md, eleventh session).
+  bool staged = args.wait_rhs != 0u && r >= 0 && uint(r) < args.rows;  // uniform
+  if (staged) stage_row(uint(r), tid);
+  int ex = 0;
+  if (args.has_rhs != 0u) ex = args.wait_rhs != 0u ? wait_for_rhs(p) : rhs[p];  // uniform
+#else
+  int ex = args.has_rhs != 0u ? rhs[p] : 0;
+#endif
   bool bad = ex < 0 || uint(ex) >= args.experts || r < 0 || uint(r) >= args.rows;
 #ifdef SB_ROW_DOT4
   // Every expert is 4-bit (the host checks): where its codes start needs no table lookup,
@@ -646,7 +678,11 @@ void main() {
   uint wbase = expert_info[args.experts + uint(ex)] + n0 * (args.k * bits / 32u);
 #endif
   uint tasks = cnt * args.groups;
+#ifdef SB_ROW_WAIT
+  if (!staged) stage_row(uint(r), tid);
+#else
   stage_row(uint(r), tid);
+#endif
 
   for (uint t = tid; t < kProjections * tasks; t += kThreads) {
     uint tt = t < tasks ? t : t - tasks;

@@ -23,6 +23,7 @@
 #define SB_ERR_UNSORTED 4u   // sorted_indices set but rhs_indices not ascending
 #define SB_ERR_PERMUTATION 8u  // ScatterRows indices are not a permutation
 #define SB_ERR_DIV_ZERO 32u    // FloorDiv by zero
+#define SB_ERR_HANDOFF 64u     // a kernel gave up waiting for an index the dispatch before it writes
 
 // elementwise.comp BINARY: out word w (1 or 2 elements); a and b broadcast into out's shape.
 #define SB_BINARY_ARGS \
@@ -60,7 +61,9 @@
   uint per_wg; uint x_dtype; uint tiles; uint pad0;
 // QMM_ROW_GLU: QMM_ROW for a gate and an up projection of the same pairs, out = their
 // Glu (glu.comp's kinds) of the two results rounded to the output dtype.
-#define SB_QMM_GLU_ARGS SB_QMM_ARGS uint glu_kind; float glu_alpha; float glu_limit; uint pad1;
+// wait_rhs (qmm_row_glu_2k_dot4): rhs is being written by the dispatch just before,
+// over -1s; each workgroup stages x, then waits for its pair's index (no barrier between).
+#define SB_QMM_GLU_ARGS SB_QMM_ARGS uint glu_kind; float glu_alpha; float glu_limit; uint wait_rhs;
 // QMM_ROW_COMBINE: QMM_ROW with combine.comp's operands (pairs = tokens * slots).
 #define SB_QMM_COMBINE_ARGS \
   SB_QMM_ARGS uint slots; uint has_shared; uint shared_dtype; uint has_gate; uint gate_dtype; uint pad1; uint pad2; uint pad3;

@@ -59,9 +59,10 @@ class MetalRuntime final : public gpu::MappedRuntime {
     }
   }
   const std::string& description() const override { return description_; }
-  // `spec` is ignored: only the Vulkan-only *_dot4 kernels declare specialization constants.
+  // `spec` is ignored: only the Vulkan-only *_dot4 kernels declare specialization constants;
+  // so is `handoff` (cross_dispatch_handoff() is false: every dependency takes a barrier).
   Status dispatch(const char* kernel, const std::vector<gpu::BufferRef>& bindings, const void* args, size_t args_size,
-                  uint64_t invocations, const gpu::SpecConstants& spec = {}) override;
+                  uint64_t invocations, const gpu::SpecConstants& spec = {}, uint32_t handoff = 0) override;
   Status sync() override;
   double last_gpu_us() const override { return last_gpu_us_; }
 
@@ -144,7 +145,7 @@ Result<Pipeline*> MetalRuntime::compile_pipeline(const char* name) {
 }
 
 Status MetalRuntime::dispatch(const char* kernel, const std::vector<gpu::BufferRef>& bindings, const void* args,
-                              size_t args_size, uint64_t invocations, const gpu::SpecConstants&) {
+                              size_t args_size, uint64_t invocations, const gpu::SpecConstants&, uint32_t) {
   @autoreleasepool {
     return record(kernel, bindings, args, args_size, invocations);
   }

@@ -301,8 +301,13 @@ Status router(KernelContext& ctx, const fb::OpNodeUnion& op) {
   SB_ASSIGN_OR_RETURN(BufferRef blive, rt.bind(live_t, false));
   SB_ASSIGN_OR_RETURN(Tensor weights, rt.alloc(DType::kF32, {tokens, n->k}));
   SB_ASSIGN_OR_RETURN(Tensor indices, rt.alloc(DType::kI32, {tokens, n->k}));
+  if (rt.cross_dispatch_handoff()) {  // -1 until the router writes: see qmm_row_glu_2k_dot4's wait
+    int32_t* idx = indices.mutable_data_as<int32_t>();
+    std::fill(idx, idx + indices.numel(), -1);
+  }
   SB_ASSIGN_OR_RETURN(BufferRef bw, rt.bind(weights, false));
   SB_ASSIGN_OR_RETURN(BufferRef bi, rt.bind(indices, false));
+  if (rt.cross_dispatch_handoff()) rt.set_handoff_source(bi);
   SB_CHECK_OR_RETURN(e <= 1024 && n->k <= 64, StatusCode::kUnimplemented,
                      "Router on the GPU: %lld experts / k = %d exceed 1024 / 64", (long long)e, n->k);
   k::RouterArgs args{};
@@ -777,9 +782,15 @@ Status gate_up_glu(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>* 
   k::QmmGluArgs args = glu_args(g.args, glu_node);
   const bool all_4bit = g.all_4bit && u.all_4bit;
   const char* kernel = qmm_row_kernel(rt, g, true, all_4bit);
+  // Straight after the router (decode): no barrier, each workgroup stages x and then waits
+  // for its pair's expert (rhs is binding 5). H100 decode: see bench/RESULTS.md.
+  const bool wait = std::strcmp(kernel, "qmm_row_glu_2k_dot4") == 0 && g.args.has_rhs && !g.args.sorted &&
+                    rt.is_handoff_source(g.br);
+  args.wait_rhs = wait;
   SB_RETURN_IF_ERROR(rt.dispatch(
       kernel, {g.bx, g.bw, g.bs, g.bb, g.bl, g.br, g.bi, bo, rt.error_word(), u.bw, u.bs, u.bb}, &args, sizeof(args),
-      256 * static_cast<uint64_t>(g.pairs) * args.tiles, row_spec(rt, all_4bit, g.args, args.glu_kind)));
+      256 * static_cast<uint64_t>(g.pairs) * args.tiles, row_spec(rt, all_4bit, g.args, args.glu_kind),
+      wait ? 1u << 5 : 0u));
   return ctx.out(glu_node->out.get(), std::move(out));
 }
 
@@ -1290,6 +1301,9 @@ Status status_from_error_bits(uint32_t bits) {
   // A bad permutation also leaves unclaimed rows that read as bad indices: report the cause.
   if (bits & SB_ERR_PERMUTATION)
     return make_error(StatusCode::kInvalidArgument, "indices are not a permutation (found on the device)");
+  // A kernel that gave up waiting for the router's indices also sees a bad index (-1).
+  if (bits & SB_ERR_HANDOFF)
+    return make_error(StatusCode::kInternal, "a kernel gave up waiting for the router's indices (found on the device)");
   if (bits & SB_ERR_INDEX) return make_error(StatusCode::kOutOfRange, "an index is out of range (found on the device)");
   if (bits & SB_ERR_PRUNED)
     return make_error(StatusCode::kInvalidArgument, "a pair selects an expert which is pruned (0 bits)");

@@ -49,9 +49,12 @@ class GpuRuntime {
   virtual BufferRef error_word() const = 0;
   // Records one dispatch of `kernel` over `invocations` threads (a 2D grid of
   // workgroups of the kernel's size, at most 65535 wide). `spec`: only for kernels that
-  // declare specialization constants (the Vulkan-only *_dot4 row kernels).
+  // declare specialization constants (the Vulkan-only *_dot4 row kernels). `handoff`: bit
+  // i set where the kernel itself waits for binding i's values from an earlier dispatch
+  // (only where cross_dispatch_handoff()): no barrier for that binding.
   virtual Status dispatch(const char* kernel, const std::vector<BufferRef>& bindings, const void* args,
-                          size_t args_size, uint64_t invocations, const SpecConstants& spec = {}) = 0;
+                          size_t args_size, uint64_t invocations, const SpecConstants& spec = {},
+                          uint32_t handoff = 0) = 0;
   // Runs what was recorded and waits; errors name the SB_ERR_* bits raised.
   virtual Status sync() = 0;
   // GPU time of the last submission, first dispatch start to last dispatch end (us);
@@ -72,6 +75,17 @@ class GpuRuntime {
   // Vulkan semantics. Metal's translation of the fence is not known to promise it, so
   // qmm_row_combine_2k runs on Vulkan only.
   bool cross_workgroup_handoff() const { return cross_workgroup_handoff_; }
+  // Whether a kernel may wait (bounded atomics) for values that a dispatch recorded before
+  // it writes, with no barrier between: that dispatch's workgroups are launched first and
+  // finish while the later ones wait (NVIDIA; lavapipe runs dispatches one at a time).
+  bool cross_dispatch_handoff() const { return cross_dispatch_handoff_; }
+  // The router's indices in the submission being recorded, -1 until it writes them: the
+  // gate/up kernel may wait for each instead of a barrier. Forgotten at sync().
+  void set_handoff_source(const BufferRef& b) { handoff_source_ = b; }
+  bool is_handoff_source(const BufferRef& b) const {
+    return b.buffer != 0 && b.buffer == handoff_source_.buffer && b.offset == handoff_source_.offset &&
+           b.range == handoff_source_.range;
+  }
 
  protected:
   bool exact_division_ = false;
@@ -79,6 +93,8 @@ class GpuRuntime {
   bool int8_mma_ = false;
   bool int_dot_ = false;
   bool cross_workgroup_handoff_ = false;
+  bool cross_dispatch_handoff_ = false;
+  BufferRef handoff_source_;
 };
 
 // The widest grid row dispatch() uses: 65535 workgroups, or SWITCHBOARD_GPU_MAX_GROUPS_X

@@ -64,6 +64,8 @@ struct Context {
   uint32_t queue_family = 0;
   uint32_t memory_type = 0;
   VkPhysicalDeviceLimits limits{};
+  uint32_t vendor_id = 0;
+  VkPhysicalDeviceType device_type = VK_PHYSICAL_DEVICE_TYPE_OTHER;
   bool int64 = false;
   bool int8_mma = false;
   bool int_dot = false;
@@ -197,6 +199,8 @@ Status pick_device(Context& c, int index, std::string& description) {
   VkPhysicalDeviceProperties p;
   c.vkGetPhysicalDeviceProperties(c.physical, &p);
   c.limits = p.limits;
+  c.vendor_id = p.vendorID;
+  c.device_type = p.deviceType;
   description = strformat("vulkan:%d %s (Vulkan %u.%u, driver 0x%x)", best, p.deviceName, VK_VERSION_MAJOR(p.apiVersion),
                           VK_VERSION_MINOR(p.apiVersion), p.driverVersion);
   SB_CHECK_OR_RETURN(VK_VERSION_MINOR(p.apiVersion) >= 2 || VK_VERSION_MAJOR(p.apiVersion) > 1, StatusCode::kNotFound,
@@ -541,6 +545,12 @@ Result<std::unique_ptr<VulkanRuntime>> VulkanRuntime::open(int index) {
   rt->int8_mma_ = c.int8_mma;
   rt->int_dot_ = c.int_dot;
   rt->cross_workgroup_handoff_ = true;
+  // NVIDIA launches a queue's dispatches' workgroups in order; lavapipe (a CPU device) runs
+  // one dispatch at a time. Elsewhere not known: every dependency takes a barrier, as it
+  // does with SWITCHBOARD_GPU_HANDOFF=0.
+  const char* handoff_env = std::getenv("SWITCHBOARD_GPU_HANDOFF");
+  rt->cross_dispatch_handoff_ = (c.vendor_id == 0x10de || c.device_type == VK_PHYSICAL_DEVICE_TYPE_CPU) &&
+                                !(handoff_env && std::strcmp(handoff_env, "0") == 0);
   SB_RETURN_IF_ERROR(rt->init(std::make_shared<gpu::MemoryPool>(std::make_unique<VulkanBlocks>(rt->ctx_)),
                               c.limits.maxStorageBufferRange, c.limits.minStorageBufferOffsetAlignment));
   SB_RETURN_IF_ERROR(rt->probe_numerics());
@@ -615,7 +625,8 @@ Status VulkanRuntime::submit_slice() {
 }
 
 Status VulkanRuntime::dispatch(const char* kernel, const std::vector<gpu::BufferRef>& bindings, const void* args,
-                               size_t args_size, uint64_t invocations, const gpu::SpecConstants& spec) {
+                               size_t args_size, uint64_t invocations, const gpu::SpecConstants& spec,
+                               uint32_t handoff) {
   if (invocations == 0) return Status::ok();
   Context& c = *ctx_;
   SB_ASSIGN_OR_RETURN(Pipeline * p, pipeline_for(c, kernel, spec));
@@ -642,7 +653,8 @@ Status VulkanRuntime::dispatch(const char* kernel, const std::vector<gpu::Buffer
   const bool timed = c.timestamps && per_dispatch_timing_ && timed_.size() + 1 < 2 * c.max_timed;
   // A dispatch waits for the earlier ones only where it touches what they write, or
   // writes what they read; independent neighbours (q/k/v projections) may overlap.
-  if (per_dispatch_timing_ || hazard(bindings, p->info->access)) barrier();
+  // Bindings in `handoff` are waited for by the kernel itself (cross_dispatch_handoff).
+  if (per_dispatch_timing_ || hazard(bindings, p->info->access, cross_dispatch_handoff_ ? handoff : 0)) barrier();
   if (p != bound_) c.vkCmdBindPipeline(cmd, VK_PIPELINE_BIND_POINT_COMPUTE, p->pipeline);
   bound_ = p;
   c.vkCmdPushDescriptorSetKHR(cmd, VK_PIPELINE_BIND_POINT_COMPUTE, p->layout, 0,
@@ -701,10 +713,11 @@ bool VulkanRuntime::status_word(const gpu::BufferRef& b) {
   return b.buffer == err_.buffer && b.offset == err_.offset;
 }
 
-bool VulkanRuntime::hazard(const std::vector<gpu::BufferRef>& bindings, const kernels::Access* access) {
+bool VulkanRuntime::hazard(const std::vector<gpu::BufferRef>& bindings, const kernels::Access* access,
+                          uint32_t handoff) {
   for (size_t i = 0; i < bindings.size(); ++i) {
     const gpu::BufferRef& b = bindings[i];
-    if (status_word(b)) continue;
+    if (status_word(b) || (handoff >> i & 1u)) continue;
     if (overlaps_any(b, writes_)) return true;
     if (access[i] != kernels::Access::kRead && overlaps_any(b, reads_)) return true;
   }
@@ -722,6 +735,7 @@ Status VulkanRuntime::sync() {
   if (!recording_) return Status::ok();
   Context& c = *ctx_;
   recording_ = false;
+  handoff_source_ = {};
   barrier(true);  // the host reads what the last dispatches wrote
   if (c.timestamps && !per_dispatch_timing_)
     c.vkCmdWriteTimestamp(c.cmds[slice_], VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, c.timestamps, 1);

@@ -25,7 +25,7 @@ class VulkanRuntime final : public gpu::MappedRuntime {
 
   const std::string& description() const override { return description_; }
   Status dispatch(const char* kernel, const std::vector<gpu::BufferRef>& bindings, const void* args, size_t args_size,
-                  uint64_t invocations, const gpu::SpecConstants& spec = {}) override;
+                  uint64_t invocations, const gpu::SpecConstants& spec = {}, uint32_t handoff = 0) override;
   Status sync() override;
   double last_gpu_us() const override { return last_gpu_us_; }
 
@@ -36,7 +36,7 @@ class VulkanRuntime final : public gpu::MappedRuntime {
   Status submit_slice();
   void log_timestamps();
   void barrier(bool to_host = false);  // into the current slice
-  bool hazard(const std::vector<gpu::BufferRef>& bindings, const kernels::Access* access);
+  bool hazard(const std::vector<gpu::BufferRef>& bindings, const kernels::Access* access, uint32_t handoff);
   void track(const std::vector<gpu::BufferRef>& bindings, const kernels::Access* access);
   bool status_word(const gpu::BufferRef& b);  // the SB_ERR_* word every kernel may atomicOr
 
