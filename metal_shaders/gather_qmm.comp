@@ -36,6 +36,7 @@
 #ifdef QMM_ROW_COMBINE_2K_DOT4
 #define QMM_ROW_COMBINE_2K
 #define SB_ROW_DOT4
+#define SB_ROW_AFTER  // may follow qmm_row_glu_2k_dot4 without a barrier (args.wait_tiles)
 #endif
 #ifdef SB_ROW_DOT4
 #extension GL_EXT_spirv_intrinsics : require
@@ -303,12 +304,17 @@ void main() {
 // output o's terms in group order. QMM_ROW_GLU: the same for two projections of the
 // same pairs (gate, then up: tasks [0, T) and [T, 2T)); thread o rounds both sums to
 // the output dtype, as stored outputs would be, and writes their Glu.
-layout(std430, binding = 0) readonly buffer X { uvec4 x4[]; };  // 16-byte aligned (the host checks)
+#ifdef SB_ROW_AFTER  // x (h), rhs and the router's weights may be written while this runs
+#define SB_HANDED coherent
+#else
+#define SB_HANDED
+#endif
+layout(std430, binding = 0) SB_HANDED readonly buffer X { uvec4 x4[]; };  // 16-byte aligned (the host checks)
 layout(std430, binding = 1) readonly buffer Wt { uvec4 codes4[]; };  // 16-byte loads of 4-bit blocks
 layout(std430, binding = 2) readonly buffer Sc { uint scales[]; };
 layout(std430, binding = 3) readonly buffer Bi { uint biases[]; };
 layout(std430, binding = 4) readonly buffer L { int lhs[]; };
-#ifdef SB_ROW_WAIT
+#if defined(SB_ROW_WAIT) || defined(SB_ROW_AFTER)
 layout(std430, binding = 5) coherent volatile readonly buffer R { int rhs[]; };  // polled while the router writes
 #else
 layout(std430, binding = 5) readonly buffer R { int rhs[]; };
@@ -320,14 +326,20 @@ layout(std430, binding = 6) readonly buffer Ex { uint expert_info[]; };  // [E] 
 // stores are made visible - adds the token's slots as combine.comp does: out[t][c] =
 // base + sum over slots j of w[t][j] * y[t*k + j][c] (stored products, slot order).
 layout(std430, binding = 7) coherent buffer O { uint o[]; };
-layout(std430, binding = 9) readonly buffer Cw { float cweights[]; };
+layout(std430, binding = 9) SB_HANDED readonly buffer Cw { float cweights[]; };
 layout(std430, binding = 10) readonly buffer Cs { uint shared_x[]; };
 layout(std430, binding = 11) readonly buffer Cg { uint gate[]; };
 layout(std430, binding = 12) coherent buffer Cn { uint counters[]; };  // [token][tile], zero at start
 layout(std430, binding = 13) writeonly buffer Co { uint cout_[]; };
+#ifdef SB_ROW_AFTER
+layout(std430, binding = 14) coherent volatile readonly buffer Dn { uint done[]; };  // per h row: its workgroups done
+#endif
 layout(push_constant) uniform Args { SB_QMM_COMBINE_ARGS } args;
 const uint kProjections = 1u;
 shared uint s_last;
+#elif defined(SB_ROW_WAIT)  // h: read by qmm_row_combine_2k_dot4 as it is written
+layout(std430, binding = 7) coherent writeonly buffer O { uint o[]; };
+layout(std430, binding = 12) coherent buffer Dn { uint done[]; };  // per pair: its workgroups whose h is stored
 #else
 layout(std430, binding = 7) writeonly buffer O { uint o[]; };
 #endif
@@ -642,6 +654,20 @@ int wait_for_rhs(uint p) {
   return s_rhs;
 }
 #endif
+#ifdef SB_ROW_AFTER
+// Row r of x (h) once its args.wait_tiles gate/up workgroups have stored it and counted
+// (qmm_row_glu_2k_dot4 recorded just before, no barrier between): thread 0 polls, bounded
+// (SB_ERR_HANDOFF), then every invocation's later loads see what the count covers.
+void wait_for_row(uint r) {
+  if (gl_LocalInvocationID.x == 0u) {
+    uint n = 0u;
+    while (done[r] < args.wait_tiles && n < (1u << 22)) ++n;
+    if (n == (1u << 22)) atomicOr(err[0], SB_ERR_HANDOFF);
+  }
+  barrier();
+  memoryBarrierBuffer();
+}
+#endif
 
 void main() {
   uint wg = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
@@ -658,6 +684,9 @@ void main() {
   int ex = 0;
   if (args.has_rhs != 0u) ex = args.wait_rhs != 0u ? wait_for_rhs(p) : rhs[p];  // uniform
 #else
+#ifdef SB_ROW_AFTER
+  if (args.wait_tiles != 0u && r >= 0 && uint(r) < args.rows) wait_for_row(uint(r));  // uniform
+#endif
   int ex = args.has_rhs != 0u ? rhs[p] : 0;
 #endif
   bool bad = ex < 0 || uint(ex) >= args.experts || r < 0 || uint(r) >= args.rows;
@@ -713,6 +742,13 @@ void main() {
   }
 #ifdef QMM_ROW_COMBINE
   combine_tile(p, wg % args.tiles, n0, cnt);
+#endif
+#ifdef SB_ROW_WAIT
+  if (args.wait_rhs != 0u) {  // this workgroup's h stored: count it for the down projection
+    memoryBarrierBuffer();
+    barrier();
+    if (tid == 0u) atomicAdd(done[p], 1u);
+  }
 #endif
 }
 #endif

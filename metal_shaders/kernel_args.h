@@ -62,11 +62,14 @@
 // QMM_ROW_GLU: QMM_ROW for a gate and an up projection of the same pairs, out = their
 // Glu (glu.comp's kinds) of the two results rounded to the output dtype.
 // wait_rhs (qmm_row_glu_2k_dot4): rhs is being written by the dispatch just before,
-// over -1s; each workgroup stages x, then waits for its pair's index (no barrier between).
+// over -1s; each workgroup stages x, then waits for its pair's index (no barrier between),
+// and counts itself in done[pair] once its outputs are stored.
 #define SB_QMM_GLU_ARGS SB_QMM_ARGS uint glu_kind; float glu_alpha; float glu_limit; uint wait_rhs;
 // QMM_ROW_COMBINE: QMM_ROW with combine.comp's operands (pairs = tokens * slots).
+// wait_tiles (qmm_row_combine_2k_dot4): x (h) is being written by the gate/up dispatch just
+// before; each workgroup waits until that many of its row's workgroups have counted.
 #define SB_QMM_COMBINE_ARGS \
-  SB_QMM_ARGS uint slots; uint has_shared; uint shared_dtype; uint has_gate; uint gate_dtype; uint pad1; uint pad2; uint pad3;
+  SB_QMM_ARGS uint slots; uint has_shared; uint shared_dtype; uint has_gate; uint gate_dtype; uint wait_tiles; uint pad2; uint pad3;
 // permute.comp GATHER_ROWS: out [rows] of x [src_rows], rows of `row_units` units of
 // `unit_bytes` (1, 2 or 4). INVERT: inv[idx[p]] = p for p < rows (inv prefilled with ~0).
 #define SB_PERMUTE_ARGS uint rows; uint src_rows; uint row_units; uint unit_bytes; uint out_words; uint pad0; uint pad1; uint pad2;

@@ -14,8 +14,9 @@ layout(std430, binding = 0) readonly buffer L { uint logits[]; };
 layout(std430, binding = 1) readonly buffer Bi { float bias[]; };
 layout(std430, binding = 2) readonly buffer Sc { float expert_scale[]; };
 layout(std430, binding = 3) readonly buffer Lv { uint live[]; };
-layout(std430, binding = 4) writeonly buffer W { float weights[]; };
-layout(std430, binding = 5) writeonly buffer I { int indices[]; };
+// Coherent: the decode kernels after the router may read these while it runs (no barrier).
+layout(std430, binding = 4) coherent writeonly buffer W { float weights[]; };
+layout(std430, binding = 5) coherent writeonly buffer I { int indices[]; };
 layout(std430, binding = 6) buffer E { uint err[]; };
 layout(push_constant) uniform Args { SB_ROUTER_ARGS } args;
 
@@ -183,13 +184,12 @@ void softmax_slots() {
   }
 }
 
-// Slot j of token t: its weight w (scaled as the router's kind and options say) and id.
-void write_slot(uint t, uint j, float w) {
+// Slot j's weight w scaled as the router's kind and options say.
+float slot_weight(uint j, float w) {
   precise float v = w;
   if (KIND == 2u) v = v * args.routed_scaling_factor;
   if (args.has_scale != 0u) v = v * expert_scale[s_id[j]];
-  weights[t * args.k + j] = v;
-  indices[t * args.k + j] = int(s_id[j]);
+  return v;
 }
 
 void main() {
@@ -289,21 +289,26 @@ void main() {
   } else {
     select_by_rank(KIND == 2u, e);
   }
-  if (KIND == 1u) {
-    if (tid != 0u) return;
-    softmax_slots();
-    for (uint j = 0u; j < args.k; ++j) write_slot(t, j, s_w[j]);
-    return;
-  }
   // Thread j < k finishes slot j; each adds the k weights in slot order itself (the same
   // sum on every thread), so no thread waits for another.
-  if (tid >= args.k) return;  // k <= kMaxK < kThreads
-  precise float v = s_w[tid];
-  if (args.renormalize != 0u) {
-    precise float sum = 0.0;
-    for (uint j = 0u; j < args.k; ++j) sum = sum + s_w[j];
-    precise float w = v * sb_rcp(sum);
-    v = w;
+  float w = 0.0;
+  if (KIND == 1u) {  // uniform
+    if (tid == 0u) softmax_slots();
+    barrier();
+    if (tid < args.k) w = s_w[tid];
+  } else if (tid < args.k) {  // k <= kMaxK < kThreads
+    precise float v = s_w[tid];
+    if (args.renormalize != 0u) {
+      precise float sum = 0.0;
+      for (uint j = 0u; j < args.k; ++j) sum = sum + s_w[j];
+      precise float r = v * sb_rcp(sum);
+      v = r;
+    }
+    w = v;
   }
-  write_slot(t, tid, v);
+  if (tid < args.k) weights[t * args.k + tid] = slot_weight(tid, w);
+  // The weights before the indices (in uniform control flow: lavapipe dropped stores after
+  // a memory barrier in thread 0's loop): a reader that sees an index sees its weight.
+  memoryBarrierBuffer();
+  if (tid < args.k) indices[t * args.k + tid] = int(s_id[tid]);
 }

@@ -307,7 +307,7 @@ Status router(KernelContext& ctx, const fb::OpNodeUnion& op) {
   }
   SB_ASSIGN_OR_RETURN(BufferRef bw, rt.bind(weights, false));
   SB_ASSIGN_OR_RETURN(BufferRef bi, rt.bind(indices, false));
-  if (rt.cross_dispatch_handoff()) rt.set_handoff_source(bi);
+  if (rt.cross_dispatch_handoff()) rt.handoff() = {bi, bw, {}, {}, 0};
   SB_CHECK_OR_RETURN(e <= 1024 && n->k <= 64, StatusCode::kUnimplemented,
                      "Router on the GPU: %lld experts / k = %d exceed 1024 / 64", (long long)e, n->k);
   k::RouterArgs args{};
@@ -678,10 +678,19 @@ Status qmm_row_combine(KernelContext& ctx, const fb::GatherQmmNodeT* n, const Qm
   args.shared_dtype = c.shared.defined() ? static_cast<uint32_t>(c.shared.dtype()) : 0;
   args.has_gate = c.gate.defined();
   args.gate_dtype = c.gate.defined() ? static_cast<uint32_t>(c.gate.dtype()) : 0;
-  const char* kernel = row_dot4(rt, q.all_4bit) ? "qmm_row_combine_2k_dot4" : "qmm_row_combine_2k";
-  SB_RETURN_IF_ERROR(rt.dispatch(
-      kernel, {q.bx, q.bw, q.bs, q.bb, q.bl, q.br, q.bi, by, rt.error_word(), c.bw, c.bs, c.bgate, bn, bo}, &args,
-      sizeof(args), 256 * static_cast<uint64_t>(q.pairs) * q.args.tiles, row_spec(rt, q.all_4bit, q.args)));
+  const bool dot4 = row_dot4(rt, q.all_4bit);
+  const char* kernel = dot4 ? "qmm_row_combine_2k_dot4" : "qmm_row_combine_2k";
+  std::vector<BufferRef> bindings = {q.bx, q.bw, q.bs, q.bb, q.bl, q.br, q.bi, by, rt.error_word(), c.bw, c.bs, c.bgate, bn, bo};
+  // Straight after the decode gate/up that stores x (h) and counts its rows: no barrier;
+  // each workgroup waits for its row's count. What the wait covers (h, the counts, the
+  // router's indices and weights, read after it) takes no barrier; anything else still does.
+  const Runtime::Handoff& h = rt.handoff();
+  const bool wait = dot4 && same_ref(q.bx, h.rows) && same_ref(q.br, h.indices) && !q.args.sorted;
+  args.wait_tiles = wait ? h.tiles : 0;
+  if (dot4) bindings.push_back(wait ? h.done : bn);  // bn: a stand-in, not read
+  SB_RETURN_IF_ERROR(rt.dispatch(kernel, bindings, &args, sizeof(args),
+                                 256 * static_cast<uint64_t>(q.pairs) * q.args.tiles, row_spec(rt, q.all_4bit, q.args),
+                                 wait ? handoff_mask(bindings, {h.rows, h.done, h.indices, h.weights}) : 0u));
   return ctx.out(n->out.get(), std::move(out));
 }
 
@@ -783,14 +792,21 @@ Status gate_up_glu(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>* 
   const bool all_4bit = g.all_4bit && u.all_4bit;
   const char* kernel = qmm_row_kernel(rt, g, true, all_4bit);
   // Straight after the router (decode): no barrier, each workgroup stages x and then waits
-  // for its pair's expert (rhs is binding 5). H100 decode: see bench/RESULTS.md.
-  const bool wait = std::strcmp(kernel, "qmm_row_glu_2k_dot4") == 0 && g.args.has_rhs && !g.args.sorted &&
-                    rt.is_handoff_source(g.br);
+  // for its pair's expert (rhs), and counts itself per pair once its h is stored, so the
+  // down projection need not wait for a barrier either. H100 decode: see bench/RESULTS.md.
+  const bool dot4_2k = std::strcmp(kernel, "qmm_row_glu_2k_dot4") == 0;
+  const bool wait = dot4_2k && g.args.has_rhs && !g.args.sorted && same_ref(g.br, rt.handoff().indices);
   args.wait_rhs = wait;
-  SB_RETURN_IF_ERROR(rt.dispatch(
-      kernel, {g.bx, g.bw, g.bs, g.bb, g.bl, g.br, g.bi, bo, rt.error_word(), u.bw, u.bs, u.bb}, &args, sizeof(args),
-      256 * static_cast<uint64_t>(g.pairs) * args.tiles, row_spec(rt, all_4bit, g.args, args.glu_kind),
-      wait ? 1u << 5 : 0u));
+  std::vector<BufferRef> bindings = {g.bx, g.bw, g.bs, g.bb, g.bl, g.br, g.bi, bo, rt.error_word(), u.bw, u.bs, u.bb};
+  if (dot4_2k) {
+    SB_ASSIGN_OR_RETURN(BufferRef done, rt.scratch(static_cast<size_t>(wait ? g.pairs : 1) * 4, 0));
+    bindings.push_back(done);
+    if (wait) rt.handoff().rows = bo, rt.handoff().done = done, rt.handoff().tiles = args.tiles;
+  }
+  SB_RETURN_IF_ERROR(rt.dispatch(kernel, bindings, &args, sizeof(args),
+                                 256 * static_cast<uint64_t>(g.pairs) * args.tiles,
+                                 row_spec(rt, all_4bit, g.args, args.glu_kind),
+                                 wait ? handoff_mask(bindings, {rt.handoff().indices}) : 0u));
   return ctx.out(glu_node->out.get(), std::move(out));
 }
 

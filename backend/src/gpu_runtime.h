@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -79,13 +80,15 @@ class GpuRuntime {
   // it writes, with no barrier between: that dispatch's workgroups are launched first and
   // finish while the later ones wait (NVIDIA; lavapipe runs dispatches one at a time).
   bool cross_dispatch_handoff() const { return cross_dispatch_handoff_; }
-  // The router's indices in the submission being recorded, -1 until it writes them: the
-  // gate/up kernel may wait for each instead of a barrier. Forgotten at sync().
-  void set_handoff_source(const BufferRef& b) { handoff_source_ = b; }
-  bool is_handoff_source(const BufferRef& b) const {
-    return b.buffer != 0 && b.buffer == handoff_source_.buffer && b.offset == handoff_source_.offset &&
-           b.range == handoff_source_.range;
-  }
+  // What decode kernels of the submission being recorded hand to the next ones without a
+  // barrier (cross_dispatch_handoff; the host sets it, the runtime forgets it at sync()):
+  // the router's indices (-1 until it writes each) and weights, and the gate/up's h with
+  // its per-row counts of workgroups done (`tiles` per row when complete).
+  struct Handoff {
+    BufferRef indices, weights, rows, done;
+    uint32_t tiles = 0;
+  };
+  Handoff& handoff() { return handoff_; }
 
  protected:
   bool exact_division_ = false;
@@ -94,8 +97,21 @@ class GpuRuntime {
   bool int_dot_ = false;
   bool cross_workgroup_handoff_ = false;
   bool cross_dispatch_handoff_ = false;
-  BufferRef handoff_source_;
+  Handoff handoff_;
 };
+
+inline bool same_ref(const BufferRef& a, const BufferRef& b) {
+  return a.buffer != 0 && a.buffer == b.buffer && a.offset == b.offset && a.range == b.range;
+}
+
+// Bit i set where bindings[i] is one of `handed` (a handoff mask for GpuRuntime::dispatch).
+inline uint32_t handoff_mask(const std::vector<BufferRef>& bindings, std::initializer_list<BufferRef> handed) {
+  uint32_t m = 0;
+  for (size_t i = 0; i < bindings.size(); ++i)
+    for (const BufferRef& h : handed)
+      if (same_ref(bindings[i], h)) m |= 1u << i;
+  return m;
+}
 
 // The widest grid row dispatch() uses: 65535 workgroups, or SWITCHBOARD_GPU_MAX_GROUPS_X
 // (tests set it small so small tensors take the two-dimensional grid path).
