@@ -81,8 +81,8 @@ int run(int index, int iters, bool quick) {
     double bytes = 0;
     nlohmann::json groups = nlohmann::json::array();
     for (const auto& [by, g] : phases) bytes += by, groups.push_back(g);
-    nlohmann::json j = {{"case", name},           {"device", b.rt->description()}, {"bytes", bytes},
-                        {"workgroups", groups},  {"median_us", t->first},          {"min_us", t->second}};
+    nlohmann::json j = {{"case", name},         {"device", b.rt->description()}, {"bytes", bytes},
+                        {"workgroups", groups}, {"median_us", t->first},         {"min_us", t->second}};
     if (bytes > 0) j["median_gbps"] = bytes / (t->first * 1e3);
     if (layers > 1) j["layers"] = layers, j["per_layer_us"] = t->first / layers;
     std::printf("%s\n", j.dump().c_str());
@@ -124,10 +124,14 @@ int main(int argc, char** argv) {
   int index = -1, iters = 40;
   bool quick = false;
   for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--device-index") && i + 1 < argc) index = std::atoi(argv[++i]);
-    else if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::max(1, std::atoi(argv[++i]));
-    else if (!std::strcmp(argv[i], "--quick")) quick = true;
-    else return std::fprintf(stderr, "usage: gpu_floor_bench [--device-index N] [--iters N] [--quick]\n"), 2;
+    if (!std::strcmp(argv[i], "--device-index") && i + 1 < argc)
+      index = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--iters") && i + 1 < argc)
+      iters = std::max(1, std::atoi(argv[++i]));
+    else if (!std::strcmp(argv[i], "--quick"))
+      quick = true;
+    else
+      return std::fprintf(stderr, "usage: gpu_floor_bench [--device-index N] [--iters N] [--quick]\n"), 2;
   }
   return run(index, iters, quick);
 }

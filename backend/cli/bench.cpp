@@ -5,8 +5,8 @@
 // run, so the roofline ratio compares against this machine's own memory.
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <random>
 #include <set>

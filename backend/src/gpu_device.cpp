@@ -680,7 +680,8 @@ Status qmm_row_combine(KernelContext& ctx, const fb::GatherQmmNodeT* n, const Qm
   args.gate_dtype = c.gate.defined() ? static_cast<uint32_t>(c.gate.dtype()) : 0;
   const bool dot4 = row_dot4(rt, q.all_4bit);
   const char* kernel = dot4 ? "qmm_row_combine_2k_dot4" : "qmm_row_combine_2k";
-  std::vector<BufferRef> bindings = {q.bx, q.bw, q.bs, q.bb, q.bl, q.br, q.bi, by, rt.error_word(), c.bw, c.bs, c.bgate, bn, bo};
+  std::vector<BufferRef> bindings = {q.bx, q.bw, q.bs,    q.bb, q.bl, q.br, q.bi, by, rt.error_word(),
+                                     c.bw, c.bs, c.bgate, bn,   bo};
   // Straight after the decode gate/up that stores x (h) and counts its rows: no barrier;
   // each workgroup waits for its row's count. What the wait covers (h, the counts, the
   // router's indices and weights, read after it) takes no barrier; anything else still does.
@@ -803,10 +804,9 @@ Status gate_up_glu(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>* 
     bindings.push_back(done);
     if (wait) rt.handoff().rows = bo, rt.handoff().done = done, rt.handoff().tiles = args.tiles;
   }
-  SB_RETURN_IF_ERROR(rt.dispatch(kernel, bindings, &args, sizeof(args),
-                                 256 * static_cast<uint64_t>(g.pairs) * args.tiles,
-                                 row_spec(rt, all_4bit, g.args, args.glu_kind),
-                                 wait ? handoff_mask(bindings, {rt.handoff().indices}) : 0u));
+  SB_RETURN_IF_ERROR(rt.dispatch(
+      kernel, bindings, &args, sizeof(args), 256 * static_cast<uint64_t>(g.pairs) * args.tiles,
+      row_spec(rt, all_4bit, g.args, args.glu_kind), wait ? handoff_mask(bindings, {rt.handoff().indices}) : 0u));
   return ctx.out(glu_node->out.get(), std::move(out));
 }
 

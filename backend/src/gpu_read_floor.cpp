@@ -44,7 +44,7 @@ Result<std::vector<double>> time_reads(GpuRuntime& rt, const std::vector<BufferR
 Result<ReadFloor> measure_read_floor(GpuRuntime& rt, uint64_t bytes) {
   // 128 MiB: the storage-buffer range every device here binds (lavapipe's limit).
   constexpr uint64_t kBig = uint64_t{128} << 20, kSmall = uint64_t{32} << 20;
-  constexpr uint32_t kGroups = 2112;  // 16 per H100 SM: its best read_layer grid (bench/RESULTS.md)
+  constexpr uint32_t kGroups = 2112;                // 16 per H100 SM: its best read_layer grid (bench/RESULTS.md)
   bytes = bytes <= kBig / 4 ? bytes / 16 * 16 : 0;  // larger reads would not be cold
   SB_ASSIGN_OR_RETURN(Tensor data, rt.alloc(DType::kU32, {static_cast<int64_t>(kBig / 4)}));
   SB_ASSIGN_OR_RETURN(BufferRef whole, rt.bind(data, false));
@@ -57,7 +57,8 @@ Result<ReadFloor> measure_read_floor(GpuRuntime& rt, uint64_t bytes) {
   SB_ASSIGN_OR_RETURN(auto empty, time_reads(rt, {whole}, 0, 1, out, 21));
   f.empty_us = empty[empty.size() / 2];
   if (bytes > 0) {
-    SB_ASSIGN_OR_RETURN(auto read, time_reads(rt, regions, bytes, kGroups, out, 2 * static_cast<int>(regions.size()) + 1));
+    SB_ASSIGN_OR_RETURN(auto read,
+                        time_reads(rt, regions, bytes, kGroups, out, 2 * static_cast<int>(regions.size()) + 1));
     f.read_us = read[read.size() / 2];
   }
   SB_ASSIGN_OR_RETURN(auto big, time_reads(rt, {whole}, kBig, kGroups, out, 5));

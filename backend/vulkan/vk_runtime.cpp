@@ -714,7 +714,7 @@ bool VulkanRuntime::status_word(const gpu::BufferRef& b) {
 }
 
 bool VulkanRuntime::hazard(const std::vector<gpu::BufferRef>& bindings, const kernels::Access* access,
-                          uint32_t handoff) {
+                           uint32_t handoff) {
   for (size_t i = 0; i < bindings.size(); ++i) {
     const gpu::BufferRef& b = bindings[i];
     if (status_word(b) || (handoff >> i & 1u)) continue;
