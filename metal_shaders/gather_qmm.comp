@@ -640,8 +640,9 @@ void combine_tile(uint p, uint tile, uint n0, uint cnt) {
 #ifdef SB_ROW_WAIT
 // rhs[p] once the dispatch before (the router, recorded without a barrier after it) has
 // replaced its -1: thread 0 polls it (coherent, volatile loads: 0.4 us faster on the H100
-// than atomics), bounded, and hands it to the workgroup. The router's workgroups were dispatched first and need no slot
-// these hold, so they finish. Gives up with SB_ERR_HANDOFF (the value stays -1: a bad index).
+// than atomics), bounded, and hands it to the workgroup. The router's workgroups were
+// dispatched first and need no slot these hold, so they finish. Gives up with
+// SB_ERR_HANDOFF (the value stays -1: a bad index).
 shared int s_rhs;
 int wait_for_rhs(uint p) {
   if (gl_LocalInvocationID.x == 0u) {
@@ -700,6 +701,9 @@ void main() {
 #endif
   if (bits == 0u) {  // uniform: one pair per workgroup
     if (tid == 0u) atomicOr(err[0], bad ? SB_ERR_INDEX : SB_ERR_PRUNED);
+#ifdef SB_ROW_WAIT
+    if (tid == 0u && args.wait_rhs != 0u) atomicAdd(done[p], 1u);  // counted: the down kernel must not wait on it
+#endif
     return;
   }
   if (tid == 0u && n0 == 0u && args.sorted != 0u && p > 0u && rhs[p - 1u] > ex) atomicOr(err[0], SB_ERR_UNSORTED);
