@@ -76,7 +76,7 @@ class GpuRuntime {
   // Vulkan semantics. Metal's translation of the fence is not known to promise it, so
   // qmm_row_combine_2k runs on Vulkan only.
   bool cross_workgroup_handoff() const { return cross_workgroup_handoff_; }
-  // Whether a kernel may wait (bounded atomics) for values that a dispatch recorded before
+  // Whether a kernel may wait (bounded polls) for values that a dispatch recorded before
   // it writes, with no barrier between: that dispatch's workgroups are launched first and
   // finish while the later ones wait (NVIDIA; lavapipe runs dispatches one at a time).
   bool cross_dispatch_handoff() const { return cross_dispatch_handoff_; }
