@@ -301,13 +301,13 @@ Status router(KernelContext& ctx, const fb::OpNodeUnion& op) {
   SB_ASSIGN_OR_RETURN(BufferRef blive, rt.bind(live_t, false));
   SB_ASSIGN_OR_RETURN(Tensor weights, rt.alloc(DType::kF32, {tokens, n->k}));
   SB_ASSIGN_OR_RETURN(Tensor indices, rt.alloc(DType::kI32, {tokens, n->k}));
+  SB_ASSIGN_OR_RETURN(BufferRef bw, rt.bind(weights, false));
+  SB_ASSIGN_OR_RETURN(BufferRef bi, rt.bind(indices, false));
   if (rt.cross_dispatch_handoff()) {  // -1 until the router writes: see qmm_row_glu_2k_dot4's wait
     int32_t* idx = indices.mutable_data_as<int32_t>();
     std::fill(idx, idx + indices.numel(), -1);
+    rt.handoff() = {bi, bw, {}, {}, 0};
   }
-  SB_ASSIGN_OR_RETURN(BufferRef bw, rt.bind(weights, false));
-  SB_ASSIGN_OR_RETURN(BufferRef bi, rt.bind(indices, false));
-  if (rt.cross_dispatch_handoff()) rt.handoff() = {bi, bw, {}, {}, 0};
   SB_CHECK_OR_RETURN(e <= 1024 && n->k <= 64, StatusCode::kUnimplemented,
                      "Router on the GPU: %lld experts / k = %d exceed 1024 / 64", (long long)e, n->k);
   k::RouterArgs args{};
@@ -549,10 +549,11 @@ bool qmm_row_plan(QmmSetup& q, int64_t projections) {
 // *_dot4 twin (packed int8 dot products: H100 decode layer 56 -> 52 us) where the device
 // has them and every expert of every projection it computes is 4-bit.
 bool row_dot4(const Runtime& rt, bool all_4bit) { return all_4bit && rt.int_dot(); }
+bool row_2k(const QmmSetup& q) { return q.kdim <= SB_QMM_ROW_SMALL_K; }
 
 const char* qmm_row_kernel(const Runtime& rt, const QmmSetup& q, bool glu, bool all_4bit) {
   const bool dot4 = row_dot4(rt, all_4bit);
-  if (q.kdim <= SB_QMM_ROW_SMALL_K)
+  if (row_2k(q))
     return glu ? (dot4 ? "qmm_row_glu_2k_dot4" : "qmm_row_glu_2k") : (dot4 ? "qmm_row_2k_dot4" : "qmm_row_2k");
   return glu ? (dot4 ? "qmm_row_glu_dot4" : "qmm_row_glu") : (dot4 ? "qmm_row_dot4" : "qmm_row");
 }
@@ -795,14 +796,16 @@ Status gate_up_glu(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>* 
   // Straight after the router (decode): no barrier, each workgroup stages x and then waits
   // for its pair's expert (rhs), and counts itself per pair once its h is stored, so the
   // down projection need not wait for a barrier either. H100 decode: see bench/RESULTS.md.
-  const bool dot4_2k = std::strcmp(kernel, "qmm_row_glu_2k_dot4") == 0;
+  const bool dot4_2k = row_dot4(rt, all_4bit) && row_2k(g);  // qmm_row_glu_2k_dot4: binding 12 = the counts
   const bool wait = dot4_2k && g.args.has_rhs && !g.args.sorted && same_ref(g.br, rt.handoff().indices);
   args.wait_rhs = wait;
   std::vector<BufferRef> bindings = {g.bx, g.bw, g.bs, g.bb, g.bl, g.br, g.bi, bo, rt.error_word(), u.bw, u.bs, u.bb};
-  if (dot4_2k) {
-    SB_ASSIGN_OR_RETURN(BufferRef done, rt.scratch(static_cast<size_t>(wait ? g.pairs : 1) * 4, 0));
+  if (wait) {
+    SB_ASSIGN_OR_RETURN(BufferRef done, rt.scratch(static_cast<size_t>(g.pairs) * 4, 0));
     bindings.push_back(done);
-    if (wait) rt.handoff().rows = bo, rt.handoff().done = done, rt.handoff().tiles = args.tiles;
+    rt.handoff().rows = bo, rt.handoff().done = done, rt.handoff().tiles = args.tiles;
+  } else if (dot4_2k) {
+    bindings.push_back(rt.error_word());  // a stand-in, not touched without wait_rhs
   }
   SB_RETURN_IF_ERROR(rt.dispatch(
       kernel, bindings, &args, sizeof(args), 256 * static_cast<uint64_t>(g.pairs) * args.tiles,
