@@ -1,67 +1,24 @@
-# Shaders: every kernel variant of metal_shaders/ goes glslangValidator -> SPIR-V ->
-# spirv-val -> spirv-cross (reflection JSON) and sb_shaderc (MSL with the binding
-# remap), all under ${CMAKE_BINARY_DIR}/shaders; then sb_shaderc embeds them in one
-# generated source compiled into the library. Variants: "file:DEFINE:kernel_name", or
-# "file:DEFINE:kernel_name:vulkan" for a Vulkan-only kernel (SPIR-V that SPIRV-Cross
-# cannot read, e.g. cooperative matrices): no MSL and no reflection JSON (none installed
-# either); the structural test reads its interface from the SPIR-V itself.
-set(SB_KERNEL_VARIANTS
-  elementwise:BINARY:binary
-  elementwise:BINARY_DIV:binary_div
-  elementwise:UNARY:unary
-  elementwise:BINARY_INT:binary_int
-  elementwise:UNARY_INT:unary_int
-  cast:CAST:cast
-  cast:CAST_I64:cast_i64
-  shape_ops:FILL:fill
-  shape_ops:REGION:region
-  shape_ops:TRANSPOSE:transpose
-  glu:GLU:glu
-  combine:COMBINE:combine
-  combine:COMBINE16:combine16
-  combine:COMBINE_ROWS:combine_rows
-  permute:GATHER_ROWS:gather_rows
-  permute:GATHER_ROWS16:gather_rows16
-  permute:INVERT:invert_permutation
-  gather_qmm:QUANTIZE:quantize_q8
-  gather_qmm:QUANTIZE16:quantize_q8_16
-  gather_qmm:QMM:qmm
-  gather_qmm:QMM_ROW:qmm_row
-  gather_qmm:QMM_ROW_GLU:qmm_row_glu
-  gather_qmm:QMM_ROW_2K:qmm_row_2k
-  gather_qmm:QMM_ROW_GLU_2K:qmm_row_glu_2k
-  gather_qmm:QMM_ROW_COMBINE_2K:qmm_row_combine_2k
-  gather_qmm:QMM_ROW_DOT4:qmm_row_dot4:vulkan
-  gather_qmm:QMM_ROW_2K_DOT4:qmm_row_2k_dot4:vulkan
-  gather_qmm:QMM_ROW_GLU_DOT4:qmm_row_glu_dot4:vulkan
-  gather_qmm:QMM_ROW_GLU_2K_DOT4:qmm_row_glu_2k_dot4:vulkan
-  gather_qmm:QMM_ROW_COMBINE_2K_DOT4:qmm_row_combine_2k_dot4:vulkan
-  gather_qmm:QMM_TILES:qmm_tiles
-  gather_qmm:QMM_TILE:qmm_tile
-  gather_qmm:QMM_MMA:qmm_mma:vulkan
-  gather_qmm:QMM_MMA4:qmm_mma4:vulkan
-  gather_qmm:QMM_MMA4_GLU:qmm_mma4_glu:vulkan
-  gather_qmm:QMM_MMA_PROBE:qmm_mma_probe:vulkan
-  permute:ARGSORT:argsort
-  router:ROUTER:router
-  router:ROUTER_E256_SOFTMAX:router_e256_softmax
-  router:ROUTER_E256_TOPK_SOFTMAX:router_e256_topk_softmax
-  router:ROUTER_E256_SIGMOID:router_e256_sigmoid
-  gather_mm:GATHER_MM:gather_mm
-  matmul:MATMUL:matmul
-  matmul:MATMUL_ROWS16:matmul_rows16
-  matmul:MATMUL_TILE:matmul_tile
-  norm:SOFTMAX:softmax
-  norm:RMS_NORM:rms_norm
-  norm:SOFTMAX_ROW:softmax_row
-  norm:RMS_NORM_ROW:rms_norm_row
-  reduce:REDUCE:reduce
-  reduce:REDUCE_MEAN:reduce_mean
-  reduce:ARGMAX:argmax
-  reduce:ARGMAX_ROW:argmax_row
-  reduce:ARGMAX_INT:argmax_int
-  probe:PROBE:numerics_probe
-  probe:STREAM_READ:stream_read)
+# Shaders: every kernel variant of metal_shaders/kernel_list.inc (the one list, which the
+# C++ kernel table expands too) goes glslangValidator -> SPIR-V -> spirv-val -> spirv-cross
+# (reflection JSON) and sb_shaderc (MSL with the binding remap), all under
+# ${CMAKE_BINARY_DIR}/shaders; then sb_shaderc embeds them in one generated source compiled
+# into the library. Vulkan-only kernels (flags F_MMA or F_DOT: SPIR-V that SPIRV-Cross
+# cannot read, e.g. cooperative matrices) get no MSL and no reflection JSON (none installed
+# either); the structural test reads their interface from the SPIR-V itself.
+set(SB_KERNEL_LIST ${CMAKE_SOURCE_DIR}/metal_shaders/kernel_list.inc)
+set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${SB_KERNEL_LIST})
+file(STRINGS ${SB_KERNEL_LIST} sb_kernel_lines REGEX "^SB_KERNEL\\(")
+set(SB_KERNEL_VARIANTS)
+foreach(line ${sb_kernel_lines})
+  if(NOT line MATCHES "^SB_KERNEL\\(([a-z0-9_]+), ([a-z0-9_]+), ([A-Z0-9_]+), ")
+    message(FATAL_ERROR "kernel_list.inc: cannot read '${line}'")
+  endif()
+  set(v "${CMAKE_MATCH_2}:${CMAKE_MATCH_3}:${CMAKE_MATCH_1}")
+  if(line MATCHES "F_MMA|F_DOT")
+    string(APPEND v ":vulkan")
+  endif()
+  list(APPEND SB_KERNEL_VARIANTS ${v})
+endforeach()
 
 find_program(SB_GLSLANG glslangValidator REQUIRED)
 find_program(SB_SPIRV_VAL spirv-val REQUIRED)
@@ -88,7 +45,7 @@ foreach(v ${SB_KERNEL_VARIANTS})
   set(spv ${SB_SHADER_DIR}/${name}.spv)
   set(msl ${SB_SHADER_DIR}/${name}.metal)
   set(json ${SB_SHADER_DIR}/${name}.json)
-  set(glslang_cmd ${SB_GLSLANG} -V --target-env vulkan1.2 -D${define} -I${SB_SHADER_SRC} ${SB_SHADER_SRC}/${file}.comp -o ${spv})
+  set(glslang_cmd ${SB_GLSLANG} --quiet -V --target-env vulkan1.2 -D${define} -I${SB_SHADER_SRC} ${SB_SHADER_SRC}/${file}.comp -o ${spv})
   list(LENGTH parts nparts)
   if(nparts GREATER 3)  # Vulkan only: no MSL, no JSON ("-" tells sb_shaderc embed)
     set(msl -)

@@ -7,30 +7,6 @@
 
 namespace switchboard::cpu {
 
-Result<Shape> broadcast_shape(const Shape& a, const Shape& b) {
-  size_t r = std::max(a.size(), b.size());
-  Shape out(r);
-  for (size_t i = 0; i < r; ++i) {
-    int64_t da = i < r - a.size() ? 1 : a[i - (r - a.size())];
-    int64_t db = i < r - b.size() ? 1 : b[i - (r - b.size())];
-    SB_CHECK_OR_RETURN(da == db || da == 1 || db == 1, StatusCode::kInvalidArgument,
-                       "shapes %s and %s do not broadcast", shape_str(a).c_str(), shape_str(b).c_str());
-    out[i] = da == 1 ? db : da;
-  }
-  return out;
-}
-
-std::vector<int64_t> broadcast_strides(const Shape& s, const Shape& out) {
-  std::vector<int64_t> st(out.size(), 0);
-  int64_t stride = 1;
-  for (size_t k = 0; k < s.size(); ++k) {
-    size_t i = s.size() - 1 - k, o = out.size() - 1 - k;
-    st[o] = s[i] == 1 ? 0 : stride;
-    stride *= s[i];
-  }
-  return st;
-}
-
 namespace {
 
 float apply_f(fb::BinaryOp op, float a, float b) {

@@ -12,8 +12,9 @@
 #include <tuple>
 
 #include "cpu_common.h"
-#include "gather_qmm_x86.h"
 #include "exact_math.h"
+#include "gather_qmm_plan.h"
+#include "gather_qmm_x86.h"
 #include "parallel.h"
 #include "quantize.h"
 
@@ -132,27 +133,20 @@ void qmm_rows(const ExpertTable& t, int e, const Q8Activations& xq, const int64_
 
 namespace {
 
-Result<ExpertTable> expert_table(const fb::GatherQmmNodeT& n, const Tensor& w, const Tensor& scales,
-                                 const Tensor& biases, int64_t k) {
+// The weight table of the plan's experts over this node's operands.
+ExpertTable expert_table(const ops::GatherQmmPlan& plan, int group_size, const Tensor& w, const Tensor& scales,
+                         const Tensor& biases) {
   ExpertTable t;
-  const int64_t e = scales.dim(0);
-  t.n = scales.dim(1);
-  t.groups = scales.dim(2);
-  t.k = k;
-  t.group_size = n.group_size;
+  t.n = plan.nout;
+  t.groups = plan.groups;
+  t.k = plan.k;
+  t.group_size = group_size;
   t.codes = w.data_as<uint32_t>();
   t.scales = scales.data();
   t.biases = biases.data();
   t.scale_dtype = scales.dtype();
-  int64_t off = 0;
-  for (int64_t i = 0; i < e; ++i) {
-    int b = n.expert_bits.empty() ? n.bits : n.expert_bits[static_cast<size_t>(i)];
-    t.bits.push_back(b);
-    t.word_offset.push_back(off);
-    off += t.n * k * b / 32;
-  }
-  SB_CHECK_OR_RETURN(off == w.numel(), StatusCode::kInvalidArgument, "w holds %lld words, the experts need %lld",
-                     (long long)w.numel(), (long long)off);
+  t.bits = plan.bits;
+  t.word_offset = plan.word_offset;
   return t;
 }
 
@@ -196,29 +190,24 @@ Status gather_qmm(KernelContext& ctx, const fb::OpNodeUnion& op) {
   SB_ASSIGN_OR_RETURN(Tensor w, ctx.in(n->w.get()));
   SB_ASSIGN_OR_RETURN(Tensor scales, ctx.in(n->scales.get()));
   SB_ASSIGN_OR_RETURN(Tensor biases, ctx.in(n->biases.get()));
-  const int64_t rows = x.dim(0), k = x.dim(1), experts = scales.dim(0);
-  SB_ASSIGN_OR_RETURN(ExpertTable table, expert_table(*n, w, scales, biases, k));
+  const int64_t rows = x.dim(0), experts = scales.dim(0);
   SB_ASSIGN_OR_RETURN(std::vector<int64_t> rhs, read_indices(ctx, n->rhs_indices, "rhs_indices", experts));
   SB_ASSIGN_OR_RETURN(std::vector<int64_t> lhs, read_indices(ctx, n->lhs_indices, "lhs_indices", rows));
-  const int64_t pairs = n->rhs_indices ? static_cast<int64_t>(rhs.size()) : n->lhs_indices ? static_cast<int64_t>(lhs.size()) : rows;
-  SB_CHECK_OR_RETURN(!n->lhs_indices || static_cast<int64_t>(lhs.size()) == pairs, StatusCode::kInvalidArgument,
-                     "lhs_indices has %zu entries, rhs_indices %lld", lhs.size(), (long long)pairs);
-  SB_CHECK_OR_RETURN(n->lhs_indices || rows == 0 || pairs % rows == 0, StatusCode::kInvalidArgument,
-                     "%lld pairs are not a multiple of %lld rows of x", (long long)pairs, (long long)rows);
+  const auto count = [](const std::unique_ptr<fb::Tid>& t, const std::vector<int64_t>& v) {
+    return t ? static_cast<int64_t>(v.size()) : int64_t{-1};
+  };
+  SB_ASSIGN_OR_RETURN(ops::GatherQmmPlan plan,
+                      ops::plan_gather_qmm(*n, x, scales, w.numel(), count(n->lhs_indices, lhs), count(n->rhs_indices, rhs)));
+  const ExpertTable table = expert_table(plan, n->group_size, w, scales, biases);
+  const int64_t pairs = plan.pairs;
   if (rhs.empty() && pairs > 0) rhs.assign(static_cast<size_t>(pairs), 0);
   if (lhs.empty())
     for (int64_t p = 0; p < pairs; ++p) lhs.push_back(rows ? p * rows / pairs : 0);
-  for (int64_t p = 0; p < pairs; ++p)
-    SB_CHECK_OR_RETURN(table.bits[rhs[p]] != 0, StatusCode::kInvalidArgument,
-                       "pair %lld selects expert %lld, which is pruned (0 bits)", (long long)p, (long long)rhs[p]);
   int64_t sorted = 0;
   if (n->sorted_indices) {
     SB_ASSIGN_OR_RETURN(sorted, ctx.resolve(n->sorted_indices.get()));
   }
-  for (int64_t p = 1; sorted && p < pairs; ++p)
-    SB_CHECK_OR_RETURN(rhs[p - 1] <= rhs[p], StatusCode::kInvalidArgument,
-                       "sorted_indices is set but rhs_indices[%lld] = %lld follows %lld", (long long)p,
-                       (long long)rhs[p], (long long)rhs[p - 1]);
+  SB_RETURN_IF_ERROR(ops::check_gather_qmm_pairs(plan, rhs, sorted != 0));
 
   const Q8Activations xq = quantize_q8(x);
   const int64_t nout = table.n;

@@ -1,5 +1,8 @@
 #include "parallel.h"
 
+#include "gather_qmm.h"
+#include "switchboard/switchboard.h"
+
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
@@ -130,3 +133,9 @@ void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, in
 }
 
 }  // namespace switchboard::cpu
+
+namespace switchboard {
+int cpu_threads() { return cpu::num_threads(); }
+void set_cpu_threads(int n) { cpu::set_num_threads(n); }
+const char* cpu_isa() { return cpu::cpu_path_name(cpu::active_cpu_path()); }
+}  // namespace switchboard

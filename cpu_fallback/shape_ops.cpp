@@ -1,37 +1,12 @@
-// Data-movement kernels: reshape (a view), slice, concat, copy, slice update, transpose.
+// Data-movement kernels: slice, concat, slice update, transpose (reshape and copy:
+// backend/ops/view_kernels.cpp, shared with the GPU).
 #include <algorithm>
 
 #include "cpu_common.h"
+#include "view_kernels.h"
 
 namespace switchboard::cpu {
 namespace {
-
-Status reshape(KernelContext& ctx, const fb::OpNodeUnion& op) {
-  const auto* n = op.AsReshapeNode();
-  SB_ASSIGN_OR_RETURN(Tensor x, ctx.in(n->x.get()));
-  Shape shape;
-  int infer = -1;
-  int64_t known = 1;
-  for (size_t i = 0; i < n->shape.size(); ++i) {
-    SB_ASSIGN_OR_RETURN(int64_t d, ctx.resolve(n->shape[i].get()));
-    if (d == -1) {
-      SB_CHECK_OR_RETURN(infer < 0, StatusCode::kInvalidArgument, "shape has more than one -1");
-      infer = static_cast<int>(i);
-    } else {
-      SB_CHECK_OR_RETURN(d >= 0, StatusCode::kInvalidArgument, "shape[%zu] = %lld is negative", i, (long long)d);
-      SB_CHECK_OR_RETURN(d == 0 || known <= INT64_MAX / d, StatusCode::kOutOfRange, "shape overflows");
-      known *= d;
-    }
-    shape.push_back(d);
-  }
-  if (infer >= 0) {
-    SB_CHECK_OR_RETURN(known != 0 && x.numel() % known == 0, StatusCode::kInvalidArgument,
-                       "cannot infer -1: %lld elements into %s", (long long)x.numel(), shape_str(shape).c_str());
-    shape[infer] = x.numel() / known;
-  }
-  SB_ASSIGN_OR_RETURN(Tensor out, x.reshaped(shape));
-  return ctx.out(n->out.get(), std::move(out));
-}
 
 Status slice(KernelContext& ctx, const fb::OpNodeUnion& op) {
   const auto* n = op.AsSliceNode();
@@ -73,14 +48,6 @@ Status concat(KernelContext& ctx, const fb::OpNodeUnion& op) {
     }
   }
   return ctx.out(n->out.get(), std::move(out));
-}
-
-// Tensors are immutable once written (in-place updates copy on write), so a
-// copy can share storage.
-Status copy(KernelContext& ctx, const fb::OpNodeUnion& op) {
-  const auto* n = op.AsCopyNode();
-  SB_ASSIGN_OR_RETURN(Tensor x, ctx.in(n->x.get()));
-  return ctx.out(n->out.get(), std::move(x));
 }
 
 Status slice_update(KernelContext& ctx, const fb::OpNodeUnion& op) {
@@ -149,10 +116,9 @@ Status full(KernelContext& ctx, const fb::OpNodeUnion& op) {
 
 void register_shape_kernels(KernelRegistry& r) {
   r.add(fb::OpNode::FullNode, full);
-  r.add(fb::OpNode::ReshapeNode, reshape);
+  register_view_kernels(r);
   r.add(fb::OpNode::SliceNode, slice);
   r.add(fb::OpNode::ConcatNode, concat);
-  r.add(fb::OpNode::CopyNode, copy);
   r.add(fb::OpNode::SliceUpdateNode, slice_update);
   r.add(fb::OpNode::TransposeNode, transpose);
 }

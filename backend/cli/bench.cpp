@@ -5,6 +5,7 @@
 // run, so the roofline ratio compares against this machine's own memory.
 #include <algorithm>
 #include <chrono>
+#include <thread>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -15,12 +16,9 @@
 #include <nlohmann/json.hpp>
 
 #include "cli.h"
-#include "gather_qmm.h"
-#include "parallel.h"
 #include "switchboard/builder.h"
 #include "switchboard/switchboard.h"
 #if SWITCHBOARD_HAS_VULKAN
-#include "vk_runtime.h"
 #endif
 
 namespace switchboard::cli {
@@ -133,19 +131,26 @@ Result<Layer> make_layer(const Shape3& m, const BenchOptions& o, const std::vect
 double measure_dram_gbps() {
   const size_t bytes = size_t{1} << 30;
   std::vector<uint64_t> buf(bytes / 8);
-  cpu::parallel_for(static_cast<int64_t>(buf.size()), 1 << 20, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) buf[i] = static_cast<uint64_t>(i);
+  const size_t threads = static_cast<size_t>(std::max(1, cpu_threads()));
+  // Each thread fills, then sums, its own contiguous part.
+  auto each = [&](auto fn) {
+    std::vector<std::thread> pool;
+    for (size_t t = 0; t < threads; ++t)
+      pool.emplace_back([&, t] { fn(t, buf.size() * t / threads, buf.size() * (t + 1) / threads); });
+    for (auto& th : pool) th.join();
+  };
+  each([&](size_t, size_t b, size_t e) {
+    for (size_t i = b; i < e; ++i) buf[i] = i;
   });
   double best = 0;
   for (int pass = 0; pass < 5; ++pass) {
-    std::vector<uint64_t> sums(64, 0);
+    std::vector<uint64_t> sums(threads, 0);
     auto t0 = std::chrono::steady_clock::now();
-    cpu::parallel_for(static_cast<int64_t>(buf.size()), static_cast<int64_t>(buf.size()) / cpu::num_threads(),
-                      [&](int64_t b, int64_t e) {
-                        uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-                        for (int64_t i = b; i + 4 <= e; i += 4) s0 += buf[i], s1 += buf[i + 1], s2 += buf[i + 2], s3 += buf[i + 3];
-                        sums[static_cast<size_t>(b * 63 / static_cast<int64_t>(buf.size()))] += s0 + s1 + s2 + s3;
-                      });
+    each([&](size_t t, size_t b, size_t e) {
+      uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+      for (size_t i = b; i + 4 <= e; i += 4) s0 += buf[i], s1 += buf[i + 1], s2 += buf[i + 2], s3 += buf[i + 3];
+      sums[t] = s0 + s1 + s2 + s3;
+    });
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     volatile uint64_t sink = sums[0];
     (void)sink;
@@ -156,8 +161,8 @@ double measure_dram_gbps() {
 
 namespace {
 
-// A 96 MiB f32 -> f32 Cast (96 MiB read + 96 MiB written, beyond any GPU's L2), best of 5.
-// H100: 1.56 TB/s, half what stream_read reads: the Cast kernel is not a bandwidth probe.
+// A 96 MiB f32 -> f32 Cast (96 MiB read + 96 MiB written, beyond any GPU's L2), best of 5:
+// a fallback only, since a copy kernel reads well below the device's bandwidth (RESULTS).
 double measure_copy_gbps(const std::string& device) {
   ProgramBuilder b;
   const int64_t n = int64_t{24} << 20;
@@ -183,11 +188,8 @@ double measure_copy_gbps(const std::string& device) {
 
 DeviceBandwidth measure_device_bandwidth(const std::string& device, double floor_bytes) {
   DeviceBandwidth d;
-#if SWITCHBOARD_HAS_VULKAN
-  if (device.rfind("vulkan", 0) == 0) {
-    const int index = device.size() > 7 ? std::atoi(device.c_str() + 7) : -1;  // "vulkan:N"
-    auto rt = vulkan::VulkanRuntime::open(index);
-    auto floor = rt ? gpu::measure_read_floor(**rt, static_cast<uint64_t>(floor_bytes)) : rt.status();
+  if (device.rfind("vulkan", 0) == 0 || device == "metal") {
+    auto floor = measure_device_floor(device, static_cast<uint64_t>(floor_bytes));
     if (floor) {
       d.gbps = floor->gbps, d.empty_us = floor->empty_us, d.read_us = floor->read_us, d.method = "stream_read";
       return d;
@@ -195,7 +197,6 @@ DeviceBandwidth measure_device_bandwidth(const std::string& device, double floor
     std::fprintf(stderr, "switchboard bench: read floor: %s; a copy measures the bandwidth\n",
                  floor.status().to_string().c_str());
   }
-#endif
   d.gbps = measure_copy_gbps(device);
   d.method = "copy";
   return d;
@@ -214,7 +215,7 @@ int run_bench_moe_layer(const BenchOptions& o) {
   auto model = kModels.find(o.model);
   if (model == kModels.end()) return fail(make_error(StatusCode::kInvalidArgument, "unknown --model '%s'", o.model.c_str()));
   const Shape3& m = model->second;
-  if (o.threads > 0) cpu::set_num_threads(o.threads);
+  if (o.threads > 0) set_cpu_threads(o.threads);
   auto bits = expert_bits(o.mixed, o.bits, m.experts);
   if (!bits) return fail(bits.status());
   const int64_t cutoff = o.sorted == "always" ? 0 : o.sorted == "never" ? (int64_t{1} << 40) : MoeExperts{}.sort_cutoff;
@@ -272,9 +273,9 @@ int run_bench_moe_layer(const BenchOptions& o) {
       {"tokens", o.tokens},         {"bits", o.bits},
       {"group_size", o.group_size}, {"mixed", o.mixed},
       {"sorted", o.sorted},         {"path", o.tokens > cutoff ? "sorted" : "unsorted"},
-      {"threads", cpu::num_threads()},
+      {"threads", cpu_threads()},
       {"device", stack.front().session->device_name()},
-      {"isa", cpu::cpu_path_name(cpu::active_cpu_path())},
+      {"isa", cpu_isa()},
       {"layers_cycled", layers},    {"iterations", iters},
       {"ms_per_layer", ms},         {"bytes_per_layer", bytes_per_layer},
       {"dram_gbps", dram},          {"roofline_ms", bytes_per_layer / (dram * 1e9) * 1e3},

@@ -9,7 +9,6 @@
 #include <random>
 
 #include "cli.h"
-#include "parallel.h"
 #include "switchboard/model.h"
 
 namespace switchboard::cli {
@@ -35,7 +34,7 @@ double peak_rss_mib() {
 }  // namespace
 
 int run_bench_model(const BenchModelOptions& o) {
-  if (o.threads > 0) cpu::set_num_threads(o.threads);
+  if (o.threads > 0) set_cpu_threads(o.threads);
   auto program = load_model(o.program);
   if (!program) return fail(program.status());
   const Program& p = **program;
@@ -69,7 +68,7 @@ int run_bench_model(const BenchModelOptions& o) {
   nlohmann::json j = {{"benchmark", "model"},
                       {"program", o.program},
                       {"device", (*session)->device_name()},
-                      {"threads", cpu::num_threads()},
+                      {"threads", cpu_threads()},
                       {"prompt_len", o.prompt_len},
                       {"gen", o.gen},
                       {"prefill_seconds", g->prefill_seconds},

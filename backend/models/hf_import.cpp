@@ -9,12 +9,11 @@
 #include <set>
 #include <sstream>
 
-#include "program_impl.h"
 #include "quantize.h"
 #include "safetensors.h"
 #include "switchboard/model.h"
 #include "switchboard/switchboard.h"
-#include "cpu_common.h"
+#include "element_access.h"
 #include "materialize.h"
 
 namespace switchboard::models {
@@ -34,7 +33,7 @@ Result<Tensor> to_dtype(const Tensor& f32, DType t) {
 Result<Tensor> widen(const Tensor& t) {
   if (!dtype_is_float(t.dtype()))
     return make_error(StatusCode::kInvalidArgument, "dtype %s is not a float", dtype_name(t.dtype()));
-  return Tensor::from_vector(DType::kF32, t.shape(), cpu::widen_f32(t));
+  return Tensor::from_vector(DType::kF32, t.shape(), ops::widen_f32(t));
 }
 
 std::string strip(const std::string& s, const char* suffix) { return s.substr(0, s.size() - std::strlen(suffix)); }

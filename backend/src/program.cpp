@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cstdlib>
 
+#include "device_registry.h"
 #include "interpreter.h"
 #include "log.h"
 

@@ -735,7 +735,6 @@ Status VulkanRuntime::sync() {
   if (!recording_) return Status::ok();
   Context& c = *ctx_;
   recording_ = false;
-  handoff_ = {};
   barrier(true);  // the host reads what the last dispatches wrote
   if (c.timestamps && !per_dispatch_timing_)
     c.vkCmdWriteTimestamp(c.cmds[slice_], VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, c.timestamps, 1);

@@ -127,4 +127,22 @@ class Session {
 // Library version string, e.g. "0.1.0".
 const char* version();
 
+// A program file described for people (`switchboard inspect`): header, chains and their
+// instructions, slots, constants, node counts. Errors name the file.
+Result<std::string> describe_program_file(const std::string& path);
+
+// The CPU device's worker pool (process-wide): threads its kernels split work over.
+int cpu_threads();
+void set_cpu_threads(int n);
+// The SIMD path the CPU kernels take here: "amx", "avx512-vnni", "avx2" or "portable".
+const char* cpu_isa();
+
+// What any kernel can reach on a GPU device, from its own timestamps: read bandwidth
+// (GB/s), a submission of one empty dispatch (us) and one that reads `bytes` cold (us);
+// -1 where not measured. kUnimplemented on devices without the probe (the CPU).
+struct DeviceFloor {
+  double gbps = -1, empty_us = -1, read_us = -1;
+};
+Result<DeviceFloor> measure_device_floor(const std::string& device, uint64_t bytes);
+
 }  // namespace switchboard

@@ -3,7 +3,7 @@
 #include <cmath>
 #include <vector>
 
-#include "cpu_common.h"
+#include "element_access.h"
 
 namespace switchboard {
 
@@ -58,13 +58,13 @@ Result<QuantizedRows> affine_quantize(const Tensor& w, int bits, int group_size,
   std::vector<float> row(static_cast<size_t>(k));
   std::vector<uint8_t> codes;
   for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t j = 0; j < k; ++j) row[j] = cpu::load_f32(w.data(), w.dtype(), r * k + j);
+    for (int64_t j = 0; j < k; ++j) row[j] = ops::load_f32(w.data(), w.dtype(), r * k + j);
     codes.clear();
     for (int64_t g = 0; g < groups; ++g) {
       float s, b;
       quantize_group(row.data() + g * group_size, group_size, bits, codes, &s, &b);
-      cpu::store_f32(q.scales.mutable_data(), scale_dtype, r * groups + g, s);
-      cpu::store_f32(q.biases.mutable_data(), scale_dtype, r * groups + g, b);
+      ops::store_f32(q.scales.mutable_data(), scale_dtype, r * groups + g, s);
+      ops::store_f32(q.biases.mutable_data(), scale_dtype, r * groups + g, b);
     }
     pack_row(codes, bits, q.w.mutable_data_as<uint32_t>() + r * words);
   }
@@ -85,7 +85,7 @@ Result<Tensor> affine_dequantize(const Tensor& wq, const Tensor& scales, const T
     const uint32_t* row = wq.data_as<uint32_t>() + r * wq.dim(1);
     for (int64_t j = 0; j < k; ++j) {
       const int64_t g = r * groups + j / group_size;
-      const float s = cpu::load_f32(scales.data(), scales.dtype(), g), b = cpu::load_f32(biases.data(), biases.dtype(), g);
+      const float s = ops::load_f32(scales.data(), scales.dtype(), g), b = ops::load_f32(biases.data(), biases.dtype(), g);
       o[r * k + j] = s * static_cast<float>(unpack_code(row, j, bits)) + b;
     }
   }

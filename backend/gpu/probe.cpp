@@ -1,12 +1,63 @@
-// What any kernel can reach on a GPU device: the read bandwidth and the fixed cost of a
-// submission, from the device's own timestamps (stream_read in probe.comp).
+// The host side of metal_shaders/probe.comp: the start-up numerics probe (the inputs it
+// feeds a device and the check of its results against the CPU's contract arithmetic), and
+// stream_read, from which the read floor is measured: what any kernel can reach on a
+// device (read bandwidth, the fixed cost of a submission) from its own timestamps.
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <vector>
 
+#include "exact_math.h"
 #include "gpu_kernel_table.h"
 #include "gpu_runtime.h"
 
 namespace switchboard::gpu {
+
+std::vector<float> probe_inputs() {
+  const float sub = 1.1754944e-38f;  // FLT_MIN: products below it are subnormal
+  return {
+      1.0f + 0x1p-23f,
+      1.0f - 0x1p-24f,
+      -1.0f,  // a*b+c: fused and unfused differ
+      3.0f,
+      0x1.555556p-2f,
+      -1.0f,  // 3 * (1/3) - 1 exposes contraction
+      sub,
+      0.25f,
+      sub,  // subnormal product
+      0x1p-130f,
+      2.0f,
+      0x1p-131f,  // subnormal inputs
+      1.0f,
+      0x1p-24f,
+      1.5f,  // ties to even in add
+      -20.5f,
+      7.0f,
+      2.5f,  // exp, rcp, round_even(2.5) = 2
+      88.5f,
+      1e-3f,
+      -3.5f,  // exp overflow, round_even(-3.5) = -4
+      -87.5f,
+      4.3e37f,
+      1e30f,  // exp underflow, rcp range edge
+  };
+}
+
+Status check_probe(const std::string& device, const std::vector<float>& in, const float* got, bool& exact_division) {
+  static const char* kWhat[] = {"a*b+c (no fusion)", "a*b", "a-c", "exp", "rcp", "round_even"};
+  exact_division = true;
+  for (size_t i = 0; i < in.size() / 3; ++i) {
+    const float a = in[3 * i], b = in[3 * i + 1], c = in[3 * i + 2];
+    const float want[6] = {a * b + c, a * b, a - c, exact::exp(a), exact::rcp(b), exact::round_even(c)};
+    for (int k = 0; k < 6; ++k)
+      SB_CHECK_OR_RETURN(f32_bits(got[7 * i + k]) == f32_bits(want[k]), StatusCode::kFailedPrecondition,
+                         "%s: exact mode refused: the start-up probe computed %s(%a, %a, %a) = %a, the contract "
+                         "says %a (rounding, contraction or denormal behaviour differs)",
+                         device.c_str(), kWhat[k], a, b, c, got[7 * i + k], want[k]);
+    exact_division &= f32_bits(got[7 * i + 6]) == f32_bits(a / b);
+  }
+  return Status::ok();
+}
 
 Status dispatch_stream_read(GpuRuntime& rt, const BufferRef& data, uint64_t bytes, uint32_t groups,
                             const BufferRef& out) {

@@ -9,6 +9,7 @@
 
 #include "program_generated.h"
 #include "switchboard/status.h"
+#include "switchboard/switchboard.h"
 #include "switchboard/tensor.h"
 
 namespace switchboard {
@@ -62,14 +63,13 @@ class Device {
   // References to t's storage held by queued work only. Work queued later runs after it,
   // so an in-place write queued now needs neither a sync nor a copy on their account.
   virtual long queued_refs(const Tensor& t) const { return 0; }
+  // What any kernel can reach on this device (switchboard.h, measure_device_floor).
+  virtual Result<DeviceFloor> measure_floor(uint64_t bytes) {
+    return make_error(StatusCode::kUnimplemented, "device '%s' has no read-floor probe", name().c_str());
+  }
 };
 
-std::unique_ptr<Device> make_cpu_device();
-// "cpu", "vulkan", "vulkan:N" or "metal"; empty → $SWITCHBOARD_DEVICE, else "cpu". Unknown
-// names are errors; a Vulkan device that cannot be opened is kNotFound.
-// With cpu_fallback (always, for the environment variable) a device that cannot be
-// opened is replaced by the CPU, with one message on stderr per process.
-Result<std::unique_ptr<Device>> open_device(const std::string& spec, bool cpu_fallback = false);
+// Opening a device by name: device_registry.h.
 
 // What a kernel sees: its operands by slot id, resolved scalars, and the
 // declared dtype of its outputs. Implemented by the interpreter.

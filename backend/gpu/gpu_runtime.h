@@ -80,15 +80,6 @@ class GpuRuntime {
   // it writes, with no barrier between: that dispatch's workgroups are launched first and
   // finish while the later ones wait (NVIDIA; lavapipe runs dispatches one at a time).
   bool cross_dispatch_handoff() const { return cross_dispatch_handoff_; }
-  // What decode kernels of the submission being recorded hand to the next ones without a
-  // barrier (cross_dispatch_handoff; the host sets it, the runtime forgets it at sync()):
-  // the router's indices (-1 until it writes each) and weights, and the gate/up's h with
-  // its per-row counts of workgroups done (`tiles` per row when complete).
-  struct Handoff {
-    BufferRef indices, weights, rows, done;
-    uint32_t tiles = 0;
-  };
-  Handoff& handoff() { return handoff_; }
 
  protected:
   bool exact_division_ = false;
@@ -97,7 +88,6 @@ class GpuRuntime {
   bool int_dot_ = false;
   bool cross_workgroup_handoff_ = false;
   bool cross_dispatch_handoff_ = false;
-  Handoff handoff_;
 };
 
 inline bool same_ref(const BufferRef& a, const BufferRef& b) {

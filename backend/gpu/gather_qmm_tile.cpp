@@ -1,0 +1,38 @@
+// GatherQmm's sorted schedule on the GPU (metal_shaders/gather_qmm_tile.comp): a work list
+// of runs of <= 32 pairs of one expert (qmm_tiles), then 32 x 64 output tiles that read
+// each weight once per tile (qmm_tile, or qmm_mma on int8 tensor cores).
+#include <algorithm>
+
+#include "gather_qmm.h"
+
+namespace switchboard::gpu {
+namespace {
+
+// Sorted pairs (or pairs without rhs) from this many on, and with rhs at least
+// kQmmTilePairsPerExpert per expert on average, take the tiled kernel (qmm_tile): weights read once per tile of 32
+// pairs instead of once per pair. Below that its tiles run mostly empty (H100: at 2 pairs per expert it takes twice as
+// long as qmm, at 8 half as long).
+constexpr int64_t kQmmTileMinPairs = 64;
+constexpr int64_t kQmmTilePairsPerExpert = 4;
+
+}  // namespace
+
+bool qmm_tiled(const QmmSetup& q) {
+  return q.pairs >= kQmmTileMinPairs &&
+         (q.rhs.defined() ? q.sorted != 0 && q.pairs >= kQmmTilePairsPerExpert * q.experts : true) &&
+         (q.x.dtype() == DType::kF32 || q.nout % 2 == 0);
+}
+
+Result<QmmTileList> qmm_tile_list(Runtime& rt, QmmSetup& q) {
+  QmmTileList t;
+  t.max_tiles = q.pairs / SB_QMM_TILE_PAIRS + std::min(q.experts, q.pairs);
+  SB_RETURN_IF_ERROR(u32_count(1 + 3 * t.max_tiles, "GatherQmm tiles").status());
+  SB_ASSIGN_OR_RETURN(t.bt, rt.scratch(static_cast<size_t>(1 + 3 * t.max_tiles) * 4, 0));
+  k::QmmArgs args = q.args;
+  args.tiles = static_cast<uint32_t>(t.max_tiles);
+  SB_RETURN_IF_ERROR(rt.dispatch("qmm_tiles", {q.br, q.bi, t.bt, rt.error_word()}, &args, sizeof(args), 256));
+  return t;
+}
+
+
+}  // namespace switchboard::gpu

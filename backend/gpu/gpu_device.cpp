@@ -1,0 +1,241 @@
+// The GPU device (Vulkan and Metal alike): the kernel registry the op families fill
+// (backend/gpu/<family>.cpp), the fusions it plans, the ops and dtypes it refuses at plan
+// time, and sync(). Data-dependent checks (indices, permutations) run on the device and
+// surface at sync() as errors.
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <unordered_map>
+
+#include "gather_qmm.h"
+#include "gpu_ops.h"
+
+namespace switchboard::gpu {
+namespace {
+
+class GpuDevice final : public Device {
+ public:
+  GpuDevice(std::unique_ptr<Runtime> rt, std::string name);
+  const std::string& name() const override { return name_; }
+  const std::string& description() const override { return rt_->description(); }
+  const KernelRegistry& kernels() const override { return registry_; }
+  Status can_run(const fb::OpNodeUnion& op, const KernelContext& ctx) const override;
+  Fusion fuse(const std::vector<std::unique_ptr<fb::InstructionT>>& ins, size_t i,
+              const PrivateTemp& private_temp) const override;
+  Status sync() override {
+    handoff_ = {};
+    return rt_->sync();
+  }
+  double last_device_us() const override { return rt_->last_gpu_us(); }
+  long queued_refs(const Tensor& t) const override { return rt_->queued_refs(t); }
+  Result<DeviceFloor> measure_floor(uint64_t bytes) override {
+    SB_ASSIGN_OR_RETURN(ReadFloor f, measure_read_floor(*rt_, bytes));
+    return DeviceFloor{f.gbps, f.empty_us, f.read_us};
+  }
+  Runtime& rt() { return *rt_; }
+  MoeHandoff& handoff() { return handoff_; }
+  Result<BufferRef> node_table(const void* node, const std::vector<uint32_t>& words) {
+    auto it = node_tables_.find(node);
+    if (it == node_tables_.end()) {
+      SB_ASSIGN_OR_RETURN(Tensor t, Tensor::from_vector(DType::kU32, {static_cast<int64_t>(words.size())}, words));
+      it = node_tables_.emplace(node, std::move(t)).first;
+    }
+    return rt_->bind(it->second, true);
+  }
+
+ private:
+  std::unordered_map<const void*, Tensor> node_tables_;
+  MoeHandoff handoff_;
+  std::unique_ptr<Runtime> rt_;
+  std::string name_;
+  KernelRegistry registry_;
+};
+
+bool same_tid(const std::unique_ptr<fb::Tid>& a, const std::unique_ptr<fb::Tid>& b) {
+  return a ? b && a->idx() == b->idx() : !b;
+}
+
+bool same_iov(const std::unique_ptr<fb::IntOrVidT>& a, const std::unique_ptr<fb::IntOrVidT>& b) {
+  if (!a || !b) return !a && !b;
+  if (a->is_vid != b->is_vid) return false;
+  return a->is_vid ? a->vid && b->vid && a->vid->idx() == b->vid->idx() : a->literal == b->literal;
+}
+
+bool all_float(const KernelContext& ctx, std::initializer_list<const fb::Tid*> tids) {
+  for (const fb::Tid* t : tids)
+    if (t && !dtype_is_float(ctx.declared_dtype(t))) return false;
+  return true;
+}
+
+GpuDevice::GpuDevice(std::unique_ptr<Runtime> rt, std::string name) : rt_(std::move(rt)), name_(std::move(name)) {
+  register_elementwise(registry_);
+  register_cast(registry_);
+  register_shape_ops(registry_);
+  register_glu(registry_);
+  register_combine(registry_);
+  register_permute(registry_);
+  register_router(registry_);
+  register_gather_qmm(registry_);
+  register_gather_mm(registry_);
+  register_matmul(registry_);
+  register_norm(registry_);
+  register_reduce(registry_);
+}
+
+// Decode's gate and up projections with their Glu: GatherQmm, GatherQmm (either order),
+// Glu of their two outputs, which nothing after the Glu reads. Same x, indices and widths.
+Fusion GpuDevice::fuse(const std::vector<std::unique_ptr<fb::InstructionT>>& ins, size_t i,
+                       const PrivateTemp& private_temp) const {
+  if (i + 2 <= ins.size() && ins[i]->op.type == fb::OpNode::ScatterRowsNode &&
+      ins[i + 1]->op.type == fb::OpNode::CombineNode) {
+    const auto* sc = ins[i]->op.AsScatterRowsNode();
+    const auto* cn = ins[i + 1]->op.AsCombineNode();
+    const uint32_t ys = sc->out->idx();
+    const bool only_y = cn->y->idx() == ys && cn->weights->idx() != ys && (!cn->shared || cn->shared->idx() != ys) &&
+                        (!cn->shared_gate || cn->shared_gate->idx() != ys);
+    if (only_y && private_temp(sc->out.get(), i + 1)) return Fusion{scatter_combine, 2};
+    return {};
+  }
+  if (i + 3 > ins.size() || ins[i]->op.type != fb::OpNode::GatherQmmNode ||
+      ins[i + 1]->op.type != fb::OpNode::GatherQmmNode || ins[i + 2]->op.type != fb::OpNode::GluNode)
+    return {};
+  const auto* a = ins[i]->op.AsGatherQmmNode();
+  const auto* b = ins[i + 1]->op.AsGatherQmmNode();
+  const auto* glu_node = ins[i + 2]->op.AsGluNode();
+  const uint32_t ga = a->out->idx(), gb = b->out->idx(), gg = glu_node->gate->idx(), gu = glu_node->up->idx();
+  const bool outs_feed_glu = (ga == gg && gb == gu) || (ga == gu && gb == gg);
+  const bool plain = !a->combine_weights && !b->combine_weights && !a->shared && !b->shared;
+  const bool alike = same_tid(a->x, b->x) && same_tid(a->lhs_indices, b->lhs_indices) &&
+                     same_tid(a->rhs_indices, b->rhs_indices) && same_iov(a->sorted_indices, b->sorted_indices) &&
+                     a->bits == b->bits && a->group_size == b->group_size && a->expert_bits == b->expert_bits;
+  if (!outs_feed_glu || ga == gb || !plain || !alike || !private_temp(a->out.get(), i + 2) ||
+      !private_temp(b->out.get(), i + 2))
+    return {};
+  if (i + 4 <= ins.size() && ins[i + 3]->op.type == fb::OpNode::GatherQmmNode && a->rhs_indices) {
+    // The sorted FFN: the down projection of the Glu's output, rows by pair, same experts.
+    const auto* d = ins[i + 3]->op.AsGatherQmmNode();
+    const uint32_t h = glu_node->out->idx();
+    auto not_h = [&](const std::unique_ptr<fb::Tid>& t) { return !t || t->idx() != h; };
+    if (d->x->idx() == h && !d->lhs_indices && same_tid(d->rhs_indices, a->rhs_indices) &&
+        same_iov(d->sorted_indices, a->sorted_indices) && not_h(d->combine_weights) && not_h(d->shared) &&
+        not_h(d->shared_gate) && not_h(d->w) && not_h(d->scales) && not_h(d->biases) &&
+        private_temp(glu_node->out.get(), i + 3))
+      return Fusion{moe_ffn, 4};
+  }
+  return Fusion{gate_up_glu, 3};
+}
+
+Status GpuDevice::can_run(const fb::OpNodeUnion& op, const KernelContext& ctx) const {
+  auto refuse = [&](const char* why) {
+    return make_error(StatusCode::kUnimplemented, "device '%s' has no kernel for this %s", name_.c_str(), why);
+  };
+  const bool int64 = rt_->int64();
+  switch (op.type) {
+    case fb::OpNode::BinaryNode: {
+      const auto* n = op.AsBinaryNode();
+      if (needs_int_kernel_binary(ctx.declared_dtype(n->a.get())) && !int64)
+        return refuse("integer Binary (the device has no 64-bit integers)");
+      if (n->op == fb::BinaryOp::Div && !rt_->exact_division())
+        return refuse("Div (the start-up probe found its division not correctly rounded)");
+      return Status::ok();
+    }
+    case fb::OpNode::UnaryNode:
+      return needs_int_kernel_unary(ctx.declared_dtype(op.AsUnaryNode()->x.get())) && !int64
+                 ? refuse("integer Unary (the device has no 64-bit integers)")
+                 : Status::ok();
+    case fb::OpNode::CastNode: {
+      const auto* n = op.AsCastNode();
+      const bool i64 = ctx.declared_dtype(n->x.get()) == DType::kI64 || ctx.declared_dtype(n->out.get()) == DType::kI64;
+      return i64 && !int64 ? refuse("Cast to or from i64 (the device has no 64-bit integers)") : Status::ok();
+    }
+    case fb::OpNode::ReduceNode: {
+      const auto* n = op.AsReduceNode();
+      if (!all_float(ctx, {n->x.get()})) return refuse("integer Reduce");
+      return n->op == fb::ReduceOp::Mean && !rt_->exact_division()
+                 ? refuse("Mean (the start-up probe found its division not correctly rounded)")
+                 : Status::ok();
+    }
+    case fb::OpNode::ArgmaxNode:
+      return !all_float(ctx, {op.AsArgmaxNode()->x.get()}) && !int64
+                 ? refuse("integer Argmax (the device has no 64-bit integers)")
+                 : Status::ok();
+    default: return Status::ok();
+  }
+}
+
+}  // namespace
+
+Runtime& rt_of(KernelContext& ctx) { return static_cast<GpuDevice&>(ctx.device()).rt(); }
+
+MoeHandoff& moe_handoff(KernelContext& ctx) { return static_cast<GpuDevice&>(ctx.device()).handoff(); }
+
+Result<BufferRef> node_table(KernelContext& ctx, const void* node, const std::vector<uint32_t>& words) {
+  return static_cast<GpuDevice&>(ctx.device()).node_table(node, words);
+}
+
+Result<BufferRef> bind_in(KernelContext& ctx, const fb::Tid* tid, Tensor* keep) {
+  SB_ASSIGN_OR_RETURN(Tensor t, ctx.in(tid));
+  if (keep) *keep = t;
+  return rt_of(ctx).bind(t, ctx.is_constant(tid));
+}
+
+Result<uint32_t> u32_count(int64_t n, const char* what) {
+  SB_CHECK_OR_RETURN(n >= 0 && n < (int64_t{1} << 31), StatusCode::kUnimplemented,
+                     "%s: %lld elements exceed the Vulkan kernels' 2^31 limit", what, (long long)n);
+  return static_cast<uint32_t>(n);
+}
+
+uint64_t words_of(DType t, int64_t n) { return (static_cast<uint64_t>(n) * dtype_size(t) + 3) / 4; }
+
+uint64_t int_invocations(DType t, int64_t n) {
+  return dtype_size(t) == 1 ? (static_cast<uint64_t>(n) + 3) / 4 : static_cast<uint64_t>(n);
+}
+
+bool needs_int_kernel_binary(DType t) { return !dtype_is_float(t) && t != DType::kI32; }
+bool needs_int_kernel_unary(DType t) { return !dtype_is_float(t) && t != DType::kI32 && t != DType::kU32; }
+
+Status bind_indices(KernelContext& ctx, const std::unique_ptr<fb::Tid>& lhs_tid,
+                    const std::unique_ptr<fb::Tid>& rhs_tid, BufferRef stand_in, Tensor& lhs, Tensor& rhs,
+                    BufferRef& bl, BufferRef& br) {
+  bl = br = stand_in;
+  if (lhs_tid) {
+    SB_ASSIGN_OR_RETURN(bl, bind_in(ctx, lhs_tid.get(), &lhs));
+  }
+  if (rhs_tid) {
+    SB_ASSIGN_OR_RETURN(br, bind_in(ctx, rhs_tid.get(), &rhs));
+  }
+  return Status::ok();
+}
+
+std::unique_ptr<Device> make_gpu_device(std::unique_ptr<GpuRuntime> rt, std::string name) {
+  return std::make_unique<GpuDevice>(std::move(rt), std::move(name));
+}
+
+uint64_t max_groups_x() {
+  static const uint64_t v = [] {
+    const char* e = std::getenv("SWITCHBOARD_GPU_MAX_GROUPS_X");
+    const long long n = e ? std::atoll(e) : 0;
+    return n >= 1 && n <= 65535 ? static_cast<uint64_t>(n) : uint64_t{65535};
+  }();
+  return v;
+}
+
+Status status_from_error_bits(uint32_t bits) {
+  // A bad permutation also leaves unclaimed rows that read as bad indices: report the cause.
+  if (bits & SB_ERR_PERMUTATION)
+    return make_error(StatusCode::kInvalidArgument, "indices are not a permutation (found on the device)");
+  // A kernel that gave up waiting for the router's indices also sees a bad index (-1).
+  if (bits & SB_ERR_HANDOFF)
+    return make_error(StatusCode::kInternal, "a kernel gave up waiting for the router's indices (found on the device)");
+  if (bits & SB_ERR_INDEX) return make_error(StatusCode::kOutOfRange, "an index is out of range (found on the device)");
+  if (bits & SB_ERR_PRUNED)
+    return make_error(StatusCode::kInvalidArgument, "a pair selects an expert which is pruned (0 bits)");
+  if (bits & SB_ERR_ROUTER)
+    return make_error(StatusCode::kInternal, "the router found fewer selectable experts than k");
+  if (bits & SB_ERR_UNSORTED)
+    return make_error(StatusCode::kInvalidArgument, "sorted_indices is set but rhs_indices is not ascending");
+  if (bits & SB_ERR_DIV_ZERO) return make_error(StatusCode::kInvalidArgument, "FloorDiv by zero (found on the device)");
+  return Status::ok();
+}
+
+}  // namespace switchboard::gpu

@@ -1,0 +1,98 @@
+// What the GPU op families' host files (backend/gpu/<family>.cpp, one per
+// metal_shaders/<family>.comp) share: the device's runtime, operand binding and count
+// checks, each family's registration, and the kernels one family calls from another.
+// Each kernel checks shapes on the host, binds its operands and records dispatches;
+// they run at the device's sync().
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "device.h"
+#include "gpu_kernel_table.h"
+#include "gpu_runtime.h"
+
+namespace switchboard::gpu {
+
+namespace k = kernels;
+using Runtime = GpuRuntime;
+
+// --- the device (gpu_device.cpp) ---------------------------------------------------
+Runtime& rt_of(KernelContext& ctx);
+// A per-node table of words computed on the host (GatherQmm's expert table), kept and
+// bound as a constant: uploaded on the node's first run only.
+Result<BufferRef> node_table(KernelContext& ctx, const void* node, const std::vector<uint32_t>& words);
+// The tensor in `tid` bound for a kernel (kept in *keep when given).
+Result<BufferRef> bind_in(KernelContext& ctx, const fb::Tid* tid, Tensor* keep = nullptr);
+// n as a kernel's u32 count; kUnimplemented past the kernels' 2^31 limit.
+Result<uint32_t> u32_count(int64_t n, const char* what);
+// 32-bit words of n elements of t.
+uint64_t words_of(DType t, int64_t n);
+// Invocations of the integer kernels (int64.glsl): byte dtypes four elements each, else one.
+uint64_t int_invocations(DType t, int64_t n);
+// Dtypes the 32-bit word kernels do not cover (int64.glsl kernels; refused without int64).
+bool needs_int_kernel_binary(DType t);
+bool needs_int_kernel_unary(DType t);
+// The optional lhs/rhs index operands of GatherQmm/GatherMm: bound (with the tensors
+// kept in `lhs`/`rhs`), or `stand_in` (never read) when absent.
+Status bind_indices(KernelContext& ctx, const std::unique_ptr<fb::Tid>& lhs_tid,
+                    const std::unique_ptr<fb::Tid>& rhs_tid, BufferRef stand_in, Tensor& lhs, Tensor& rhs,
+                    BufferRef& bl, BufferRef& br);
+
+// --- families: registration -----------------------------------------------------------
+void register_elementwise(KernelRegistry& r);
+void register_cast(KernelRegistry& r);
+void register_shape_ops(KernelRegistry& r);
+void register_glu(KernelRegistry& r);
+void register_combine(KernelRegistry& r);
+void register_permute(KernelRegistry& r);
+void register_router(KernelRegistry& r);
+void register_gather_qmm(KernelRegistry& r);
+void register_gather_mm(KernelRegistry& r);
+void register_matmul(KernelRegistry& r);
+void register_norm(KernelRegistry& r);
+void register_reduce(KernelRegistry& r);
+
+// --- kernels other families call ----------------------------------------------------
+Status glu(KernelContext& ctx, const fb::OpNodeUnion& op);
+
+// Combine's operands besides y: weights [T, k] f32, optional shared [T, D] and its gate
+// [T, 1] (absent ones stand in as the weights' binding, never read).
+struct CombineOperands {
+  Tensor w, shared, gate;
+  BufferRef bw, bs, bgate;
+  int64_t tokens = 0, slots = 0;
+};
+Result<CombineOperands> bind_combine(KernelContext& ctx, const fb::Tid* weights_tid, const fb::Tid* shared_tid,
+                                     const fb::Tid* gate_tid, int64_t dim);
+// out = base + sum over slots of weights * y (slot order), y: [T*k, D] on the device;
+// with `rows` (combine_rows), slot p's row of y is rows[p].
+Status combine_impl(KernelContext& ctx, const Tensor& y, BufferRef by, const CombineOperands& c, const fb::Tid* out_tid,
+                    const BufferRef* rows = nullptr);
+// Whether Combine of y at `by` into `bo` takes combine16 (rows of whole 16-byte units).
+bool combine_by16(const Tensor& y, BufferRef by, BufferRef bo, int64_t outputs);
+Status combine(KernelContext& ctx, const fb::OpNodeUnion& op);
+
+// out_rows rows of x gathered through the i32 row indices at bidx.
+Status gather_rows_impl(KernelContext& ctx, const Tensor& x, BufferRef bx, BufferRef bidx, int64_t out_rows,
+                        const fb::Tid* out_tid);
+// ScatterRows' operands bound and its permutation inverted on the device (checked there:
+// a repeat or an index out of range raises SB_ERR_PERMUTATION).
+struct Scatter {
+  Tensor x, idx;
+  BufferRef bx, inv;
+};
+Result<Scatter> invert_scatter(KernelContext& ctx, const fb::ScatterRowsNodeT* n);
+
+Status gather_qmm(KernelContext& ctx, const fb::OpNodeUnion& op);
+
+// --- fusions (GpuDevice::fuse picks them) ----------------------------------------------
+// ScatterRows + Combine of its private output (combine.cpp).
+Status scatter_combine(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>* ins);
+// GatherQmm gate, GatherQmm up, Glu (gather_qmm_row.cpp).
+Status gate_up_glu(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>* ins);
+// ... + the down GatherQmm of the Glu's output (gather_qmm_mma.cpp).
+Status moe_ffn(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>* ins);
+
+}  // namespace switchboard::gpu

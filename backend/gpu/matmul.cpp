@@ -1,0 +1,99 @@
+// Matmul and BatchMatmul on the GPU (metal_shaders/matmul.comp).
+#include "gpu_ops.h"
+#include "op_shapes.h"
+
+namespace switchboard::gpu {
+namespace {
+
+// Rows from which matmul_rows16 takes a GEMV (below, attention heads keep `matmul`).
+constexpr uint32_t kMatmulRows16MinK = 1024;
+
+// MatmulArgs of one [rows, k] x [k, cols] product: no bias, batch and group 1.
+k::MatmulArgs matmul_args(int64_t rows, int64_t cols, int64_t kdim, DType a, DType b, bool transpose_b) {
+  k::MatmulArgs args{};
+  args.rows = static_cast<uint32_t>(rows);
+  args.cols = static_cast<uint32_t>(cols);
+  args.k = static_cast<uint32_t>(kdim);
+  args.dtype = static_cast<uint32_t>(a);
+  args.b_dtype = static_cast<uint32_t>(b);
+  args.transpose_b = transpose_b;
+  args.batch = 1;
+  args.group = 1;
+  return args;
+}
+
+// Matmul / BatchMatmul: 16 x 16 output tiles per workgroup (matmul_tile) when rows and
+// columns both fill tiles (prefill), else one output word per 32-lane workgroup (decode
+// GEMVs: the lanes split k). 16-bit outputs of odd width share words across rows, which
+// only the per-output kernel handles.
+Status dispatch_matmul(Runtime& rt, const k::MatmulArgs& args, DType dtype, const std::vector<BufferRef>& binds) {
+  const uint64_t batch = args.batch, rows = args.rows, cols = args.cols;
+  if (rows >= 16 && cols >= 16 && (dtype == DType::kF32 || cols % 2 == 0))
+    return rt.dispatch("matmul_tile", binds, &args, sizeof(args),
+                       256 * batch * ((rows + 15) / 16) * ((cols + 15) / 16));
+  // Long rows of a and (transposed) b in whole 16-byte units at 16-byte aligned offsets:
+  // matmul_rows16 copies them with 16-byte loads (decode GEMVs such as the router logits
+  // are latency-bound). Short rows (attention heads) keep `matmul`: the copy's shared
+  // memory costs occupancy there (H100 whole-model decode 55 -> 47 tok/s with head rows).
+  const bool rows16 = args.transpose_b != 0 && args.k >= kMatmulRows16MinK && args.k % (16 / dtype_size(dtype)) == 0 &&
+                      args.k % (16 / dtype_size(static_cast<DType>(args.b_dtype))) == 0 && binds[0].offset % 16 == 0 &&
+                      binds[1].offset % 16 == 0;
+  return rt.dispatch(rows16 ? "matmul_rows16" : "matmul", binds, &args, sizeof(args),
+                     32 * words_of(dtype, static_cast<int64_t>(batch * rows * cols)));
+}
+
+Status matmul(KernelContext& ctx, const fb::OpNodeUnion& op) {
+  const auto* n = op.AsMatmulNode();
+  Runtime& rt = rt_of(ctx);
+  Tensor a, b, bias;
+  SB_ASSIGN_OR_RETURN(BufferRef ba, bind_in(ctx, n->a.get(), &a));
+  SB_ASSIGN_OR_RETURN(BufferRef bb, bind_in(ctx, n->b.get(), &b));
+  BufferRef bbias = ba;  // stand-in when absent
+  if (n->bias) {
+    SB_ASSIGN_OR_RETURN(bbias, bind_in(ctx, n->bias.get(), &bias));
+  }
+  SB_ASSIGN_OR_RETURN(ops::MatmulDims dims, ops::matmul_dims(a, b, n->transpose_b, bias));
+  const int64_t kdim = dims.k, rows = dims.rows, cols = dims.cols;
+  SB_RETURN_IF_ERROR(u32_count(std::max({a.numel(), b.numel(), rows * cols}), "Matmul").status());
+  Shape shape = a.shape();
+  shape.back() = cols;
+  SB_ASSIGN_OR_RETURN(Tensor out, rt.alloc(a.dtype(), shape));
+  SB_ASSIGN_OR_RETURN(BufferRef bo, rt.bind(out, false));
+  k::MatmulArgs args = matmul_args(rows, cols, kdim, a.dtype(), b.dtype(), n->transpose_b);
+  args.has_bias = bias.defined();
+  args.bias_dtype = bias.defined() ? static_cast<uint32_t>(bias.dtype()) : 0;
+  SB_RETURN_IF_ERROR(dispatch_matmul(rt, args, a.dtype(), {ba, bb, bbias, bo}));
+  return ctx.out(n->out.get(), std::move(out));
+}
+
+// Softmax / RmsNorm along the last axis (norm.comp), one thread per row. 16-bit rows of
+// odd length would share output words between threads, so they go through f32 and a
+// Cast (the same single rounding as a direct store).
+Status batch_matmul(KernelContext& ctx, const fb::OpNodeUnion& op) {
+  const auto* n = op.AsBatchMatmulNode();
+  Runtime& rt = rt_of(ctx);
+  Tensor a, b;
+  SB_ASSIGN_OR_RETURN(BufferRef ba, bind_in(ctx, n->a.get(), &a));
+  SB_ASSIGN_OR_RETURN(BufferRef bb, bind_in(ctx, n->b.get(), &b));
+  SB_ASSIGN_OR_RETURN(ops::MatmulDims dims, ops::batch_matmul_dims(a, b, n->transpose_b));
+  const int64_t batch = dims.batch, m = dims.rows, kdim = dims.k, cols = dims.cols;
+  SB_RETURN_IF_ERROR(u32_count(std::max({a.numel(), b.numel(), batch * m * cols}), "BatchMatmul").status());
+  SB_ASSIGN_OR_RETURN(Tensor out, rt.alloc(a.dtype(), {batch, m, cols}));
+  SB_ASSIGN_OR_RETURN(BufferRef bo, rt.bind(out, false));
+  k::MatmulArgs args = matmul_args(m, cols, kdim, a.dtype(), b.dtype(), n->transpose_b);
+  args.batch = static_cast<uint32_t>(batch);
+  args.group = static_cast<uint32_t>(dims.group);
+  SB_RETURN_IF_ERROR(dispatch_matmul(rt, args, a.dtype(), {ba, bb, ba, bo}));
+  return ctx.out(n->out.get(), std::move(out));
+}
+
+// x viewed as [outer, d, inner] around `axis`; out drops the axis (1 with keepdims).
+
+}  // namespace
+
+void register_matmul(KernelRegistry& r) {
+  r.add(fb::OpNode::MatmulNode, matmul);
+  r.add(fb::OpNode::BatchMatmulNode, batch_matmul);
+}
+
+}  // namespace switchboard::gpu

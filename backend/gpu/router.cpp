@@ -1,0 +1,64 @@
+// The fused routers on the GPU (metal_shaders/router.comp): one workgroup per token.
+#include <algorithm>
+
+#include "gather_qmm.h"
+#include "gpu_ops.h"
+
+namespace switchboard::gpu {
+namespace {
+
+Status router(KernelContext& ctx, const fb::OpNodeUnion& op) {
+  const auto* n = op.AsRouterNode();
+  Runtime& rt = rt_of(ctx);
+  Tensor logits, bias, scale;
+  SB_ASSIGN_OR_RETURN(BufferRef bl, bind_in(ctx, n->logits.get(), &logits));
+  BufferRef bb = bl, bs = bl;  // stand-ins when absent
+  if (n->selection_bias) {
+    SB_ASSIGN_OR_RETURN(bb, bind_in(ctx, n->selection_bias.get(), &bias));
+  }
+  if (n->expert_scale) {
+    SB_ASSIGN_OR_RETURN(bs, bind_in(ctx, n->expert_scale.get(), &scale));
+  }
+  const int64_t tokens = logits.dim(0), e = logits.dim(1);
+  std::vector<uint32_t> live(static_cast<size_t>(e), 1);
+  for (int32_t p : n->pruned_experts) live[static_cast<size_t>(p)] = 0;
+  SB_ASSIGN_OR_RETURN(Tensor live_t, Tensor::from_vector(DType::kU32, {e}, live));
+  SB_ASSIGN_OR_RETURN(BufferRef blive, rt.bind(live_t, false));
+  SB_ASSIGN_OR_RETURN(Tensor weights, rt.alloc(DType::kF32, {tokens, n->k}));
+  SB_ASSIGN_OR_RETURN(Tensor indices, rt.alloc(DType::kI32, {tokens, n->k}));
+  SB_ASSIGN_OR_RETURN(BufferRef bw, rt.bind(weights, false));
+  SB_ASSIGN_OR_RETURN(BufferRef bi, rt.bind(indices, false));
+  if (rt.cross_dispatch_handoff()) {  // -1 until the router writes: see qmm_row_glu_2k_dot4's wait
+    int32_t* idx = indices.mutable_data_as<int32_t>();
+    std::fill(idx, idx + indices.numel(), -1);
+    moe_handoff(ctx) = {bi, bw, {}, {}, 0};
+  }
+  SB_CHECK_OR_RETURN(e <= 1024 && n->k <= 64, StatusCode::kUnimplemented,
+                     "Router on the GPU: %lld experts / k = %d exceed 1024 / 64", (long long)e, n->k);
+  k::RouterArgs args{};
+  args.tokens = static_cast<uint32_t>(tokens);
+  args.experts = static_cast<uint32_t>(e);
+  args.k = static_cast<uint32_t>(n->k);
+  args.kind = static_cast<uint32_t>(n->kind);
+  args.dtype = static_cast<uint32_t>(logits.dtype());
+  args.renormalize = n->renormalize;
+  args.n_group = static_cast<uint32_t>(n->n_group);
+  args.topk_group = static_cast<uint32_t>(n->topk_group);
+  args.routed_scaling_factor = n->routed_scaling_factor;
+  args.has_bias = bias.defined();
+  args.has_scale = scale.defined();
+  // One workgroup of 256 threads per token (router.comp); the router_e256_* variants have
+  // a quarter of the shared memory and only their kind's code.
+  static constexpr const char* kE256[] = {"router_e256_softmax", "router_e256_topk_softmax", "router_e256_sigmoid"};
+  SB_CHECK_OR_RETURN(args.kind < 3, StatusCode::kInvalidArgument, "Router kind %u is not known", args.kind);
+  SB_RETURN_IF_ERROR(rt.dispatch(e <= 256 ? kE256[args.kind] : "router", {bl, bb, bs, blive, bw, bi, rt.error_word()},
+                                 &args, sizeof(args), 256 * static_cast<uint64_t>(tokens)));
+  SB_RETURN_IF_ERROR(ctx.out(n->weights.get(), std::move(weights)));
+  return ctx.out(n->indices.get(), std::move(indices));
+}
+
+}  // namespace
+
+void register_router(KernelRegistry& r) { r.add(fb::OpNode::RouterNode, router); }
+
+}  // namespace switchboard::gpu

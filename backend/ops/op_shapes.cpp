@@ -1,0 +1,202 @@
+// The op families' shape rules (op_shapes.h), shared by every device.
+#include "op_shapes.h"
+
+#include <algorithm>
+
+#include "element_access.h"
+
+namespace switchboard::ops {
+
+Result<int64_t> normalize_axis(int64_t axis, int64_t rank) {
+  int64_t a = axis < 0 ? axis + rank : axis;
+  SB_CHECK_OR_RETURN(a >= 0 && a < rank, StatusCode::kInvalidArgument, "axis %lld out of range for rank %lld",
+                     static_cast<long long>(axis), static_cast<long long>(rank));
+  return a;
+}
+
+Result<std::vector<int64_t>> read_indices(KernelContext& ctx, const std::unique_ptr<fb::Tid>& tid, const char* field,
+                                          int64_t limit) {
+  std::vector<int64_t> v;
+  if (!tid) return v;
+  SB_ASSIGN_OR_RETURN(Tensor t, ctx.in(tid.get()));
+  const int32_t* p = t.data_as<int32_t>();
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    SB_CHECK_OR_RETURN(p[i] >= 0 && p[i] < limit, StatusCode::kOutOfRange, "%s[%lld] = %d out of range [0, %lld)",
+                       field, (long long)i, p[i], (long long)limit);
+    v.push_back(p[i]);
+  }
+  return v;
+}
+
+Result<Shape> full_shape(KernelContext& ctx, const fb::FullNodeT& n) {
+  Shape shape;
+  for (size_t i = 0; i < n.shape.size(); ++i) {
+    SB_ASSIGN_OR_RETURN(int64_t d, ctx.resolve(n.shape[i].get()));
+    SB_CHECK_OR_RETURN(d >= 0, StatusCode::kInvalidArgument, "shape[%zu] = %lld is negative", i, (long long)d);
+    shape.push_back(d);
+  }
+  return shape;
+}
+
+void fill_value(void* data, DType t, int64_t count, double v) {
+  const int64_t iv = v != v ? 0 : v >= 9.2233720368547758e18 ? INT64_MAX : v <= -9.2233720368547758e18 ? INT64_MIN
+                                                                                                      : static_cast<int64_t>(v);
+  for (int64_t i = 0; i < count; ++i) {
+    if (dtype_is_float(t)) store_f32(data, t, i, static_cast<float>(v));
+    else store_i64(data, t, i, t == DType::kBool ? (v != 0) : iv);
+  }
+}
+
+Result<std::pair<int64_t, int64_t>> slice_range(KernelContext& ctx, const fb::SliceNodeT& n, const Tensor& x,
+                                                int64_t axis) {
+  SB_ASSIGN_OR_RETURN(int64_t start, ctx.resolve(n.start.get()));
+  SB_ASSIGN_OR_RETURN(int64_t stop, ctx.resolve(n.stop.get()));
+  const int64_t d = x.dim(axis);
+  auto clamp = [d](int64_t v) { return std::clamp(v < 0 ? v + d : v, int64_t{0}, d); };
+  start = clamp(start);
+  return std::make_pair(start, std::max(start, clamp(stop)));
+}
+
+Result<Shape> concat_shape(const std::vector<Tensor>& xs, int64_t axis) {
+  Shape shape = xs[0].shape();
+  shape[static_cast<size_t>(axis)] = 0;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    for (int64_t k = 0; k < xs[0].rank(); ++k)
+      SB_CHECK_OR_RETURN(k == axis || xs[i].dim(k) == xs[0].dim(k), StatusCode::kInvalidArgument,
+                         "inputs[%zu] shape %s does not match inputs[0] %s", i, shape_str(xs[i].shape()).c_str(),
+                         shape_str(xs[0].shape()).c_str());
+    shape[static_cast<size_t>(axis)] += xs[i].dim(axis);
+  }
+  return shape;
+}
+
+Result<TransposePlan> transpose_plan(const Tensor& x, const std::vector<int32_t>& perm) {
+  SB_CHECK_OR_RETURN(perm.size() == static_cast<size_t>(x.rank()), StatusCode::kInvalidArgument,
+                     "perm has %zu entries for x %s", perm.size(), shape_str(x.shape()).c_str());
+  std::vector<int64_t> stride(perm.size(), 1);
+  for (int64_t a = x.rank() - 2; a >= 0; --a) stride[a] = stride[a + 1] * x.dim(a + 1);
+  TransposePlan p;
+  for (int32_t ax : perm) {
+    SB_CHECK_OR_RETURN(ax >= 0 && ax < x.rank(), StatusCode::kInvalidArgument, "perm entry %d out of range", ax);
+    const int64_t d = x.dim(ax);
+    p.out_shape.push_back(d);
+    if (d == 1) continue;
+    if (!p.dims.empty() && p.src_strides.back() == stride[ax] * d) {
+      p.dims.back() *= d;  // adjacent in x too: one axis
+      p.src_strides.back() = stride[ax];
+    } else {
+      p.dims.push_back(d);
+      p.src_strides.push_back(stride[ax]);
+    }
+  }
+  return p;
+}
+
+namespace {
+Status check_inner(const Tensor& a, const Tensor& b, bool transpose_b, int64_t bk, int64_t k) {
+  SB_CHECK_OR_RETURN(bk == k, StatusCode::kInvalidArgument, "inner dims differ: a %s, b %s (transpose_b=%d)",
+                     shape_str(a.shape()).c_str(), shape_str(b.shape()).c_str(), transpose_b ? 1 : 0);
+  return Status::ok();
+}
+}  // namespace
+
+Result<MatmulDims> matmul_dims(const Tensor& a, const Tensor& b, bool transpose_b, const Tensor& bias) {
+  SB_CHECK_OR_RETURN(a.rank() >= 1 && b.rank() == 2, StatusCode::kInvalidArgument, "a %s, b %s: need a [..., K], b 2-D",
+                     shape_str(a.shape()).c_str(), shape_str(b.shape()).c_str());
+  MatmulDims m;
+  m.k = a.dim(a.rank() - 1);
+  m.rows = 1;  // product of a's leading dims (K may be 0)
+  for (int64_t d = 0; d + 1 < a.rank(); ++d) m.rows *= a.dim(d);
+  m.cols = transpose_b ? b.dim(0) : b.dim(1);
+  SB_RETURN_IF_ERROR(check_inner(a, b, transpose_b, transpose_b ? b.dim(1) : b.dim(0), m.k));
+  if (bias.defined())
+    SB_CHECK_OR_RETURN(bias.rank() == 1 && bias.dim(0) == m.cols, StatusCode::kInvalidArgument,
+                       "bias %s, expected [%lld]", shape_str(bias.shape()).c_str(), (long long)m.cols);
+  return m;
+}
+
+Result<MatmulDims> batch_matmul_dims(const Tensor& a, const Tensor& b, bool transpose_b) {
+  MatmulDims m;
+  m.batch = a.dim(0);
+  m.rows = a.dim(1);
+  m.k = a.dim(2);
+  m.cols = transpose_b ? b.dim(1) : b.dim(2);
+  SB_RETURN_IF_ERROR(check_inner(a, b, transpose_b, transpose_b ? b.dim(2) : b.dim(1), m.k));
+  const int64_t bb = b.dim(0);
+  SB_CHECK_OR_RETURN(bb > 0 ? m.batch % bb == 0 : m.batch == 0, StatusCode::kInvalidArgument,
+                     "a's batch %lld is not a multiple of b's batch %lld", (long long)m.batch, (long long)bb);
+  m.group = bb ? m.batch / bb : 1;
+  return m;
+}
+
+Status check_slice_update(const Tensor& u, const Tensor& dst, int64_t axis, int64_t start) {
+  SB_CHECK_OR_RETURN(u.rank() == dst.rank(), StatusCode::kInvalidArgument, "update rank differs from dst");
+  for (int64_t k = 0; k < dst.rank(); ++k)
+    SB_CHECK_OR_RETURN(k == axis || u.dim(k) == dst.dim(k), StatusCode::kInvalidArgument,
+                       "update %s does not match dst %s outside axis %lld", shape_str(u.shape()).c_str(),
+                       shape_str(dst.shape()).c_str(), (long long)axis);
+  const int64_t d = dst.dim(axis), len = u.dim(axis);
+  SB_CHECK_OR_RETURN(start >= 0 && start <= d - len, StatusCode::kOutOfRange,
+                     "start %lld + length %lld exceeds dst dim %lld", (long long)start, (long long)len, (long long)d);
+  return Status::ok();
+}
+
+AxisSplit split_at(const Shape& s, int64_t axis) {
+  AxisSplit r;
+  for (int64_t i = 0; i < static_cast<int64_t>(s.size()); ++i) {
+    if (i < axis) r.outer *= s[i];
+    else if (i == axis) r.dim = s[i];
+    else r.inner *= s[i];
+  }
+  return r;
+}
+
+Result<Shape> broadcast_shape(const Shape& a, const Shape& b) {
+  size_t r = std::max(a.size(), b.size());
+  Shape out(r);
+  for (size_t i = 0; i < r; ++i) {
+    int64_t da = i < r - a.size() ? 1 : a[i - (r - a.size())];
+    int64_t db = i < r - b.size() ? 1 : b[i - (r - b.size())];
+    SB_CHECK_OR_RETURN(da == db || da == 1 || db == 1, StatusCode::kInvalidArgument,
+                       "shapes %s and %s do not broadcast", shape_str(a).c_str(), shape_str(b).c_str());
+    out[i] = da == 1 ? db : da;
+  }
+  return out;
+}
+
+std::vector<int64_t> broadcast_strides(const Shape& s, const Shape& out) {
+  std::vector<int64_t> st(out.size(), 0);
+  int64_t stride = 1;
+  for (size_t k = 0; k < s.size(); ++k) {
+    size_t i = s.size() - 1 - k, o = out.size() - 1 - k;
+    st[o] = s[i] == 1 ? 0 : stride;
+    stride *= s[i];
+  }
+  return st;
+}
+
+Result<Shape> reshape_shape(KernelContext& ctx, const fb::ReshapeNodeT& n, const Tensor& x) {
+  Shape shape;
+  int infer = -1;
+  int64_t known = 1;
+  for (size_t i = 0; i < n.shape.size(); ++i) {
+    SB_ASSIGN_OR_RETURN(int64_t d, ctx.resolve(n.shape[i].get()));
+    if (d == -1) {
+      SB_CHECK_OR_RETURN(infer < 0, StatusCode::kInvalidArgument, "shape has more than one -1");
+      infer = static_cast<int>(i);
+    } else {
+      SB_CHECK_OR_RETURN(d >= 0, StatusCode::kInvalidArgument, "shape[%zu] = %lld is negative", i, (long long)d);
+      SB_CHECK_OR_RETURN(d == 0 || known <= INT64_MAX / d, StatusCode::kOutOfRange, "shape overflows");
+      known *= d;
+    }
+    shape.push_back(d);
+  }
+  if (infer >= 0) {
+    SB_CHECK_OR_RETURN(known != 0 && x.numel() % known == 0, StatusCode::kInvalidArgument,
+                       "cannot infer -1: %lld elements into %s", (long long)x.numel(), shape_str(shape).c_str());
+    shape[infer] = x.numel() / known;
+  }
+  return shape;
+}
+
+}  // namespace switchboard::ops

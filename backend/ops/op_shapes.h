@@ -1,0 +1,70 @@
+// Shape rules of the op families (schema/program.fbs states each op's semantics): the
+// one place the CPU and GPU devices compute an op's output shape and check its operands,
+// so the same program fails with the same message on every device.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "device.h"
+#include "switchboard/tensor.h"
+
+namespace switchboard::ops {
+
+// Maps a possibly negative axis into [0, rank); error when out of range.
+Result<int64_t> normalize_axis(int64_t axis, int64_t rank);
+
+// Splits a shape around `axis` into outer * dim * inner element counts.
+struct AxisSplit {
+  int64_t outer = 1, dim = 1, inner = 1;
+};
+AxisSplit split_at(const Shape& s, int64_t axis);
+
+// Full: its resolved shape (an error names a negative dim), and `count` elements of
+// dtype t set to `value` as Full converts it (schema/program.fbs, FullNode).
+Result<Shape> full_shape(KernelContext& ctx, const fb::FullNodeT& n);
+void fill_value(void* data, DType t, int64_t count, double value);
+
+// Slice's [start, stop) on `axis` of x: negatives count from the end, both clamped
+// to [0, d], stop >= start.
+Result<std::pair<int64_t, int64_t>> slice_range(KernelContext& ctx, const fb::SliceNodeT& n, const Tensor& x,
+                                                int64_t axis);
+// Concat's output shape (inputs equal except at `axis`).
+Result<Shape> concat_shape(const std::vector<Tensor>& xs, int64_t axis);
+
+// Matmul / BatchMatmul dimensions after their shape checks. Matmul: rows = product of
+// a's leading dims; BatchMatmul: batch = Ba, group = Ba / Bb, rows = M.
+struct MatmulDims {
+  int64_t batch = 1, group = 1, rows = 0, k = 0, cols = 0;
+};
+Result<MatmulDims> matmul_dims(const Tensor& a, const Tensor& b, bool transpose_b, const Tensor& bias);
+Result<MatmulDims> batch_matmul_dims(const Tensor& a, const Tensor& b, bool transpose_b);
+
+// Transpose as a strided copy: out's shape, and out viewed as dims (row-major, axes of
+// size 1 dropped, neighbours merged where x keeps them adjacent) with x's element
+// stride for each; an empty dims means a single element.
+struct TransposePlan {
+  Shape out_shape;
+  std::vector<int64_t> dims, src_strides;
+};
+Result<TransposePlan> transpose_plan(const Tensor& x, const std::vector<int32_t>& perm);
+
+// SliceUpdate's shape rules: update matches dst outside `axis`, and fits at `start`.
+Status check_slice_update(const Tensor& u, const Tensor& dst, int64_t axis, int64_t start);
+
+// numpy broadcasting: align right; each pair of dims equal or one of them 1.
+Result<Shape> broadcast_shape(const Shape& a, const Shape& b);
+// Element strides of `s` seen through the broadcast shape `out` (0 on broadcast dims).
+std::vector<int64_t> broadcast_strides(const Shape& s, const Shape& out);
+
+// Reshape's resolved shape (one -1 inferred from x's element count).
+Result<Shape> reshape_shape(KernelContext& ctx, const fb::ReshapeNodeT& n, const Tensor& x);
+
+// An optional i32 index tensor read into int64, every entry checked to lie in
+// [0, limit); empty when the slot is absent. Errors name `field` and the entry.
+Result<std::vector<int64_t>> read_indices(KernelContext& ctx, const std::unique_ptr<fb::Tid>& tid, const char* field,
+                                          int64_t limit);
+
+}  // namespace switchboard::ops

@@ -1,0 +1,414 @@
+#version 450
+#extension GL_GOOGLE_include_directive : require
+#extension GL_EXT_control_flow_attributes : require
+// Vulkan only: int8 cooperative matrices (no MSL).
+#extension GL_NV_cooperative_matrix : require
+#extension GL_NV_integer_cooperative_matrix : require
+#extension GL_EXT_shader_explicit_arithmetic_types_int8 : require
+// GatherQmm's sorted tiles (gather_qmm_tile.comp's QMM_TILES work list) on int8
+// cooperative matrices: QMM_MMA, QMM_MMA4 (all-4-bit experts), QMM_MMA4_GLU (gate and up,
+// their Glu, h's Q8 blocks) and QMM_MMA_PROBE (the start-up check of the fragment
+// layout); thread -> output at each kernel below. Shared parts: gather_qmm_common.glsl.
+#ifdef QMM_MMA4_GLU  // QMM_MMA4 for a gate and an up projection: out = the Q8 blocks of their Glu
+#define QMM_MMA4
+#define SB_MMA_GLU
+#endif
+#ifdef QMM_MMA4  // QMM_MMA for 4-bit experts only: fewer registers, so faster
+#define QMM_MMA
+#define SB_MMA_BITS4
+#endif
+#include "gather_qmm_common.glsl"
+
+#ifdef QMM_MMA_PROBE
+layout(local_size_x = 32) in;
+#else
+layout(local_size_x = 256) in;
+#endif
+
+#ifdef QMM_MMA
+// QMM_TILE's work on int8 tensor cores (Vulkan with VK_NV_cooperative_matrix only; the
+// host falls back to QMM_TILE elsewhere): the same tiles and workgroup grid, 32 pairs x
+// 64 columns per workgroup, chunks of 64 K values. Per 32-block, subgroup w multiplies
+// rows 16 (w % 2) + [0, 16) of Q8 codes by columns 16 (w / 2) + [0, 16) of weight codes
+// (a 16x16x32 integer MMA) into exact int32 block dots Iq, and each invocation runs the
+// float steps of docs/numerics.md (block and group order) on the Iq it holds.
+// Thread -> output (lane l of subgroup w): element e of the accumulator is row
+// 16 (w % 2) + l / 4 + 8 (e / 4), column 16 (w / 2) + 8 ((e / 2) % 2) + 2 (l % 4) + e % 2 —
+// NVIDIA's fragment layout, which the device's start-up probe (QMM_MMA_PROBE) confirms
+// before this kernel is used.
+// 8-bit codes q are stored as q - 128 (int8) and their block dot gets 128 * Sx back.
+layout(std430, binding = 0) readonly buffer Q { uvec2 q2[]; };  // 8 words per block
+layout(std430, binding = 1) readonly buffer D { float dq[]; };
+layout(std430, binding = 2) readonly buffer S { int sq[]; };
+layout(std430, binding = 3) readonly buffer Wt { uint codes[]; };
+layout(std430, binding = 3) readonly buffer Wt4 { uvec4 codes4[]; };  // the same words, 16 bytes at a time
+layout(std430, binding = 4) readonly buffer Sc { uint scales[]; };
+layout(std430, binding = 5) readonly buffer Bi { uint biases[]; };
+layout(std430, binding = 6) readonly buffer L { int lhs[]; };
+layout(std430, binding = 7) readonly buffer T { uint tiles[]; };
+layout(std430, binding = 8) readonly buffer Ex { uint expert_info[]; };  // [E] bits, then [E] word offsets
+layout(std430, binding = 9) writeonly buffer O { uint o[]; };  // SB_MMA_GLU: h's Q8 codes
+layout(std430, binding = 10) buffer Er { uint err[]; };
+#ifdef SB_MMA_GLU
+// QMM_MMA4_GLU: workgroup (tile, c) computes gate and up columns [32c, 32c + 32) (the
+// weight columns 0..31 of the tile are gate rows, 32..63 up rows), then h = Glu of the
+// two rounded to the output dtype, and writes h's Q8 block c of each pair (the
+// QUANTIZE steps, in this kernel's permuted K order: the down projection's qmm_mma4
+// reads them). Thread -> block word after the MMAs: pair tid / 8, code word tid % 8.
+layout(std430, binding = 11) readonly buffer WtU { uint codes_up[]; };
+layout(std430, binding = 11) readonly buffer WtU4 { uvec4 codes_up4[]; };
+layout(std430, binding = 12) readonly buffer ScU { uint up_scales[]; };
+layout(std430, binding = 13) readonly buffer BiU { uint up_biases[]; };
+layout(std430, binding = 14) writeonly buffer HD { float hd[]; };
+layout(std430, binding = 15) writeonly buffer HS { int hs[]; };
+layout(push_constant) uniform Args { SB_QMM_GLU_ARGS } args;
+#define MMA_COLS 32u  // output columns per workgroup
+#else
+layout(push_constant) uniform Args { SB_QMM_ARGS } args;
+#define MMA_COLS 64u
+#endif
+
+const uint kTp = SB_QMM_TILE_PAIRS, kTn = 64u;
+const uint kAb = 20u;   // words per shared row of 64 int8 codes: 16 + 4 of padding (bank spread)
+#ifdef SB_MMA_GLU
+// s_a and s_b in one array: after the MMAs it holds the rounded gate and up results,
+// [pair][64] (the NVIDIA driver fits fewer workgroups per SM with more shared memory).
+shared uint s_ab[2048];
+#define s_a s_ab
+#define s_b s_ab
+const uint kA0 = 0u, kB0 = kTp * kAb;
+#else
+shared uint s_a[kTp * kAb];        // Q8 codes, row-major [pair][k]
+shared uint s_b[kTn * kAb];        // weight codes, [column][k]: B (k x n) column-major
+const uint kA0 = 0u, kB0 = 0u;
+#endif
+shared float s_d[2u * 2u * kTp];   // [chunk parity][block][pair]
+shared int s_sx[2u * 2u * kTp];
+shared float s_scale[2u * 2u * kTn];  // [chunk parity][block][column]: the block's group's s
+shared float s_bias[2u * 2u * kTn];
+shared int s_row[kTp];
+#ifndef SB_MMA_BITS4  // (declared but unused, it would still take shared memory: fewer workgroups per SM)
+shared uint s_raw[128u * 8u];  // each thread's weight words, for the widths other than 4 and 8
+#endif
+
+// A block's 32 codes of `bits` bits, from words w[0..bits), as 8 words of int8 at
+// s_b[dst]. Register arrays take constant indices only (a dynamically indexed one
+// lives in local memory on NVIDIA); the rare widths go through shared memory, in a
+// loop kept rolled (unrolled, it doubled the binary and missed in the instruction cache).
+void stage_block(uint bits, uint w[8], uint dst) {
+#ifdef SB_MMA_BITS4
+  // The K order inside each 8-code word is permuted to 0, 2, 4, 6, 1, 3, 5, 7 on both
+  // sides (quantize_q8 wrote x so): an exact integer dot does not depend on the order.
+  [[unroll]] for (uint i = 0u; i < 4u; ++i) {
+    s_b[dst + 2u * i] = w[i] & 0x0f0f0f0fu;
+    s_b[dst + 2u * i + 1u] = (w[i] >> 4u) & 0x0f0f0f0fu;
+  }
+#else
+  if (bits == 4u) {
+    [[unroll]] for (uint i = 0u; i < 4u; ++i) {
+      uint a = w[i] & 0x0f0f0f0fu, c = (w[i] >> 4u) & 0x0f0f0f0fu;  // codes 0,2,4,6 and 1,3,5,7
+      s_b[dst + 2u * i] = (a & 0xffu) | ((c & 0xffu) << 8u) | ((a & 0xff00u) << 8u) | ((c & 0xff00u) << 16u);
+      s_b[dst + 2u * i + 1u] = ((a >> 16u) & 0xffu) | ((c >> 8u) & 0xff00u) | ((a >> 8u) & 0xff0000u) | (c & 0xff000000u);
+    }
+    return;
+  }
+  if (bits == 8u) {
+    [[unroll]] for (uint i = 0u; i < 8u; ++i) s_b[dst + i] = w[i] ^ 0x80808080u;  // q - 128 as int8
+    return;
+  }
+  uint raw = gl_LocalInvocationID.x * 8u;
+  [[unroll]] for (uint i = 0u; i < 8u; ++i) s_raw[raw + i] = w[i];
+  [[dont_unroll]] for (uint o = 0u; o < 8u; ++o) {
+    uint word = 0u;
+    for (uint k = 0u; k < 4u; ++k) {
+      uint bit = (4u * o + k) * bits, sh = bit & 31u, wi = bit >> 5u;
+      uint v = s_raw[raw + wi] >> sh;
+      if (sh + bits > 32u) v |= s_raw[raw + wi + 1u] << (32u - sh);
+      word |= (v & ((1u << bits) - 1u)) << (8u * k);
+    }
+    s_b[dst + o] = word;
+  }
+#endif
+}
+
+// Where this thread's loads of chunk 0 start (mma_load); chunk j0 adds j0 blocks.
+struct MmaBases {
+  int xrow;    // Q8 row of pair tid / 8 (-1: none)
+  int drow;    // Q8 row of pair tid / 2 for d and the code sum (-1: none, or tid >= 64)
+  uint w;      // first word of column tid / 2's block tid % 2
+  bool wlive;  // tid < 128 and the column inside n
+  uint s;      // scale index of column tid % 64, group 0
+  bool wup;    // SB_MMA_GLU: the weight words, and the scales, are the up projection's
+  bool sup;
+};
+
+// This thread's global words of chunk j0 (blocks j0, j0 + 1) into registers: 2 words
+// of Q8 codes (pair tid / 8, words 2 (tid % 8) + [0, 2) of the chunk), d and code sum
+// (threads < 64: pair tid / 2, block tid % 2); threads < 128: one column block's weight
+// words (column tid / 2, block tid % 2) and the scale and bias of column tid % 64 in
+// block j0 + tid / 64's group (group_size is a power of two: a shift).
+void mma_load(uint j0, uint blocks, uint bits, uint gshift, MmaBases b, out uint xa[2], out uint ds[2], out uint w[8],
+              out float sb[2]) {
+  uint tid = gl_LocalInvocationID.x;
+  {
+    uint j = j0 + ((tid & 7u) >> 2u);
+    uvec2 v = b.xrow >= 0 && j < blocks ? q2[(uint(b.xrow) * blocks + j) * 4u + (tid & 3u)] : uvec2(0u);
+    xa[0] = v.x;
+    xa[1] = v.y;
+  }
+  ds[0] = ds[1] = 0u;
+  uint jd = j0 + (tid & 1u);
+  if (b.drow >= 0 && jd < blocks) {
+    ds[0] = floatBitsToUint(dq[uint(b.drow) * blocks + jd]);
+    ds[1] = uint(sq[uint(b.drow) * blocks + jd]);
+  }
+  bool live = b.wlive && jd < blocks;
+  uint base = b.w + j0 * bits;
+  if (bits == 4u && (base & 3u) == 0u) {  // the common case: one 16-byte load
+#ifdef SB_MMA_GLU
+    uvec4 v = live ? (b.wup ? codes_up4[base >> 2u] : codes4[base >> 2u]) : uvec4(0u);
+#else
+    uvec4 v = live ? codes4[base >> 2u] : uvec4(0u);
+#endif
+    w[0] = v.x;
+    w[1] = v.y;
+    w[2] = v.z;
+    w[3] = v.w;
+    w[4] = w[5] = w[6] = w[7] = 0u;
+  } else {
+#ifdef SB_MMA_GLU
+    [[unroll]] for (uint i = 0u; i < 8u; ++i)
+      w[i] = live && i < bits ? (b.wup ? codes_up[base + i] : codes[base + i]) : 0u;
+#else
+    [[unroll]] for (uint i = 0u; i < 8u; ++i) w[i] = live && i < bits ? codes[base + i] : 0u;
+#endif
+  }
+  uint sidx = b.s + (min(j0 + ((tid >> 6u) & 1u), blocks - 1u) >> gshift);
+#ifdef SB_MMA_GLU
+  if (b.sup) {
+    sb[0] = SB_LOAD(up_scales, args.scale_dtype, sidx);
+    sb[1] = SB_LOAD(up_biases, args.scale_dtype, sidx);
+    return;
+  }
+#endif
+  sb[0] = SB_LOAD(scales, args.scale_dtype, sidx);
+  sb[1] = SB_LOAD(biases, args.scale_dtype, sidx);
+}
+
+#ifdef SB_MMA_GLU
+// The gate and up results rounded into s_ab (free after the MMAs' last barrier); then
+// h = Glu (rounded) and its Q8 block for each pair of the tile: pair tid / 8 owns the
+// block, thread tid % 8 its code word i (h columns 8 (i / 2) + 2 j + i % 2, j < 4:
+// qmm_mma4's K order); the block's amax and code sum by shared atomics on s_sx (free
+// too; integers: any order).
+void glu_q8_epilogue(float acc[8], uint r0, uint c0, uint first, uint count, uint n0) {
+  uint tid = gl_LocalInvocationID.x;
+  if (tid < 2u * kTp) s_sx[tid] = 0;  // [0, 32): amax bits per pair, [32, 64): code sums
+  [[unroll]] for (uint e = 0u; e < 8u; ++e)
+    s_ab[(r0 + 8u * (e >> 2u)) * 64u + c0 + 8u * ((e >> 1u) & 1u) + (e & 1u)] = floatBitsToUint(sb_round_to(acc[e], args.out_dtype));
+  barrier();
+  uint r = tid >> 3u, i = tid & 7u;
+  float hv[4];
+  uint amax = 0u;
+  [[unroll]] for (uint j = 0u; j < 4u; ++j) {
+    uint c = 8u * (i >> 1u) + 2u * j + (i & 1u);
+    float g = uintBitsToFloat(s_ab[r * 64u + c]), u = uintBitsToFloat(s_ab[r * 64u + 32u + c]);
+    hv[j] = sb_round_to(sb_glu(g, u, args.glu_kind, args.glu_alpha, args.glu_limit), args.out_dtype);
+    amax = max(amax, floatBitsToUint(hv[j]) & 0x7fffffffu);
+  }
+  atomicMax(s_sx[r], int(amax));  // amax <= 0x7fffffff: an int keeps its order
+  barrier();
+  amax = uint(s_sx[r]);
+  float scale, d;
+  bool zero;
+  q8_params(amax, scale, d, zero);
+  uint word = 0u;
+  int part = 0;
+  [[unroll]] for (uint j = 0u; j < 4u; ++j) {
+    int code = zero ? 0 : q8_code(hv[j], scale);
+    part += code;
+    word |= (uint(code) & 0xffu) << (8u * j);
+  }
+  atomicAdd(s_sx[kTp + r], part);
+  barrier();
+  int sum = s_sx[kTp + r];
+  if (r >= count) return;
+  uint blocks = args.n / 32u, at = (first + r) * blocks + n0 / 32u;
+  o[at * 8u + i] = word;
+  if (i == 0u) {
+    hd[at] = d;
+    hs[at] = sum;
+  }
+}
+#endif
+
+void main() {
+  uint wg = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
+  uint tid = gl_LocalInvocationID.x, warp = tid >> 5u, cp = tid & 31u;
+  uint tile = wg / args.tiles, n0 = (wg % args.tiles) * MMA_COLS;
+  if (tile >= tiles[0]) return;  // uniform over the workgroup
+  uint first = tiles[1u + 3u * tile], count = tiles[2u + 3u * tile], ex = tiles[3u + 3u * tile];
+#ifdef SB_MMA_BITS4  // every expert 4-bit (the host checks): the other widths' code compiled out
+  const uint bits = 4u;
+#else
+  uint bits = expert_info[ex];
+#endif
+  uint row_words = args.k * bits / 32u;
+  uint wbase = expert_info[args.experts + ex];
+  uint blocks = args.k / 32u, per_group = args.group_size / 32u;
+  if (tid < kTp) {
+    int r = -1;
+    if (tid < count) {
+      uint p = first + tid;
+      r = args.has_lhs != 0u ? lhs[p] : int(p * args.rows / args.pairs);
+      if (r < 0 || uint(r) >= args.rows) {
+        atomicOr(err[0], SB_ERR_INDEX);
+        r = -1;
+      }
+    }
+    s_row[tid] = r;
+  }
+  uint lane = tid & 31u, r0 = 16u * (warp & 1u) + (lane >> 2u), c0 = 16u * (warp >> 1u) + 2u * (lane & 3u);
+  precise float acc[8], pg[8], xg[2];
+  [[unroll]] for (uint i = 0u; i < 8u; ++i) acc[i] = pg[i] = 0.0;
+  xg[0] = xg[1] = 0.0;
+  barrier();
+  MmaBases mb;
+  {
+    uint c = (tid >> 1u) & 63u, sc = tid & 63u;
+    mb.xrow = s_row[tid >> 3u];
+    mb.drow = tid < 2u * kTp ? s_row[(tid >> 1u) & (kTp - 1u)] : -1;
+#ifdef SB_MMA_GLU  // tile columns 32..63 are the up projection's columns 0..31
+    mb.wup = c >= 32u;
+    mb.sup = sc >= 32u;
+    c &= 31u;
+    sc &= 31u;
+#else
+    mb.wup = mb.sup = false;
+#endif
+    mb.w = wbase + (n0 + c) * row_words + (tid & 1u) * bits;
+    mb.wlive = tid < 128u && n0 + c < args.n;
+    mb.s = (ex * args.n + min(n0 + sc, args.n - 1u)) * args.groups;
+  }
+  uint gshift = uint(findLSB(per_group));
+  uint xa[2], ds[2], w[8];
+  float sb[2];
+  mma_load(0u, blocks, bits, gshift, mb, xa, ds, w, sb);
+  uint mr = 16u * (warp & 1u), mc = 16u * (warp >> 1u);
+  for (uint j0 = 0u, parity = 0u; j0 < blocks; j0 += 2u, parity ^= 1u) {
+    s_a[kA0 + (tid >> 3u) * kAb + 2u * (tid & 7u)] = xa[0];
+    s_a[kA0 + (tid >> 3u) * kAb + 2u * (tid & 7u) + 1u] = xa[1];
+    if (tid < 2u * kTp) {
+      uint at = (parity * 2u + (tid & 1u)) * kTp + (tid >> 1u);
+      s_d[at] = uintBitsToFloat(ds[0]);
+#ifdef SB_MMA_BITS4  // only the X term float(Sx) d is needed: made once per (pair, block), kept as bits
+      precise float xd = float(int(ds[1])) * uintBitsToFloat(ds[0]);
+      s_sx[at] = floatBitsToInt(xd);
+#else
+      s_sx[at] = int(ds[1]);
+#endif
+    }
+    if (tid < 128u) {
+      s_scale[parity * 2u * kTn + tid] = sb[0];
+      s_bias[parity * 2u * kTn + tid] = sb[1];
+      stage_block(bits, w, kB0 + (tid >> 1u) * kAb + 8u * (tid & 1u));
+    }
+    barrier();
+    if (j0 + 2u < blocks) mma_load(j0 + 2u, blocks, bits, gshift, mb, xa, ds, w, sb);
+    [[unroll]] for (uint jb = 0u; jb < 2u; ++jb) {
+      uint j = j0 + jb;
+      if (j >= blocks) break;  // uniform: the cooperative-matrix ops stay in uniform control flow
+      icoopmatNV<8, 3, 16, 32> ma;
+      coopMatLoadNV(ma, s_a, kA0 + mr * kAb + 8u * jb, kAb, false);
+      icoopmatNV<8, 3, 32, 16> mw;
+      coopMatLoadNV(mw, s_b, kB0 + mc * kAb + 8u * jb, kAb, true);
+      icoopmatNV<32, 3, 16, 16> md = icoopmatNV<32, 3, 16, 16>(0);
+      md = coopMatMulAddNV(ma, mw, md);
+      uint at = (parity * 2u + jb) * kTp;
+      float d[2] = float[2](s_d[at + r0], s_d[at + r0 + 8u]);
+#ifdef SB_MMA_BITS4
+      const int sx[2] = int[2](0, 0);  // (8-bit codes only)
+      float xd[2] = float[2](intBitsToFloat(s_sx[at + r0]), intBitsToFloat(s_sx[at + r0 + 8u]));
+#else
+      int sx[2] = int[2](s_sx[at + r0], s_sx[at + r0 + 8u]);
+      precise float xd[2] = float[2](float(sx[0]) * d[0], float(sx[1]) * d[1]);
+#endif
+      // A group's first block assigns P and X instead of adding to 0: the same bits,
+      // since float(Iq) d and float(Sx) d are never -0 (d >= 0 or NaN, and Iq = 0 if d = 0).
+      if ((j & (per_group - 1u)) == 0u) {  // uniform
+        xg[0] = xd[0];
+        xg[1] = xd[1];
+        [[unroll]] for (uint e = 0u; e < 8u; ++e) {
+          int iq = md[e] + (bits == 8u ? 128 * sx[e >> 2u] : 0);
+          pg[e] = float(iq) * d[e >> 2u];
+        }
+      } else {
+        xg[0] = xg[0] + xd[0];
+        xg[1] = xg[1] + xd[1];
+        [[unroll]] for (uint e = 0u; e < 8u; ++e) {
+          int iq = md[e] + (bits == 8u ? 128 * sx[e >> 2u] : 0);
+          pg[e] = pg[e] + float(iq) * d[e >> 2u];
+        }
+      }
+      if (((j + 1u) & (per_group - 1u)) == 0u) {  // a group ends: acc += s*P + b*X per output
+        // Columns c0 + {0, 1, 8, 9} (past n, for odd f32 widths: column n - 1's scales,
+        // not stored); element e has column c0 + 8 ((e / 2) % 2) + e % 2.
+        uint sat = (parity * 2u + jb) * kTn + c0;
+        float sc[4] = float[4](s_scale[sat], s_scale[sat + 1u], s_scale[sat + 8u], s_scale[sat + 9u]);
+        float bc[4] = float[4](s_bias[sat], s_bias[sat + 1u], s_bias[sat + 8u], s_bias[sat + 9u]);
+        [[unroll]] for (uint e = 0u; e < 8u; ++e) {
+          uint h = e >> 2u, c = (e & 1u) + 2u * ((e >> 1u) & 1u);
+          precise float t = sc[c] * pg[e] + bc[c] * xg[h];
+          acc[e] = acc[e] + t;
+        }
+      }
+    }
+    barrier();
+  }
+#ifdef SB_MMA_GLU
+  glu_q8_epilogue(acc, r0, c0, first, count, n0);
+#else
+  [[unroll]] for (uint e = 0u; e < 8u; e += 2u) {  // elements e, e + 1: columns n, n + 1 of one row
+    uint pl = r0 + 8u * (e >> 2u), n = n0 + c0 + 8u * ((e >> 1u) & 1u);
+    uint at = (first + pl) * args.n + n;
+    if (pl < count && n < args.n) {
+      if (sb_per_word(args.out_dtype) == 2u) {
+        o[at >> 1u] = sb_encode_word(acc[e], acc[e + 1u], args.out_dtype);
+      } else {
+        o[at] = floatBitsToUint(acc[e]);
+        if (n + 1u < args.n) o[at + 1u] = floatBitsToUint(acc[e + 1u]);
+      }
+    }
+  }
+#endif
+}
+#endif
+
+#ifdef QMM_MMA_PROBE
+// The accumulator layout QMM_MMA assumes, checked on the device at start-up: one
+// 16x16x32 MMA of A[r][0] = r, A[r][1] = 16 and B[0][c] = 1, B[1][c] = c (all else 0)
+// gives C[r][c] = r + 16c. Thread -> output: lane l writes its element e to
+// out[8l + e] and the element count to out[256].
+layout(std430, binding = 0) writeonly buffer O { int o[]; };
+layout(push_constant) uniform Args { SB_PROBE_ARGS } args;
+shared uint s_a[16u * 8u];  // A row-major, 8 words (32 int8) per row
+shared uint s_b[16u * 8u];  // B column-major, 8 words per column
+
+void main() {
+  uint l = gl_LocalInvocationID.x;
+  for (uint i = l; i < 128u; i += 32u) {
+    uint rc = i >> 3u;  // row of A, column of B
+    s_a[i] = (i & 7u) == 0u ? rc | (16u << 8u) : 0u;
+    s_b[i] = (i & 7u) == 0u ? 1u | (rc << 8u) : 0u;
+  }
+  barrier();
+  icoopmatNV<8, 3, 16, 32> ma;
+  coopMatLoadNV(ma, s_a, 0u, 8u, false);
+  icoopmatNV<8, 3, 32, 16> mb;
+  coopMatLoadNV(mb, s_b, 0u, 8u, true);
+  icoopmatNV<32, 3, 16, 16> md = icoopmatNV<32, 3, 16, 16>(0);
+  md = coopMatMulAddNV(ma, mb, md);
+  for (uint e = 0u; e < 8u; ++e) o[8u * l + e] = e < uint(md.length()) ? md[e] : -1;
+  if (l == 0u) o[256] = args.n == 1u ? md.length() : -1;  // the host passes n = 1
+}
+#endif

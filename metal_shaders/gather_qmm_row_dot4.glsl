@@ -1,0 +1,62 @@
+// The *_DOT4 variants' own parts of gather_qmm_row.comp (no kernel here: its thread ->
+// output mapping is at the top of gather_qmm_row.comp, which includes this after its
+// bindings and shared arrays): the OpSDot declaration, the specialization constants for
+// the dtypes and Glu kind, the 4-bit block dot on packed int8 dot products and the group
+// term SB_ROW_TERM. The plain row kernels' versions are in gather_qmm_row.comp.
+#extension GL_EXT_spirv_intrinsics : require
+// OpSDot (4450) with PackedVectorFormat4x8Bit (0): the exact int32 sum of 4 int8 products.
+spirv_instruction(extensions = ["SPV_KHR_integer_dot_product"], capabilities = [6019, 6018], id = 4450)
+int sb_sdot4x8(uint a, uint b, spirv_literal int packed_format);
+
+// Specialization constants (Vulkan only, like these kernels): the host sets them to the
+// dispatch's dtypes and Glu kind, so the driver builds only that path (half the machine
+// code, and faster). ~0u: the push constant decides.
+layout(constant_id = 0) const uint kSpecXDtype = 0xffffffffu;
+layout(constant_id = 1) const uint kSpecOutDtype = 0xffffffffu;
+layout(constant_id = 2) const uint kSpecScaleDtype = 0xffffffffu;
+layout(constant_id = 3) const uint kSpecGluKind = 0xffffffffu;
+#define SB_SPEC(C, ARG) (C != 0xffffffffu ? C : ARG)
+#define X_DTYPE SB_SPEC(kSpecXDtype, args.x_dtype)
+#define OUT_DTYPE SB_SPEC(kSpecOutDtype, args.out_dtype)
+#define SCALE_DTYPE SB_SPEC(kSpecScaleDtype, args.scale_dtype)
+#define GLU_KIND SB_SPEC(kSpecGluKind, args.glu_kind)
+
+// x's codes are staged in the permuted order 0, 2, 4, 6 | 1, 3, 5, 7 of each 8: a code
+// word's even nibbles (masked) and odd nibbles (shifted, masked) are packed int8x4 that
+// line up with its two staged words (codes 0..15 read the same as signed bytes).
+int dot4_word(uint c, uint xa, uint xb) {
+  return sb_sdot4x8(c & 0x0f0f0f0fu, xa, 0) + sb_sdot4x8((c >> 4u) & 0x0f0f0f0fu, xb, 0);
+}
+int dot4_block(uvec4 cw, uint qb) {
+  int iq = 0;
+  [[unroll]] for (uint w = 0u; w < 4u; ++w) iq += dot4_word(cw[w], s_q[qb + 2u * w], s_q[qb + 2u * w + 1u]);
+  return iq;
+}
+
+// Group g's term s*P + b*X of output column n0 + oi of expert ex (row words from wbase;
+// every expert is 4-bit, so rows are whole 16-byte units: the host checks). Its blocks
+// are loaded two at a time before either is used, so their memory latencies overlap.
+#define SB_ROW_TERM(NAME, CODES, SCALES, BIASES, DOT, DOT4)                                          \
+  float NAME(uint ex, uint n0, uint oi, uint g, uint wbase, uint bits) {                             \
+    uint per_group = args.group_size / 32u, end = (g + 1u) * per_group;                              \
+    uint sidx = (ex * args.n + n0 + oi) * args.groups + g;                                           \
+    float sc = SB_LOAD(SCALES, SCALE_DTYPE, sidx);                                                   \
+    float bc = SB_LOAD(BIASES, SCALE_DTYPE, sidx);                                                   \
+    uint row4 = (wbase + oi * (args.k / 8u)) >> 2u;                                                  \
+    precise float pg = 0.0, xg = 0.0;                                                                \
+    for (uint j = g * per_group; j < end; j += 2u) {                                                 \
+      bool two = j + 1u < end;                                                                       \
+      uvec4 c0 = CODES[row4 + j], c1 = two ? CODES[row4 + j + 1u] : uvec4(0u);                       \
+      int iq0 = dot4_block(c0, j * 8u), iq1 = dot4_block(c1, j * 8u + 8u);                           \
+      float d0 = s_d[j];                                                                             \
+      pg = pg + float(iq0) * d0;                                                                     \
+      xg = xg + float(s_sum[j]) * d0;                                                                \
+      if (two) {                                                                                     \
+        float d1 = s_d[j + 1u];                                                                      \
+        pg = pg + float(iq1) * d1;                                                                   \
+        xg = xg + float(s_sum[j + 1u]) * d1;                                                         \
+      }                                                                                              \
+    }                                                                                                \
+    precise float term = sc * pg + bc * xg;                                                          \
+    return term;                                                                                     \
+  }
