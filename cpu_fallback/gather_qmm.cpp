@@ -4,6 +4,7 @@
 // weight codes and int8 activations) and X_g the same over the activation sums.
 #include "gather_qmm.h"
 
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -12,6 +13,7 @@
 #include <tuple>
 
 #include "cpu_common.h"
+#include "env.h"
 #include "exact_math.h"
 #include "gather_qmm_plan.h"
 #include "gather_qmm_x86.h"
@@ -71,14 +73,17 @@ Q8Activations quantize_q8(const Tensor& x) {
 }
 
 namespace {
-CpuPath limit_from_env() {
-  const char* v = std::getenv("SWITCHBOARD_CPU_PATH");
-  if (v && std::strcmp(v, "portable") == 0) return CpuPath::kPortable;
-  if (v && std::strcmp(v, "avx2") == 0) return CpuPath::kAvx2;
-  if (v && std::strcmp(v, "avx512") == 0) return CpuPath::kAvx512Vnni;
-  return CpuPath::kAmx;
+static_assert(parse_cpu_path("portable") == static_cast<int>(CpuPath::kPortable) &&
+              parse_cpu_path("avx2") == static_cast<int>(CpuPath::kAvx2) &&
+              parse_cpu_path("avx512") == static_cast<int>(CpuPath::kAvx512Vnni) &&
+              parse_cpu_path("amx") == static_cast<int>(CpuPath::kAmx));
+// The cap set_cpu_path_limit gave; -1 until then, meaning $SWITCHBOARD_CPU_PATH's, read on
+// first use rather than at load time.
+std::atomic<int> g_limit{-1};
+CpuPath path_limit() {
+  const int l = g_limit.load(std::memory_order_relaxed);
+  return static_cast<CpuPath>(l >= 0 ? l : env_defaults().cpu_path_limit);
 }
-CpuPath g_limit = limit_from_env();
 }  // namespace
 
 const char* cpu_path_name(CpuPath p) {
@@ -91,8 +96,8 @@ CpuPath best_cpu_path() {
          : x86::avx2_available() ? CpuPath::kAvx2
                                  : CpuPath::kPortable;
 }
-void set_cpu_path_limit(CpuPath limit) { g_limit = limit; }
-CpuPath active_cpu_path() { return std::min(g_limit, best_cpu_path()); }
+void set_cpu_path_limit(CpuPath limit) { g_limit.store(static_cast<int>(limit), std::memory_order_relaxed); }
+CpuPath active_cpu_path() { return std::min(path_limit(), best_cpu_path()); }
 
 namespace {
 

@@ -1,5 +1,6 @@
 #include "parallel.h"
 
+#include "env.h"
 #include "gather_qmm.h"
 #include "switchboard/switchboard.h"
 
@@ -62,10 +63,10 @@ class Pool {
     int64_t n = 0, grain = 1;
   };
 
+  // $SWITCHBOARD_THREADS, else one thread per hardware thread.
   Pool() {
-    const char* env = std::getenv("SWITCHBOARD_THREADS");
-    int hw = static_cast<int>(std::thread::hardware_concurrency());
-    threads_ = env && std::atoi(env) > 0 ? std::atoi(env) : std::max(1, hw);
+    const int hw = static_cast<int>(std::thread::hardware_concurrency());
+    threads_ = env_defaults().cpu_threads > 0 ? env_defaults().cpu_threads : std::max(1, hw);
   }
   ~Pool() {
     {
@@ -138,4 +139,11 @@ namespace switchboard {
 int cpu_threads() { return cpu::num_threads(); }
 void set_cpu_threads(int n) { cpu::set_num_threads(n); }
 const char* cpu_isa() { return cpu::cpu_path_name(cpu::active_cpu_path()); }
+Status set_cpu_path_limit(std::string_view path) {
+  const int p = parse_cpu_path(path);
+  SB_CHECK_OR_RETURN(p >= 0, StatusCode::kInvalidArgument, "CPU path '%.*s': expected portable, avx2, avx512 or amx",
+                     static_cast<int>(path.size()), path.data());
+  cpu::set_cpu_path_limit(static_cast<cpu::CpuPath>(p));
+  return Status::ok();
+}
 }  // namespace switchboard

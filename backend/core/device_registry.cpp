@@ -1,9 +1,9 @@
 #include "device_registry.h"
 
-#include <cstdlib>
 #include <map>
 #include <mutex>
 
+#include "env.h"
 #include "log.h"
 
 namespace switchboard {
@@ -28,12 +28,16 @@ void register_device(const std::string& name, DeviceFactory factory) {
   factories()[name] = std::move(factory);
 }
 
-Result<std::unique_ptr<Device>> open_device(const std::string& spec, bool cpu_fallback) {
+DeviceOptions default_device_options() {
+  const EnvDefaults& env = env_defaults();
+  return {env.gpu_int8_mma, env.gpu_int_dot, env.gpu_handoff, env.pipeline_stats, env.spirv_dir};
+}
+
+Result<std::unique_ptr<Device>> open_device(const std::string& spec, bool cpu_fallback, const DeviceOptions& options) {
   ensure_builtins();
   std::string name = spec;
   if (name.empty()) {
-    const char* env = std::getenv("SWITCHBOARD_DEVICE");
-    name = env && *env ? env : "cpu";
+    name = env_defaults().device.empty() ? "cpu" : env_defaults().device;
     cpu_fallback = true;
   }
   DeviceFactory factory;
@@ -47,14 +51,14 @@ Result<std::unique_ptr<Device>> open_device(const std::string& spec, bool cpu_fa
     }
   }
   Result<std::unique_ptr<Device>> dev =
-      factory ? factory(name)
+      factory ? factory(name, options)
               : make_error(StatusCode::kNotFound, "unknown device '%s' (known: %s)", name.c_str(), known.c_str());
   if (dev.is_ok() || !cpu_fallback || !factory || dev.status().code() == StatusCode::kInvalidArgument) return dev;
   static std::once_flag once;
   std::call_once(once, [&] {
     log::warn("device '{}' is unavailable ({}); running on the CPU", name, dev.status().to_string());
   });
-  return open_device("cpu");
+  return open_device("cpu", false, options);
 }
 
 Result<DeviceFloor> measure_device_floor(const std::string& device, uint64_t bytes) {

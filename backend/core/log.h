@@ -1,5 +1,6 @@
-// Logging through spdlog. SWITCHBOARD_LOG=debug|info|warn|error|off sets the
-// level (default warn); SWITCHBOARD_OP_LOG=1 logs every executed op.
+// Logging through spdlog: one logger whose lines go to stderr or to the embedder's sink
+// (switchboard/log.h). Its level and the per-op log start from $SWITCHBOARD_LOG (default
+// warn) and $SWITCHBOARD_OP_LOG (env.h).
 #pragma once
 
 #include <spdlog/spdlog.h>

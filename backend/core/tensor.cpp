@@ -4,6 +4,10 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <vector>
+
+#include "env.h"
+#include "switchboard/switchboard.h"
 
 namespace switchboard {
 
@@ -67,21 +71,40 @@ class BufferPool {
     }
     std::free(p);
   }
+  size_t max_cached() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return max_cached_;
+  }
+  // A smaller bound frees the cached buffers over it at once.
+  void set_max_cached(size_t bytes) {
+    std::vector<void*> drop;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      max_cached_ = bytes;
+      for (auto it = free_.end(); cached_ > max_cached_ && it != free_.begin();) {
+        --it;
+        cached_ -= it->first;
+        drop.push_back(it->second);
+        it = free_.erase(it);
+      }
+    }
+    for (void* p : drop) std::free(p);
+  }
 
  private:
-  // $SWITCHBOARD_BUFFER_POOL_MB bounds the cache (default 1 GiB; 0 disables it).
-  BufferPool() {
-    const char* env = std::getenv("SWITCHBOARD_BUFFER_POOL_MB");
-    if (env && *env) max_cached_ = static_cast<size_t>(std::strtoull(env, nullptr, 10)) << 20;
-  }
+  BufferPool() = default;
   static constexpr size_t kMinPooled = size_t{256} << 10;
-  size_t max_cached_ = size_t{1} << 30;
+  // The cache's bound: $SWITCHBOARD_BUFFER_POOL_MB (default 1 GiB; 0 disables it) until set.
+  size_t max_cached_ = env_defaults().buffer_pool_bytes;
   std::mutex mu_;
   std::multimap<size_t, void*> free_;
   size_t cached_ = 0;
 };
 
 }  // namespace
+
+uint64_t buffer_pool_bytes() { return BufferPool::get().max_cached(); }
+void set_buffer_pool_bytes(uint64_t bytes) { BufferPool::get().set_max_cached(static_cast<size_t>(bytes)); }
 
 Result<Tensor> Tensor::uninitialized(DType dtype, Shape shape) {
   SB_ASSIGN_OR_RETURN(int64_t n, shape_numel(shape));

@@ -13,11 +13,12 @@
 namespace switchboard {
 
 void register_builtin_devices() {
-  register_device("cpu", [](const std::string& spec) -> Result<std::unique_ptr<Device>> {
+  register_device("cpu", [](const std::string& spec, const DeviceOptions&) -> Result<std::unique_ptr<Device>> {
     if (spec != "cpu") return make_error(StatusCode::kInvalidArgument, "device '%s': expected cpu", spec.c_str());
     return make_cpu_device();
   });
-  register_device("vulkan", [](const std::string& spec) -> Result<std::unique_ptr<Device>> {
+  register_device("vulkan", [](const std::string& spec,
+                               const DeviceOptions& options) -> Result<std::unique_ptr<Device>> {
     int index = -1;
     if (spec.size() > 7) {  // "vulkan:N"
       char* end = nullptr;
@@ -27,13 +28,13 @@ void register_builtin_devices() {
       index = static_cast<int>(v);
     }
 #if SWITCHBOARD_HAS_VULKAN
-    return vulkan::open_vulkan_device(index);
+    return vulkan::open_vulkan_device(index, options);
 #else
-    (void)index;
+    (void)index, (void)options;
     return make_error(StatusCode::kNotFound, "this build has no Vulkan device");
 #endif
   });
-  register_device("metal", [](const std::string& spec) -> Result<std::unique_ptr<Device>> {
+  register_device("metal", [](const std::string& spec, const DeviceOptions&) -> Result<std::unique_ptr<Device>> {
     if (spec != "metal") return make_error(StatusCode::kInvalidArgument, "device '%s': expected metal", spec.c_str());
 #if SWITCHBOARD_HAS_METAL
     return metal::open_metal_device();

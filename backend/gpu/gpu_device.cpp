@@ -7,6 +7,7 @@
 #include <cstring>
 #include <unordered_map>
 
+#include "env.h"
 #include "gather_qmm.h"
 #include "gpu_ops.h"
 
@@ -211,14 +212,7 @@ std::unique_ptr<Device> make_gpu_device(std::unique_ptr<GpuRuntime> rt, std::str
   return std::make_unique<GpuDevice>(std::move(rt), std::move(name));
 }
 
-uint64_t max_groups_x() {
-  static const uint64_t v = [] {
-    const char* e = std::getenv("SWITCHBOARD_GPU_MAX_GROUPS_X");
-    const long long n = e ? std::atoll(e) : 0;
-    return n >= 1 && n <= 65535 ? static_cast<uint64_t>(n) : uint64_t{65535};
-  }();
-  return v;
-}
+uint64_t max_groups_x() { return env_defaults().gpu_max_groups_x; }
 
 Status status_from_error_bits(uint32_t bits) {
   // A bad permutation also leaves unclaimed rows that read as bad indices: report the cause.

@@ -141,6 +141,18 @@ Status check_buffer_bytes(const detail::ProgramImpl& p, uint64_t limit) {
   }
   return Status::ok();
 }
+
+// The session's device policy: each option it leaves unset comes from the environment.
+DeviceOptions device_options(const SessionOptions& o) {
+  DeviceOptions d = default_device_options();
+  d.gpu_int8_mma = o.gpu_int8_mma.value_or(d.gpu_int8_mma);
+  d.gpu_int_dot = o.gpu_int_dot.value_or(d.gpu_int_dot);
+  d.gpu_handoff = o.gpu_handoff.value_or(d.gpu_handoff);
+  d.pipeline_stats = o.pipeline_stats.value_or(d.pipeline_stats);
+  if (o.spirv_dir) d.spirv_dir = *o.spirv_dir;
+  return d;
+}
+
 }  // namespace
 
 Session::Session() = default;
@@ -153,7 +165,8 @@ Result<std::unique_ptr<Session>> Session::create(std::shared_ptr<const Program> 
                      "%s: constants were not resolved (loaded with resolve_constants = false)",
                      program->impl().origin.c_str());
   SB_RETURN_IF_ERROR(check_buffer_bytes(program->impl(), options.max_buffer_bytes));
-  SB_ASSIGN_OR_RETURN(std::unique_ptr<Device> device, open_device(options.device, options.cpu_fallback));
+  SB_ASSIGN_OR_RETURN(std::unique_ptr<Device> device,
+                      open_device(options.device, options.cpu_fallback, device_options(options)));
   std::unique_ptr<Session> s(new Session());
   s->program_ = program;
   s->interp_ = std::make_unique<detail::Interpreter>(program->impl(), std::move(device));

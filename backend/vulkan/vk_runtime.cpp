@@ -69,7 +69,7 @@ struct Context {
   bool int64 = false;
   bool int8_mma = false;
   bool int_dot = false;
-  // SWITCHBOARD_PIPELINE_STATS=1 and VK_KHR_pipeline_executable_properties: each pipeline's
+  // DeviceOptions::pipeline_stats and VK_KHR_pipeline_executable_properties: each pipeline's
   // compiler statistics (registers, shared memory, ...) are logged when it is created.
   PFN_vkGetPipelineExecutablePropertiesKHR vkGetPipelineExecutablePropertiesKHR = nullptr;
   PFN_vkGetPipelineExecutableStatisticsKHR vkGetPipelineExecutableStatisticsKHR = nullptr;
@@ -82,6 +82,7 @@ struct Context {
   uint32_t max_timed = 0;
   double ns_per_tick = 1.0;
   std::map<std::string, Pipeline> pipelines;
+  std::string spirv_dir;  // DeviceOptions::spirv_dir: kernel development overrides
 
   ~Context() {
     if (device) {
@@ -226,9 +227,8 @@ bool has_extension(const std::vector<VkExtensionProperties>& exts, const char* n
 
 // Whether qmm_mma can run: VK_NV_cooperative_matrix with the 16x16x32 int8 -> int32 shape
 // at subgroup scope in compute shaders, plus the int8 and Vulkan memory model features
-// its SPIR-V declares. SWITCHBOARD_GPU_MMA=0 turns it off (the portable tiles run).
+// its SPIR-V declares. DeviceOptions::gpu_int8_mma turns it off (the portable tiles run).
 bool int8_mma_supported(Context& c, const std::vector<VkExtensionProperties>& exts) {
-  if (const char* env = std::getenv("SWITCHBOARD_GPU_MMA"); env && std::strcmp(env, "0") == 0) return false;
   if (!has_extension(exts, VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME)) return false;
   auto props_fn = reinterpret_cast<PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesNV>(
       c.vkGetInstanceProcAddr(c.instance, "vkGetPhysicalDeviceCooperativeMatrixPropertiesNV"));
@@ -258,9 +258,8 @@ bool int8_mma_supported(Context& c, const std::vector<VkExtensionProperties>& ex
 }
 
 // Whether the *_dot4 row kernels can run: VK_KHR_shader_integer_dot_product's feature
-// (lavapipe has it too, so CI runs them). SWITCHBOARD_GPU_DOT=0 turns it off.
+// (lavapipe has it too, so CI runs them). DeviceOptions::gpu_int_dot turns it off.
 bool int_dot_supported(Context& c, const std::vector<VkExtensionProperties>& exts) {
-  if (const char* env = std::getenv("SWITCHBOARD_GPU_DOT"); env && std::strcmp(env, "0") == 0) return false;
   if (!has_extension(exts, VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME)) return false;
   VkPhysicalDeviceShaderIntegerDotProductFeaturesKHR dot{
       VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES_KHR};
@@ -270,7 +269,7 @@ bool int_dot_supported(Context& c, const std::vector<VkExtensionProperties>& ext
   return dot.shaderIntegerDotProduct == VK_TRUE;
 }
 
-Status create_device(Context& c, const std::string& description) {
+Status create_device(Context& c, const std::string& description, const DeviceOptions& options) {
   uint32_t n = 0;
   c.vkGetPhysicalDeviceQueueFamilyProperties(c.physical, &n, nullptr);
   std::vector<VkQueueFamilyProperties> fams(n);
@@ -313,9 +312,8 @@ Status create_device(Context& c, const std::string& description) {
   VkDeviceCreateInfo di{VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO};
   di.queueCreateInfoCount = 1;
   di.pQueueCreateInfos = &qi;
-  bool stats = false;
-  if (const char* env = std::getenv("SWITCHBOARD_PIPELINE_STATS"); env && *env && std::strcmp(env, "0") != 0)
-    stats = has_extension(exts, VK_KHR_PIPELINE_EXECUTABLE_PROPERTIES_EXTENSION_NAME);
+  const bool stats =
+      options.pipeline_stats && has_extension(exts, VK_KHR_PIPELINE_EXECUTABLE_PROPERTIES_EXTENSION_NAME);
   VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR pe{
       VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR};
   pe.pipelineExecutableInfo = VK_TRUE;
@@ -324,7 +322,7 @@ Status create_device(Context& c, const std::string& description) {
     pe.pNext = const_cast<void*>(di.pNext);
     di.pNext = &pe;
   }
-  c.int8_mma = int8_mma_supported(c, exts);
+  c.int8_mma = options.gpu_int8_mma && int8_mma_supported(c, exts);
   VkPhysicalDeviceCooperativeMatrixFeaturesNV cm{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_NV};
   cm.cooperativeMatrix = VK_TRUE;
   // hostQueryReset (required by Vulkan 1.2): the execute's two timestamps are reset on the
@@ -340,7 +338,7 @@ Status create_device(Context& c, const std::string& description) {
     v12.pNext = &cm;
   }
   di.pNext = &v12;
-  c.int_dot = int_dot_supported(c, exts);
+  c.int_dot = options.gpu_int_dot && int_dot_supported(c, exts);
   VkPhysicalDeviceShaderIntegerDotProductFeaturesKHR dot{
       VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES_KHR};
   dot.shaderIntegerDotProduct = VK_TRUE;
@@ -464,7 +462,10 @@ Result<Pipeline*> pipeline_for(Context& c, const char* name, const gpu::SpecCons
   SB_CHECK_OR_RETURN(spec.count <= 4, StatusCode::kInternal, "kernel %s: %u specialization constants", name,
                      spec.count);
   std::string key = name;
-  for (uint32_t i = 0; i < spec.count; ++i) key += (i ? "," : "#") + std::to_string(spec.values[i]);
+  for (uint32_t i = 0; i < spec.count; ++i) {
+    key += i ? ',' : '#';  // appended apart: GCC 12's -Wrestrict misreads "#" + std::string&&
+    key += std::to_string(spec.values[i]);
+  }
   auto it = c.pipelines.find(key);
   if (it != c.pipelines.end()) return &it->second;
   const kernels::KernelInfo* info = kernels::find_kernel(name);
@@ -496,11 +497,11 @@ Result<Pipeline*> pipeline_for(Context& c, const char* name, const gpu::SpecCons
   VkShaderModuleCreateInfo sm{VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO};
   sm.codeSize = code->spirv_words * 4;
   sm.pCode = code->spirv;
-  // Kernel development: SWITCHBOARD_SPIRV_DIR/<name>.spv replaces the built-in SPIR-V
-  // (same interface), so a shader experiment needs no rebuild of the library.
+  // Kernel development: spirv_dir/<name>.spv replaces the built-in SPIR-V (same
+  // interface), so a shader experiment needs no rebuild of the library.
   std::vector<uint32_t> override_words;
-  if (const char* dir = std::getenv("SWITCHBOARD_SPIRV_DIR"); dir && *dir) {
-    const std::string path = std::string(dir) + "/" + name + ".spv";
+  if (!c.spirv_dir.empty()) {
+    const std::string path = c.spirv_dir + "/" + name + ".spv";
     if (FILE* f = std::fopen(path.c_str(), "rb")) {
       uint32_t w;
       while (std::fread(&w, 4, 1, f) == 1) override_words.push_back(w);
@@ -534,23 +535,23 @@ Result<Pipeline*> pipeline_for(Context& c, const char* name, const gpu::SpecCons
 
 }  // namespace
 
-Result<std::unique_ptr<VulkanRuntime>> VulkanRuntime::open(int index) {
+Result<std::unique_ptr<VulkanRuntime>> VulkanRuntime::open(int index, const DeviceOptions& options) {
   std::unique_ptr<VulkanRuntime> rt(new VulkanRuntime());
   rt->ctx_ = std::make_shared<Context>();
   Context& c = *rt->ctx_;
-  SB_RETURN_IF_ERROR(attach_instance(c));
+  c.spirv_dir = options.spirv_dir;
+  SB_RETURN_IF_ERROR(attach_instance(c));  // the instance is the process's; all below is this device's
   SB_RETURN_IF_ERROR(pick_device(c, index, rt->description_));
-  SB_RETURN_IF_ERROR(create_device(c, rt->description_));
+  SB_RETURN_IF_ERROR(create_device(c, rt->description_, options));
   rt->int64_ = c.int64;
   rt->int8_mma_ = c.int8_mma;
   rt->int_dot_ = c.int_dot;
   rt->cross_workgroup_handoff_ = true;
   // NVIDIA launches a queue's dispatches' workgroups in order; lavapipe (a CPU device) runs
   // one dispatch at a time. Elsewhere not known: every dependency takes a barrier, as it
-  // does with SWITCHBOARD_GPU_HANDOFF=0.
-  const char* handoff_env = std::getenv("SWITCHBOARD_GPU_HANDOFF");
-  rt->cross_dispatch_handoff_ = (c.vendor_id == 0x10de || c.device_type == VK_PHYSICAL_DEVICE_TYPE_CPU) &&
-                                !(handoff_env && std::strcmp(handoff_env, "0") == 0);
+  // does with DeviceOptions::gpu_handoff off.
+  rt->cross_dispatch_handoff_ =
+      options.gpu_handoff && (c.vendor_id == 0x10de || c.device_type == VK_PHYSICAL_DEVICE_TYPE_CPU);
   SB_RETURN_IF_ERROR(rt->init(std::make_shared<gpu::MemoryPool>(std::make_unique<VulkanBlocks>(rt->ctx_)),
                               c.limits.maxStorageBufferRange, c.limits.minStorageBufferOffsetAlignment));
   SB_RETURN_IF_ERROR(rt->probe_numerics());
@@ -776,8 +777,8 @@ void VulkanRuntime::log_timestamps() {
                      total, last_gpu_us_);
 }
 
-Result<std::unique_ptr<Device>> open_vulkan_device(int index) {
-  SB_ASSIGN_OR_RETURN(std::unique_ptr<VulkanRuntime> rt, VulkanRuntime::open(index));
+Result<std::unique_ptr<Device>> open_vulkan_device(int index, const DeviceOptions& options) {
+  SB_ASSIGN_OR_RETURN(std::unique_ptr<VulkanRuntime> rt, VulkanRuntime::open(index, options));
   return gpu::make_gpu_device(std::move(rt), index < 0 ? "vulkan" : "vulkan:" + std::to_string(index));
 }
 

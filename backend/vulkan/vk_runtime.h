@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "device_registry.h"
 #include "gpu_kernel_table.h"
 #include "gpu_memory.h"
 
@@ -19,8 +20,10 @@ struct Context;  // instance, device, queue, memory pool; shared by every alloca
 
 class VulkanRuntime final : public gpu::MappedRuntime {
  public:
-  // index < 0: the best device (discrete, integrated, virtual, then CPU).
-  static Result<std::unique_ptr<VulkanRuntime>> open(int index);
+  // index < 0: the best device (discrete, integrated, virtual, then CPU). The options
+  // are this device's alone: the process shares only the loader and the VkInstance.
+  static Result<std::unique_ptr<VulkanRuntime>> open(int index,
+                                                     const DeviceOptions& options = default_device_options());
   ~VulkanRuntime() override;
 
   const std::string& description() const override { return description_; }

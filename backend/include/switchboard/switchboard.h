@@ -15,12 +15,14 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
 #include "switchboard/dtype.h"
+#include "switchboard/log.h"
 #include "switchboard/status.h"
 #include "switchboard/tensor.h"
 
@@ -83,11 +85,23 @@ struct SessionOptions {
   // $SWITCHBOARD_DEVICE, or "cpu" when that is unset.
   std::string device;
   // When the device cannot be opened (no Vulkan loader, no GPU), run on the CPU and
-  // say so once on stderr instead of failing. Always on for $SWITCHBOARD_DEVICE.
+  // log a warning once instead of failing. Always on for $SWITCHBOARD_DEVICE.
   bool cpu_fallback = false;
   // Upper bound on the bytes of all mutable buffers (e.g. KV caches) together;
   // a program asking for more is refused before anything is allocated.
   uint64_t max_buffer_bytes = uint64_t{16} << 30;
+
+  // GPU kernel paths (Vulkan; other devices ignore them); each gives the same bits on or
+  // off. Unset: $SWITCHBOARD_GPU_MMA / _DOT / _HANDOFF ("0" turns one off), else on
+  // wherever the device supports it.
+  std::optional<bool> gpu_int8_mma;  // int8 cooperative-matrix kernels (faster prefill)
+  std::optional<bool> gpu_int_dot;   // packed int8 dot-product row kernels (faster decode)
+  // Decode's router, gate/up and down kernels wait for each other's values instead of
+  // being separated by barriers; only on devices known to run dispatches in order.
+  std::optional<bool> gpu_handoff;
+  // Kernel development (Vulkan). Unset: $SWITCHBOARD_PIPELINE_STATS / $SWITCHBOARD_SPIRV_DIR.
+  std::optional<bool> pipeline_stats;    // log each pipeline's registers and memory (info level)
+  std::optional<std::string> spirv_dir;  // DIR/<kernel>.spv replaces a built-in kernel; "": none
 };
 
 class Session {
@@ -131,11 +145,22 @@ const char* version();
 // instructions, slots, constants, node counts. Errors name the file.
 Result<std::string> describe_program_file(const std::string& path);
 
-// The CPU device's worker pool (process-wide): threads its kernels split work over.
+// Process-wide settings; each starts from its environment variable (README.md).
+// The CPU device's worker pool: threads its kernels split work over ($SWITCHBOARD_THREADS,
+// else one per hardware thread).
 int cpu_threads();
 void set_cpu_threads(int n);
 // The SIMD path the CPU kernels take here: "amx", "avx512-vnni", "avx2" or "portable".
 const char* cpu_isa();
+// Caps that path: "portable", "avx2", "avx512" or "amx" (no cap; the default unless
+// $SWITCHBOARD_CPU_PATH names another). Every path gives the same bits. kInvalidArgument
+// for other names.
+Status set_cpu_path_limit(std::string_view path);
+// Bytes of freed tensor buffers kept for reuse ($SWITCHBOARD_BUFFER_POOL_MB, default
+// 1 GiB; 0 keeps none). Lowering it frees what is cached above the new bound.
+uint64_t buffer_pool_bytes();
+void set_buffer_pool_bytes(uint64_t bytes);
+// Log level and destination: switchboard/log.h.
 
 // What any kernel can reach on a GPU device, from its own timestamps: read bandwidth
 // (GB/s), a submission of one empty dispatch (us) and one that reads `bytes` cold (us);
