@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds and runs every test: the dev preset (Debug + ASan/UBSan) through ctest,
-# then the libFuzzer targets (clang + ASan/UBSan) for a bounded time.
+# Checks the structure (ci/check_structure.py), builds the release preset, builds and runs
+# every test in the dev preset (Debug + ASan/UBSan) through ctest, then the libFuzzer
+# targets (clang + ASan/UBSan) for a bounded time; every build with -Werror.
 # Installs its own dependencies first. FUZZ_SECONDS (default 60) is split
 # between the fuzz targets; set it to 0 to skip fuzzing.
 set -euo pipefail
@@ -8,7 +9,14 @@ cd "$(dirname "$0")/.."
 bash ci/install-deps.sh
 JOBS=${JOBS:-$(nproc)}
 
-cmake --preset dev
+# Structure first (seconds): layer crossings, file sizes, shader families with host files.
+python3 ci/check_structure.py
+
+# Every build warning-clean: -Werror in the dev build (tests run from it), the release
+# build (what ci/demo.sh shows a new user) and the fuzz build below.
+cmake --preset release -DSWITCHBOARD_WERROR=ON
+cmake --build --preset release -j "$JOBS"
+cmake --preset dev -DSWITCHBOARD_WERROR=ON
 cmake --build --preset dev -j "$JOBS"
 # Every op-harness case also runs on Vulkan through lavapipe (Mesa's CPU driver) and must
 # match the CPU bit for bit; SWITCHBOARD_REQUIRE_VULKAN turns a missing device into a failure.
@@ -19,7 +27,7 @@ ctest --preset dev -j "$JOBS"
 
 FUZZ_SECONDS=${FUZZ_SECONDS:-60}
 if [ "$FUZZ_SECONDS" -gt 0 ]; then
-  cmake --preset fuzz
+  cmake --preset fuzz -DSWITCHBOARD_WERROR=ON
   cmake --build --preset fuzz -j "$JOBS" --target program_fuzz safetensors_fuzz model_config_fuzz
   targets=(program_fuzz safetensors_fuzz model_config_fuzz)
   per=$(( FUZZ_SECONDS / ${#targets[@]} ))

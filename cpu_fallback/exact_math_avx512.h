@@ -2,7 +2,7 @@
 // order on each lane, so every lane's bits equal the scalar routine's.
 #pragma once
 
-#include <immintrin.h>
+#include "x86_intrin.h"
 
 namespace switchboard::exact::avx512 {
 

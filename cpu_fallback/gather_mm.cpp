@@ -2,7 +2,7 @@
 // partial sums (product, then add) combined by a fixed halving tree.
 #include <vector>
 #if defined(__x86_64__)
-#include <immintrin.h>
+#include "x86_intrin.h"
 #endif
 
 #include "cpu_common.h"

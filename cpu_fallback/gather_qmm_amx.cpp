@@ -19,7 +19,7 @@
 
 #if defined(__x86_64__)
 #include <cpuid.h>
-#include <immintrin.h>
+#include "x86_intrin.h"
 #if defined(__linux__)
 #include <sys/syscall.h>
 #include <unistd.h>

@@ -7,7 +7,7 @@
 
 #if defined(__x86_64__)
 #include <cpuid.h>
-#include <immintrin.h>
+#include "x86_intrin.h"
 
 #include <cstring>
 

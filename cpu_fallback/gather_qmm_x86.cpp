@@ -1,7 +1,7 @@
 #include "gather_qmm_x86.h"
 
 #if defined(__x86_64__)
-#include <immintrin.h>
+#include "x86_intrin.h"
 #include <sys/mman.h>
 
 #include <cstdlib>

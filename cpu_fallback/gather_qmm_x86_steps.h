@@ -5,7 +5,7 @@
 #pragma once
 
 #if defined(__x86_64__)
-#include <immintrin.h>
+#include "x86_intrin.h"
 
 #include <cstdint>
 

@@ -13,7 +13,7 @@
 #include <vector>
 
 #if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
+#include "x86_intrin.h"
 #define SB_CPU_RELAX() _mm_pause()
 #else
 #define SB_CPU_RELAX() ((void)0)

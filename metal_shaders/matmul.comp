@@ -97,7 +97,7 @@ shared uint s_aw[kChunkWords], s_bw[kChunkWords];
 // both rows whole 16-byte units): each pass copies up to kChunkWords words of both rows
 // into shared memory with 16-byte loads, all issued before any is used — a quarter of the
 // load instructions of one word per element, which is what a latency-bound decode GEMV
-// waits on (H100: router logits 23 -> 10 us) — then adds them in index order.
+// waits on — then adds them in index order.
 void dot32_rows16(uint lane, uint r, uint c, uint boff, inout precise float part) {
   uint pa = sb_per_word(args.dtype), pb = sb_per_word(args.b_dtype);
   uint qa = r * args.k / (4u * pa), qb = (boff + c * args.k) / (4u * pb);

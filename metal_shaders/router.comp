@@ -21,10 +21,9 @@ layout(std430, binding = 6) buffer E { uint err[]; };
 layout(push_constant) uniform Args { SB_ROUTER_ARGS } args;
 
 // The router_e256_* variants: <= 256 experts, one kind each. Shared memory is sized for
-// the experts because it bounds the workgroups per SM (H100, 512 tokens of 128 experts:
-// 35 -> 18 us); the kind is fixed at build time so the kernel holds only that kind's code
-// (H100 decode, the first dispatch of a submission: 16.0 -> 14.3 us with 15 instead of
-// 30 KB of machine code). The host picks the variant of args.kind.
+// the experts because it bounds the workgroups per SM; the kind is fixed at build time so
+// the kernel holds only that kind's code (half the machine code; the first dispatch of a
+// submission is faster for it: bench/RESULTS.md). The host picks the variant of args.kind.
 #if defined(ROUTER_E256_SOFTMAX)
 #define ROUTER_E256
 #define KIND 0u
@@ -106,8 +105,7 @@ uint pick(bool use_c, uint lo, uint hi) {
 // to the lower id; keys of allowed experts are >= 0x00800000, so key 0 marks the others.
 // Thread -> (expert i, part q): the parts split the comparisons of i (integer counts,
 // added in any order), so a router of few experts still keeps every thread busy; each
-// part is whole words of s_key4. Plain loops: H100 decode, the 8-wide unrolled count
-// cost 1.9 us more.
+// part is whole words of s_key4. Plain loops: the 8-wide unrolled count was slower.
 void select_by_rank(bool use_c, uint e) {
   uint tid = gl_LocalInvocationID.x, words = (e + 3u) >> 2;
   for (uint j = tid; j < args.k; j += kThreads) s_id[j] = NONE;

@@ -27,8 +27,8 @@ Result<CombineOperands> bind_combine(KernelContext& ctx, const fb::Tid* weights_
 constexpr int64_t kCombine16MinOutputs = int64_t{1} << 16;
 
 // Whether Combine of y at `by` into `bo` takes combine16: rows of whole 16-byte units at
-// aligned offsets (4 or 8 elements a thread), and outputs enough to fill the GPU: a
-// decode token's 2048 went 5.7 -> 8.6 us on the H100 with 4x fewer threads.
+// aligned offsets (4 or 8 elements a thread), and outputs enough to fill the GPU (a decode
+// token's row is faster with the word kernel's 4x more threads: bench/RESULTS.md).
 bool combine_by16(const Tensor& y, BufferRef by, BufferRef bo, int64_t outputs) {
   return outputs >= kCombine16MinOutputs && y.dim(1) * static_cast<int64_t>(dtype_size(y.dtype())) % 16 == 0 &&
          by.offset % 16 == 0 && bo.offset % 16 == 0;

@@ -4,7 +4,7 @@
 // gather_qmm_mma.cpp. Every schedule gives the bits of the integer contract.
 #include <algorithm>
 
-#include "gather_qmm.h"
+#include "gpu_gather_qmm.h"
 
 namespace switchboard::gpu {
 

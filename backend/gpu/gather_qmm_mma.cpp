@@ -1,7 +1,7 @@
 // GatherQmm on int8 tensor cores (metal_shaders/gather_qmm_mma.comp; Vulkan with
 // VK_NV_cooperative_matrix): the tiles' kernel choice, and the sorted MoE FFN whose gate/up
 // kernel writes h's Q8 blocks directly.
-#include "gather_qmm.h"
+#include "gpu_gather_qmm.h"
 
 namespace switchboard::gpu {
 

@@ -3,16 +3,14 @@
 // and down + combine kernels, and their barrier-free hand-off after the router.
 #include <algorithm>
 
-#include "gather_qmm.h"
+#include "gpu_gather_qmm.h"
 
 namespace switchboard::gpu {
 namespace {
 
 // GatherQmm takes the one-dispatch row kernel (qmm_row) up to this many (pair) rows
-// where the tiles do not (each of its workgroups quantizes a row of x). H100, Qwen3 MoE
-// layer at M = 5 / 8 / 16 / 32 tokens (40-256 pairs, below the tiles' 4 pairs per
-// expert): 456 / 687 / 1324 / 2574 us through quantize + qmm with the limit at 32,
-// 116 / 139 / 219 / 378 us through the row kernels.
+// where the tiles do not (each of its workgroups quantizes a row of x): below the tiles'
+// pairs per expert the row kernels beat quantize + qmm several times (bench/RESULTS.md).
 constexpr int64_t kQmmRowMaxPairs = 512;
 // qmm_row widens its tiles while more workgroups than this would run.
 constexpr int64_t kQmmRowWorkgroups = 1056;
@@ -24,11 +22,9 @@ bool row_2k(const QmmSetup& q) { return q.kdim <= SB_QMM_ROW_SMALL_K; }
 
 // Whether qmm_row (and qmm_row_glu) take these rows (not where the tiles do); then its
 // outputs per workgroup and tiles per pair: about two (output, group) tasks per thread,
-// widening while more than
-// kQmmRowWorkgroups workgroups would run (each workgroup quantizes its row). H100, Qwen3
-// decode with the *_dot4 kernels: gate/up/Glu at 8 outputs per workgroup (2 tasks a
-// thread) 17.0 us against 18.6 at 16 (4 tasks); down at ~40 (2 tasks) 15.2 us against
-// 17.9 at 20 (1 task). `projections` (1 or 2) share SB_QMM_ROW_TERMS.
+// widening while more than kQmmRowWorkgroups workgroups would run (each workgroup
+// quantizes its row); two tasks a thread beat one or four (bench/RESULTS.md).
+// `projections` (1 or 2) share SB_QMM_ROW_TERMS.
 bool qmm_row_plan(QmmSetup& q, int64_t projections) {
   const int64_t groups = q.groups, nout = q.nout, pairs = q.pairs;
   // x is read 16 bytes at a time (whole 8-element units).
@@ -46,7 +42,7 @@ bool qmm_row_plan(QmmSetup& q, int64_t projections) {
 }
 
 // The row kernel for these rows: the *_2k twin (less shared memory) where K allows; the
-// *_dot4 twin (packed int8 dot products: H100 decode layer 56 -> 52 us) where the device
+// *_dot4 twin (packed int8 dot products, faster: bench/RESULTS.md) where the device
 // has them and every expert of every projection it computes is 4-bit.
 
 const char* qmm_row_kernel(const Runtime& rt, const QmmSetup& q, bool glu, bool all_4bit) {
@@ -67,7 +63,7 @@ SpecConstants row_spec(const Runtime& rt, bool all_4bit, const k::QmmArgs& a, ui
 // Decode's down projection with combine_weights in one dispatch (qmm_row_combine_2k):
 // the row kernel stores y, and the last workgroup of each (token, tile) combines the
 // token's slots from the stored y, so the bits are those of GatherQmm then Combine
-// (H100: the separate combine dispatch cost 5.7 us of a ~59 us layer).
+// without a separate combine dispatch.
 Status qmm_row_combine(KernelContext& ctx, const fb::GatherQmmNodeT* n, const QmmSetup& q, const CombineOperands& c,
                        const Tensor& y, BufferRef by) {
   Runtime& rt = rt_of(ctx);
@@ -143,7 +139,7 @@ Status gate_up_glu(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>* 
   const char* kernel = qmm_row_kernel(rt, g, true, all_4bit);
   // Straight after the router (decode): no barrier, each workgroup stages x and then waits
   // for its pair's expert (rhs), and counts itself per pair once its h is stored, so the
-  // down projection need not wait for a barrier either. H100 decode: see bench/RESULTS.md.
+  // down projection need not wait for a barrier either (bench/RESULTS.md).
   const bool dot4_2k = row_dot4(rt, all_4bit) && row_2k(g);  // qmm_row_glu_2k_dot4: binding 12 = the counts
   const bool wait = dot4_2k && g.args.has_rhs && !g.args.sorted && same_ref(g.br, moe_handoff(ctx).indices);
   args.wait_rhs = wait;

@@ -3,15 +3,15 @@
 // each weight once per tile (qmm_tile, or qmm_mma on int8 tensor cores).
 #include <algorithm>
 
-#include "gather_qmm.h"
+#include "gpu_gather_qmm.h"
 
 namespace switchboard::gpu {
 namespace {
 
 // Sorted pairs (or pairs without rhs) from this many on, and with rhs at least
-// kQmmTilePairsPerExpert per expert on average, take the tiled kernel (qmm_tile): weights read once per tile of 32
-// pairs instead of once per pair. Below that its tiles run mostly empty (H100: at 2 pairs per expert it takes twice as
-// long as qmm, at 8 half as long).
+// kQmmTilePairsPerExpert per expert on average, take the tiled kernel (qmm_tile): weights
+// read once per tile of 32 pairs instead of once per pair. Below that its tiles run mostly
+// empty and lose to qmm (the crossover: bench/RESULTS.md).
 constexpr int64_t kQmmTileMinPairs = 64;
 constexpr int64_t kQmmTilePairsPerExpert = 4;
 

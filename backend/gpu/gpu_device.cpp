@@ -8,7 +8,7 @@
 #include <unordered_map>
 
 #include "env.h"
-#include "gather_qmm.h"
+#include "gpu_gather_qmm.h"
 #include "gpu_ops.h"
 
 namespace switchboard::gpu {

@@ -155,8 +155,7 @@ Status MappedRuntime::probe_mma_layout() {
   SB_RETURN_IF_ERROR(dispatch("qmm_mma_probe", {by}, &args, sizeof(args), 32));
   SB_RETURN_IF_ERROR(sync());
   // Lane l, element e: row l / 4 + 8 (e / 4), column 8 ((e / 2) % 2) + 2 (l % 4) + e % 2 (the
-  // H100's, driver 580),
-  // and the probe's C[r][c] = r + 16c.
+  // layout NVIDIA's driver gives), and the probe's C[r][c] = r + 16c.
   const int32_t* got = y.data_as<int32_t>();
   bool same = got[256] == 8;
   for (int l = 0; l < 32 && same; ++l)

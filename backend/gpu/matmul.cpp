@@ -34,7 +34,7 @@ Status dispatch_matmul(Runtime& rt, const k::MatmulArgs& args, DType dtype, cons
   // Long rows of a and (transposed) b in whole 16-byte units at 16-byte aligned offsets:
   // matmul_rows16 copies them with 16-byte loads (decode GEMVs such as the router logits
   // are latency-bound). Short rows (attention heads) keep `matmul`: the copy's shared
-  // memory costs occupancy there (H100 whole-model decode 55 -> 47 tok/s with head rows).
+  // memory costs occupancy there (whole-model decode was slower with head rows: RESULTS).
   const bool rows16 = args.transpose_b != 0 && args.k >= kMatmulRows16MinK && args.k % (16 / dtype_size(dtype)) == 0 &&
                       args.k % (16 / dtype_size(static_cast<DType>(args.b_dtype))) == 0 && binds[0].offset % 16 == 0 &&
                       binds[1].offset % 16 == 0;

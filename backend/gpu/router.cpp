@@ -1,7 +1,7 @@
 // The fused routers on the GPU (metal_shaders/router.comp): one workgroup per token.
 #include <algorithm>
 
-#include "gather_qmm.h"
+#include "gpu_gather_qmm.h"
 #include "gpu_ops.h"
 
 namespace switchboard::gpu {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "op_info.h"
+#include "op_rules.h"
 #include "program_impl.h"
 #include "switchboard/builder.h"
 
@@ -108,8 +109,27 @@ struct BuilderState {
     for_each_slot(ins->op, [&](const SlotRef& r) {
       if (r.is_tensor && r.is_write && r.idx && *r.idx < slots.size()) slots[*r.idx].writer_chain = current;
     });
+    check_rules(ins->op);
     chains[current]->instructions.push_back(std::move(ins));
     return *chains[current]->instructions.back();
+  }
+  // The op family's declared-operand rules (ops::check_op_rules), the ones the loader
+  // applies: a program the builder writes is one the loader accepts.
+  void check_rules(fb::OpNodeUnion& op) {
+    const fb::OpNode t = op.type;
+    if (!status.is_ok() || t == fb::OpNode::SymSizeNode || t == fb::OpNode::IntArithNode || t == fb::OpNode::IfNode)
+      return;
+    bool ids_ok = true;
+    for_each_slot(op, [&](const SlotRef& r) { ids_ok &= !r.is_tensor || !r.idx || *r.idx < slots.size(); });
+    if (!ids_ok) return;  // the op's own method failed first
+    const ops::SlotDecls decls = [this](const fb::Tid* tid) {
+      const BSlot& s = slots[tid->idx()];
+      ops::SlotDecl d{s.dtype, {}};
+      for (const Dim& dim : s.shape) d.dims.push_back(dim.is_static() ? dim.size : -1);
+      return d;
+    };
+    Status st = ops::check_op_rules(op, decls, op_name(t));
+    if (!st.is_ok()) fail(st.message());
   }
 };
 

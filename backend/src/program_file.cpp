@@ -2,7 +2,7 @@
 #include <cstdio>
 #include <cstring>
 
-#include "flatbuffers/flatbuffers.h"
+#include <flatbuffers/flatbuffers.h>
 #include "log.h"
 #include "program_impl.h"
 
