@@ -27,7 +27,7 @@ ALLOWED = {
     "backend/cli": ["backend/ops", "backend/core", PUBLIC],
     "metal_shaders": [],
 }
-GENERATED = {"program_generated.h"}  # the schema's bindings (build/*/generated), for core and above
+GENERATED = {"program_generated.h", "op_info_generated.inc", "kernel_list.inc"}  # build/*/generated, for core and above
 SOURCE_EXT = (".h", ".cpp", ".mm", ".comp", ".glsl", ".inc")
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
 

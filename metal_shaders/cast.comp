@@ -1,3 +1,6 @@
+// Kernel variants of this file, one line each (metal_shaders/README.md, "Variants"):
+// SB_KERNEL(cast_i64, CAST_I64, "rw", CastArgs, SB_CAST_ARGS, 256, F_INT64)
+// SB_KERNEL(cast, CAST, "rw", CastArgs, SB_CAST_ARGS, 256, 0)
 #version 450
 #extension GL_GOOGLE_include_directive : require
 // Cast between f32, f16, bf16, i32, u32, u8 and bool (cast), and from or to i64

@@ -1,3 +1,7 @@
+// Kernel variants of this file, one line each (metal_shaders/README.md, "Variants"):
+// SB_KERNEL(combine, COMBINE, "rrrrw", CombineArgs, SB_COMBINE_ARGS, 256, 0)
+// SB_KERNEL(combine16, COMBINE16, "rrrrw", CombineArgs, SB_COMBINE_ARGS, 256, 0)
+// SB_KERNEL(combine_rows, COMBINE_ROWS, "rrrrwr", CombineArgs, SB_COMBINE_ARGS, 256, 0)
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require

@@ -1,3 +1,9 @@
+// Kernel variants of this file, one line each (metal_shaders/README.md, "Variants"):
+// SB_KERNEL(binary, BINARY, "rrwb", BinaryArgs, SB_BINARY_ARGS, 256, 0)
+// SB_KERNEL(binary_div, BINARY_DIV, "rrwb", BinaryArgs, SB_BINARY_ARGS, 256, F_DIVIDES)
+// SB_KERNEL(binary_int, BINARY_INT, "rrwb", BinaryArgs, SB_BINARY_ARGS, 256, F_INT64)
+// SB_KERNEL(unary_int, UNARY_INT, "rw", UnaryArgs, SB_UNARY_ARGS, 256, F_INT64)
+// SB_KERNEL(unary, UNARY, "rw", UnaryArgs, SB_UNARY_ARGS, 256, 0)
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #if defined(BINARY_INT) || defined(UNARY_INT)

@@ -1,3 +1,5 @@
+// Kernel variants of this file, one line each (metal_shaders/README.md, "Variants"):
+// SB_KERNEL(gather_mm, GATHER_MM, "rrrrwb", GatherMmArgs, SB_GATHER_MM_ARGS, 32, 0)
 #version 450
 #extension GL_GOOGLE_include_directive : require
 // GatherMm (float experts) with the dot32 order of docs/numerics.md; twin of

@@ -1,3 +1,7 @@
+// Kernel variants of this file, one line each (metal_shaders/README.md, "Variants"):
+// SB_KERNEL(quantize_q8, QUANTIZE, "rwww", Q8Args, SB_Q8_ARGS, 64, 0)
+// SB_KERNEL(quantize_q8_16, QUANTIZE16, "rwww", Q8Args, SB_Q8_ARGS, 64, 0)
+// SB_KERNEL(qmm, QMM, "rrrrrrrrrwb", QmmArgs, SB_QMM_ARGS, 64, 0)
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require

@@ -1,3 +1,10 @@
+// Kernel variants of this file, one line each (metal_shaders/README.md, "Variants"):
+// SB_KERNEL(qmm_mma, QMM_MMA, "rrrrrrrrrwb", QmmArgs, SB_QMM_ARGS, 256, F_MMA)
+// SB_KERNEL(qmm_mma4, QMM_MMA4, "rrrrrrrrrwb", QmmArgs, SB_QMM_ARGS, 256, F_MMA)
+// qmm_mma4's bindings (out: h's Q8 codes), then the up projection's codes, scales and
+// biases, h's block scales d and code sums.
+// SB_KERNEL(qmm_mma4_glu, QMM_MMA4_GLU, "rrrrrrrrrwbrrrww", QmmGluArgs, SB_QMM_GLU_ARGS, 256, F_MMA)
+// SB_KERNEL(qmm_mma_probe, QMM_MMA_PROBE, "w", ProbeArgs, SB_PROBE_ARGS, 32, F_MMA)
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require

@@ -1,3 +1,19 @@
+// Kernel variants of this file, one line each (metal_shaders/README.md, "Variants"):
+// SB_KERNEL(qmm_row, QMM_ROW, "rrrrrrrwb", QmmArgs, SB_QMM_ARGS, 256, 0)
+// SB_KERNEL(qmm_row_2k, QMM_ROW_2K, "rrrrrrrwb", QmmArgs, SB_QMM_ARGS, 256, 0)
+// SB_KERNEL(qmm_row_glu, QMM_ROW_GLU, "rrrrrrrwbrrr", QmmGluArgs, SB_QMM_GLU_ARGS, 256, 0)
+// SB_KERNEL(qmm_row_glu_2k, QMM_ROW_GLU_2K, "rrrrrrrwbrrr", QmmGluArgs, SB_QMM_GLU_ARGS, 256, 0)
+// qmm_row_2k's bindings (y read back: read-write), then combine_weights, shared,
+// shared_gate, the per-(token, tile) counters and the combined output.
+// SB_KERNEL(qmm_row_combine_2k, QMM_ROW_COMBINE_2K, "rrrrrrrbbrrrbw", QmmCombineArgs, SB_QMM_COMBINE_ARGS, 256, 0)
+// The row kernels above for all-4-bit experts on packed int8 dot products.
+// SB_KERNEL(qmm_row_dot4, QMM_ROW_DOT4, "rrrrrrrwb", QmmArgs, SB_QMM_ARGS, 256, F_DOT)
+// SB_KERNEL(qmm_row_2k_dot4, QMM_ROW_2K_DOT4, "rrrrrrrwb", QmmArgs, SB_QMM_ARGS, 256, F_DOT)
+// SB_KERNEL(qmm_row_glu_dot4, QMM_ROW_GLU_DOT4, "rrrrrrrwbrrr", QmmGluArgs, SB_QMM_GLU_ARGS, 256, F_DOT)
+// qmm_row_glu's bindings, then the per-pair count of workgroups whose h is stored.
+// SB_KERNEL(qmm_row_glu_2k_dot4, QMM_ROW_GLU_2K_DOT4, "rrrrrrrwbrrrb", QmmGluArgs, SB_QMM_GLU_ARGS, 256, F_DOT)
+// qmm_row_combine_2k's bindings, then qmm_row_glu_2k_dot4's counts (its wait_tiles).
+// SB_KERNEL(qmm_row_combine_2k_dot4, QMM_ROW_COMBINE_2K_DOT4, "rrrrrrrbbrrrbwr", QmmCombineArgs, SB_QMM_COMBINE_ARGS, 256, F_DOT)
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require

@@ -1,3 +1,6 @@
+// Kernel variants of this file, one line each (metal_shaders/README.md, "Variants"):
+// SB_KERNEL(qmm_tiles, QMM_TILES, "rrwb", QmmArgs, SB_QMM_ARGS, 256, 0)
+// SB_KERNEL(qmm_tile, QMM_TILE, "rrrrrrrrrwb", QmmArgs, SB_QMM_ARGS, 256, 0)
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require

@@ -1,3 +1,5 @@
+// Kernel variants of this file, one line each (metal_shaders/README.md, "Variants"):
+// SB_KERNEL(glu, GLU, "rrw", GluArgs, SB_GLU_ARGS, 256, 0)
 #version 450
 #extension GL_GOOGLE_include_directive : require
 // Gated activations (SwiGLU, GEGLU, clamped SwiGLU); twin of cpu_fallback/glu.cpp.

@@ -1,3 +1,7 @@
+// Kernel variants of this file, one line each (metal_shaders/README.md, "Variants"):
+// SB_KERNEL(matmul, MATMUL, "rrrw", MatmulArgs, SB_MATMUL_ARGS, 32, 0)
+// SB_KERNEL(matmul_rows16, MATMUL_ROWS16, "rrrw", MatmulArgs, SB_MATMUL_ARGS, 32, 0)
+// SB_KERNEL(matmul_tile, MATMUL_TILE, "rrrw", MatmulArgs, SB_MATMUL_ARGS, 256, 0)
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require

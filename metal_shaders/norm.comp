@@ -1,3 +1,8 @@
+// Kernel variants of this file, one line each (metal_shaders/README.md, "Variants"):
+// SB_KERNEL(softmax, SOFTMAX, "rb", NormArgs, SB_NORM_ARGS, 64, 0)
+// SB_KERNEL(rms_norm, RMS_NORM, "rrb", NormArgs, SB_NORM_ARGS, 64, 0)
+// SB_KERNEL(softmax_row, SOFTMAX_ROW, "rb", NormArgs, SB_NORM_ARGS, 256, 0)
+// SB_KERNEL(rms_norm_row, RMS_NORM_ROW, "rrb", NormArgs, SB_NORM_ARGS, 256, 0)
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require

@@ -1,3 +1,8 @@
+// Kernel variants of this file, one line each (metal_shaders/README.md, "Variants"):
+// SB_KERNEL(gather_rows, GATHER_ROWS, "rrwb", PermuteArgs, SB_PERMUTE_ARGS, 256, 0)
+// SB_KERNEL(gather_rows16, GATHER_ROWS16, "rrwb", PermuteArgs, SB_PERMUTE_ARGS, 256, 0)
+// SB_KERNEL(invert_permutation, INVERT, "rbb", PermuteArgs, SB_PERMUTE_ARGS, 256, 0)
+// SB_KERNEL(argsort, ARGSORT, "rw", ArgsortArgs, SB_ARGSORT_ARGS, 256, 0)
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require

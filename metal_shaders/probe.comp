@@ -1,3 +1,6 @@
+// Kernel variants of this file, one line each (metal_shaders/README.md, "Variants"):
+// SB_KERNEL(numerics_probe, PROBE, "rw", ProbeArgs, SB_PROBE_ARGS, 64, F_DIVIDES)
+// SB_KERNEL(stream_read, STREAM_READ, "rw", StreamArgs, SB_STREAM_ARGS, 256, 0)
 #version 450
 #extension GL_GOOGLE_include_directive : require
 // Probes. PROBE (numerics_probe): the arithmetic the contract relies on, on inputs that

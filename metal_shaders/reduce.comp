@@ -1,3 +1,9 @@
+// Kernel variants of this file, one line each (metal_shaders/README.md, "Variants"):
+// SB_KERNEL(argmax_int, ARGMAX_INT, "rw", ReduceArgs, SB_REDUCE_ARGS, 256, F_INT64)
+// SB_KERNEL(reduce, REDUCE, "rw", ReduceArgs, SB_REDUCE_ARGS, 256, 0)
+// SB_KERNEL(reduce_mean, REDUCE_MEAN, "rw", ReduceArgs, SB_REDUCE_ARGS, 256, F_DIVIDES)
+// SB_KERNEL(argmax, ARGMAX, "rw", ReduceArgs, SB_REDUCE_ARGS, 256, 0)
+// SB_KERNEL(argmax_row, ARGMAX_ROW, "rw", ReduceArgs, SB_REDUCE_ARGS, 256, 0)
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #ifdef ARGMAX_INT

@@ -1,3 +1,9 @@
+// Kernel variants of this file, one line each (metal_shaders/README.md, "Variants"):
+// SB_KERNEL(router, ROUTER, "rrrrwwb", RouterArgs, SB_ROUTER_ARGS, 256, 0)
+// router for <= 256 experts of one kind (RouterKind 0, 1, 2).
+// SB_KERNEL(router_e256_softmax, ROUTER_E256_SOFTMAX, "rrrrwwb", RouterArgs, SB_ROUTER_ARGS, 256, 0)
+// SB_KERNEL(router_e256_topk_softmax, ROUTER_E256_TOPK_SOFTMAX, "rrrrwwb", RouterArgs, SB_ROUTER_ARGS, 256, 0)
+// SB_KERNEL(router_e256_sigmoid, ROUTER_E256_SIGMOID, "rrrrwwb", RouterArgs, SB_ROUTER_ARGS, 256, 0)
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require

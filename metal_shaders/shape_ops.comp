@@ -1,3 +1,7 @@
+// Kernel variants of this file, one line each (metal_shaders/README.md, "Variants"):
+// SB_KERNEL(fill, FILL, "w", FillArgs, SB_FILL_ARGS, 256, 0)
+// SB_KERNEL(region, REGION, "rb", RegionArgs, SB_REGION_ARGS, 256, 0)
+// SB_KERNEL(transpose, TRANSPOSE, "rw", TransposeArgs, SB_TRANSPOSE_ARGS, 256, 0)
 #version 450
 #extension GL_GOOGLE_include_directive : require
 // Data movement; twin of cpu_fallback/shape_ops.cpp.

@@ -215,5 +215,40 @@ TEST(Builder, ShapeInferenceAndErrors) {
   EXPECT_NE(d.status().message().find("declared twice"), std::string::npos);
 }
 
+// The builder infers output shapes with the devices' own rules (backend/ops/dim_rules.h):
+// the same mistake gets the same words at build time as at run time, and dynamic dims pass.
+TEST(Builder, ShapeRulesAreTheDevicesRules) {
+  auto message_of = [](auto&& build) {
+    ProgramBuilder b;
+    build(b);
+    return b.status().message();
+  };
+  EXPECT_NE(message_of([](ProgramBuilder& b) {
+              b.matmul(b.input("a", DType::kF32, {2, 3}), b.input("w", DType::kF32, {4, 5}), false);
+            }).find("matmul: inner dims differ: a [2, 3], b [4, 5]"),
+            std::string::npos);
+  EXPECT_NE(message_of([](ProgramBuilder& b) {
+              b.concat({b.input("a", DType::kF32, {2, 3}), b.input("c", DType::kF32, {2, 4})}, 0);
+            }).find("concat: inputs[1] shape [2, 4] does not match inputs[0] [2, 3]"),
+            std::string::npos);
+  EXPECT_NE(message_of([](ProgramBuilder& b) {
+              b.batch_matmul(b.input("a", DType::kF32, {3, 2, 4}), b.input("c", DType::kF32, {2, 4, 5}), false);
+            }).find("batch_matmul: a's batch 3 is not a multiple of b's batch 2"),
+            std::string::npos);
+  EXPECT_NE(message_of([](ProgramBuilder& b) {
+              b.transpose(b.input("a", DType::kF32, {2, 3}), {0, 0});
+            }).find("transpose: perm entry 0 out of range or repeated"),
+            std::string::npos);
+  ProgramBuilder b;
+  TensorRef x = b.input("x", DType::kF32, {Dim::dynamic(1, 8), 3});
+  TensorRef m = b.matmul(x, b.input("w", DType::kF32, {3, 5}), false);
+  EXPECT_FALSE(b.shape(m)[0].is_static());
+  EXPECT_EQ(b.shape(m)[1].size, 5);
+  TensorRef c = b.concat({x, x}, 0);
+  EXPECT_FALSE(b.shape(c)[0].is_static());
+  EXPECT_EQ(b.shape(c)[1].size, 3);
+  EXPECT_TRUE(b.status().is_ok()) << b.status().message();
+}
+
 }  // namespace
 }  // namespace switchboard

@@ -55,9 +55,8 @@ Result<std::unique_ptr<Device>> open_device(const std::string& spec, bool cpu_fa
               : make_error(StatusCode::kNotFound, "unknown device '%s' (known: %s)", name.c_str(), known.c_str());
   if (dev.is_ok() || !cpu_fallback || !factory || dev.status().code() == StatusCode::kInvalidArgument) return dev;
   static std::once_flag once;
-  std::call_once(once, [&] {
-    log::warn("device '{}' is unavailable ({}); running on the CPU", name, dev.status().to_string());
-  });
+  std::call_once(
+      once, [&] { log::warn("device '{}' is unavailable ({}); running on the CPU", name, dev.status().to_string()); });
   return open_device("cpu", false, options);
 }
 

@@ -17,23 +17,23 @@ void register_builtin_devices() {
     if (spec != "cpu") return make_error(StatusCode::kInvalidArgument, "device '%s': expected cpu", spec.c_str());
     return make_cpu_device();
   });
-  register_device("vulkan", [](const std::string& spec,
-                               const DeviceOptions& options) -> Result<std::unique_ptr<Device>> {
-    int index = -1;
-    if (spec.size() > 7) {  // "vulkan:N"
-      char* end = nullptr;
-      const long v = std::strtol(spec.c_str() + 7, &end, 10);
-      if (spec[6] != ':' || *end || v < 0 || v > 1024)
-        return make_error(StatusCode::kInvalidArgument, "device '%s': expected vulkan:N", spec.c_str());
-      index = static_cast<int>(v);
-    }
+  register_device("vulkan",
+                  [](const std::string& spec, const DeviceOptions& options) -> Result<std::unique_ptr<Device>> {
+                    int index = -1;
+                    if (spec.size() > 7) {  // "vulkan:N"
+                      char* end = nullptr;
+                      const long v = std::strtol(spec.c_str() + 7, &end, 10);
+                      if (spec[6] != ':' || *end || v < 0 || v > 1024)
+                        return make_error(StatusCode::kInvalidArgument, "device '%s': expected vulkan:N", spec.c_str());
+                      index = static_cast<int>(v);
+                    }
 #if SWITCHBOARD_HAS_VULKAN
-    return vulkan::open_vulkan_device(index, options);
+                    return vulkan::open_vulkan_device(index, options);
 #else
     (void)index, (void)options;
     return make_error(StatusCode::kNotFound, "this build has no Vulkan device");
 #endif
-  });
+                  });
   register_device("metal", [](const std::string& spec, const DeviceOptions&) -> Result<std::unique_ptr<Device>> {
     if (spec != "metal") return make_error(StatusCode::kInvalidArgument, "device '%s': expected metal", spec.c_str());
 #if SWITCHBOARD_HAS_METAL

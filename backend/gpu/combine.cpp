@@ -74,7 +74,6 @@ Status combine(KernelContext& ctx, const fb::OpNodeUnion& op) {
   return combine_impl(ctx, y, by, c, n->out.get());
 }
 
-
 // ScatterRows then Combine of its (private) output, as MoE prefill ends: Combine reads
 // y's rows through the checked inverse permutation (combine_rows), so the scattered
 // copy is never written. Rows not in 16-byte units take the two kernels.

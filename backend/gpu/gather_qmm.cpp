@@ -153,7 +153,6 @@ k::QmmGluArgs glu_args(const k::QmmArgs& qa, const fb::GluNodeT* glu_node) {
   return args;
 }
 
-
 void register_gather_qmm(KernelRegistry& r) { r.add(fb::OpNode::GatherQmmNode, gather_qmm); }
 
 }  // namespace switchboard::gpu

@@ -51,5 +51,4 @@ Status moe_ffn(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>* ins)
   return gather_qmm_run(ctx, down, d, &h, &tiles);
 }
 
-
 }  // namespace switchboard::gpu

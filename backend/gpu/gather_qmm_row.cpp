@@ -158,5 +158,4 @@ Status gate_up_glu(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>* 
   return ctx.out(glu_node->out.get(), std::move(out));
 }
 
-
 }  // namespace switchboard::gpu

@@ -34,5 +34,4 @@ Result<QmmTileList> qmm_tile_list(Runtime& rt, QmmSetup& q) {
   return t;
 }
 
-
 }  // namespace switchboard::gpu

@@ -1,8 +1,9 @@
-// Every GPU kernel's interface as the hosts (Vulkan, Metal) bind it: bindings in
-// order with their access, the argument struct, the workgroup size, expanded from the one
-// list of variants (metal_shaders/kernel_list.inc) the shader build also reads. The structural
-// test (tests/shader_structure_test.cpp) checks each entry against the SPIR-V
-// reflection of the compiled shader; binding n is Metal buffer n, the arguments are
+// Every GPU kernel's interface as the hosts (Vulkan, Metal) bind it: bindings in order
+// with their access, the argument struct, the workgroup size. Expanded from the one list
+// of variants the shader build also reads: the SB_KERNEL lines at the top of each
+// metal_shaders/*.comp, gathered by cmake/shaders.cmake into generated/kernel_list.inc.
+// The structural test (tests/shader_structure_test.cpp) checks each entry against the
+// SPIR-V reflection of the compiled shader; binding n is Metal buffer n, the arguments are
 // Metal buffer kMetalArgsBuffer.
 #pragma once
 
@@ -48,7 +49,7 @@ struct KernelInfo {
 
 inline constexpr uint32_t F_DIVIDES = 1, F_INT64 = 2, F_MMA = 4, F_DOT = 8;
 
-// One table entry from a line of metal_shaders/kernel_list.inc.
+// One table entry from an SB_KERNEL line (access: r read, w write, b read-write per binding).
 constexpr KernelInfo make_kernel(const char* name, const char* source, const char* access, uint32_t args_size,
                                  const char* args_fields, uint32_t local_size_x, uint32_t flags) {
   KernelInfo k{name, source, 0, {}, args_size, args_fields, local_size_x, true};

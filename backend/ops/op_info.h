@@ -1,6 +1,6 @@
-// Per-op facts the generic layers need: the op's name, and every tensor and
-// value slot it reads or writes. Adding an op to schema/program.fbs fails the
-// static_assert in op_info.cpp until it is listed here.
+// Per-op facts the generic layers need: the op's name, and every tensor and value slot it
+// reads or writes, generated from schema/program.fbs by schema/gen_op_info.py (a field is
+// written when named `out` or marked (sb_write)).
 #pragma once
 
 #include <cstdint>

@@ -33,9 +33,11 @@ class Rules {
   // A static dim's size, or -1 when dynamic.
   int64_t dim(const fb::Tid* t, size_t i) const { return decls_(t).dims[i]; }
   bool is_float(const fb::Tid* t) const { return dtype_is_float(dt(t)); }
-  Status same_dtype(const fb::Tid* a, const fb::Tid* b, const std::string& path, const char* fa, const char* fb_) const {
+  Status same_dtype(const fb::Tid* a, const fb::Tid* b, const std::string& path, const char* fa,
+                    const char* fb_) const {
     if (dt(a) != dt(b))
-      return error(path, strformat("dtype of %s (%s) differs from %s (%s)", fa, dtype_name(dt(a)), fb_, dtype_name(dt(b))));
+      return error(path,
+                   strformat("dtype of %s (%s) differs from %s (%s)", fa, dtype_name(dt(a)), fb_, dtype_name(dt(b))));
     return Status::ok();
   }
   Status expect(bool ok, const std::string& path, const std::string& what) const {
@@ -59,8 +61,7 @@ Status Rules::check_op(const fb::OpNodeUnion& op, const std::string& path) const
       DType t = dt(n->a.get());
       if (!dtype_is_float(t) && t != DType::kI32 && t != DType::kI64)
         return error(path + ".a", strformat("dtype %s is not supported (float, i32, i64)", dtype_name(t)));
-      if (n->op == fb::BinaryOp::Div && !dtype_is_float(t))
-        return error(path + ".op", "Div needs a float dtype");
+      if (n->op == fb::BinaryOp::Div && !dtype_is_float(t)) return error(path + ".op", "Div needs a float dtype");
       if (n->op == fb::BinaryOp::FloorDiv && dtype_is_float(t))
         return error(path + ".op", "FloorDiv needs an integer dtype");
       return Status::ok();
@@ -74,13 +75,16 @@ Status Rules::check_op(const fb::OpNodeUnion& op, const std::string& path) const
     }
     case fb::OpNode::CastNode: {
       const auto* n = op.AsCastNode();
-      if (!dtype_is_valid(static_cast<int>(n->dtype))) return error(path + ".dtype", strformat("%d unknown", (int)n->dtype));
-      if (dt(n->out.get()) != static_cast<DType>(n->dtype)) return error(path + ".out", "dtype differs from the cast's dtype");
+      if (!dtype_is_valid(static_cast<int>(n->dtype)))
+        return error(path + ".dtype", strformat("%d unknown", (int)n->dtype));
+      if (dt(n->out.get()) != static_cast<DType>(n->dtype))
+        return error(path + ".out", "dtype differs from the cast's dtype");
       return Status::ok();
     }
     case fb::OpNode::ReshapeNode: {
       const auto* n = op.AsReshapeNode();
-      if (n->shape.size() > kMaxRank) return error(path + ".shape", strformat("rank %zu > %zu", n->shape.size(), kMaxRank));
+      if (n->shape.size() > kMaxRank)
+        return error(path + ".shape", strformat("rank %zu > %zu", n->shape.size(), kMaxRank));
       for (size_t i = 0; i < n->shape.size(); ++i)
         if (!n->shape[i]) return error(strformat("%s.shape[%zu]", path.c_str(), i), "missing");
       return same_dtype(n->x.get(), n->out.get(), path, "x", "out");
@@ -159,8 +163,7 @@ Status Rules::check_op(const fb::OpNodeUnion& op, const std::string& path) const
     case fb::OpNode::SliceUpdateNode: {
       const auto* n = op.AsSliceUpdateNode();
       SB_RETURN_IF_ERROR(check_axis(n->axis, rank(n->dst.get()), path));
-      if (rank(n->dst.get()) != rank(n->update.get()))
-        return error(path + ".update", "rank differs from dst");
+      if (rank(n->dst.get()) != rank(n->update.get())) return error(path + ".update", "rank differs from dst");
       return same_dtype(n->dst.get(), n->update.get(), path, "dst", "update");
     }
     case fb::OpNode::NONE: break;
@@ -170,7 +173,8 @@ Status Rules::check_op(const fb::OpNodeUnion& op, const std::string& path) const
 }
 
 Status Rules::check_gather_qmm(const fb::GatherQmmNodeT& n, const std::string& path) const {
-  SB_RETURN_IF_ERROR(expect(rank(n.x.get()) == 2 && dtype_is_float(dt(n.x.get())), path + ".x", "must be a 2-D float tensor"));
+  SB_RETURN_IF_ERROR(
+      expect(rank(n.x.get()) == 2 && dtype_is_float(dt(n.x.get())), path + ".x", "must be a 2-D float tensor"));
   const int64_t k = dim(n.x.get(), 1);
   SB_RETURN_IF_ERROR(expect(k > 0 && k % 32 == 0, path + ".x", "K must be static and a multiple of 32"));
   SB_RETURN_IF_ERROR(expect(quant_group_allowed(n.group_size), path + ".group_size",
@@ -178,8 +182,7 @@ Status Rules::check_gather_qmm(const fb::GatherQmmNodeT& n, const std::string& p
   SB_RETURN_IF_ERROR(expect(k % n.group_size == 0, path + ".group_size", "does not divide K"));
   const fb::Tid *sc = n.scales.get(), *bi = n.biases.get();
   SB_RETURN_IF_ERROR(expect(rank(sc) == 3 && dtype_is_float(dt(sc)), path + ".scales", "must be a 3-D float tensor"));
-  SB_RETURN_IF_ERROR(expect(dt(sc) == dt(bi) && rank(bi) == 3, path + ".biases",
-                            "must match scales' dtype and rank"));
+  SB_RETURN_IF_ERROR(expect(dt(sc) == dt(bi) && rank(bi) == 3, path + ".biases", "must match scales' dtype and rank"));
   const int64_t e = dim(sc, 0), nn = dim(sc, 1), g = dim(sc, 2);
   SB_RETURN_IF_ERROR(expect(e > 0 && nn > 0 && g == k / n.group_size, path + ".scales",
                             "must be [E, N, K/group_size] with static dims"));
@@ -187,11 +190,13 @@ Status Rules::check_gather_qmm(const fb::GatherQmmNodeT& n, const std::string& p
     SB_RETURN_IF_ERROR(expect(dim(bi, i) == dim(sc, i), path + ".biases", "shape differs from scales"));
   SB_RETURN_IF_ERROR(expect(dt(n.w.get()) == DType::kU32, path + ".w", "must be u32"));
   if (n.expert_bits.empty()) {
-    SB_RETURN_IF_ERROR(expect(quant_bits_allowed(n.bits), path + ".bits", strformat("%d not in {2,3,4,5,6,8}", n.bits)));
+    SB_RETURN_IF_ERROR(
+        expect(quant_bits_allowed(n.bits), path + ".bits", strformat("%d not in {2,3,4,5,6,8}", n.bits)));
     SB_RETURN_IF_ERROR(expect(rank(n.w.get()) == 3 && dim(n.w.get(), 0) == e && dim(n.w.get(), 1) == nn &&
                                   dim(n.w.get(), 2) == k * n.bits / 32,
-                              path + ".w", strformat("must be [%lld, %lld, %lld] for %d-bit codes", (long long)e,
-                                                     (long long)nn, (long long)(k * n.bits / 32), n.bits)));
+                              path + ".w",
+                              strformat("must be [%lld, %lld, %lld] for %d-bit codes", (long long)e, (long long)nn,
+                                        (long long)(k * n.bits / 32), n.bits)));
   } else {
     SB_RETURN_IF_ERROR(expect(static_cast<int64_t>(n.expert_bits.size()) == e, path + ".expert_bits",
                               strformat("%zu entries for %lld experts", n.expert_bits.size(), (long long)e)));
@@ -207,8 +212,8 @@ Status Rules::check_gather_qmm(const fb::GatherQmmNodeT& n, const std::string& p
   }
   SB_RETURN_IF_ERROR(index_vector(n.lhs_indices.get(), path + ".lhs_indices"));
   SB_RETURN_IF_ERROR(index_vector(n.rhs_indices.get(), path + ".rhs_indices"));
-  SB_RETURN_IF_ERROR(expect(dt(n.out.get()) == dt(n.x.get()) && rank(n.out.get()) == 2, path + ".out",
-                            "must be 2-D with x's dtype"));
+  SB_RETURN_IF_ERROR(
+      expect(dt(n.out.get()) == dt(n.x.get()) && rank(n.out.get()) == 2, path + ".out", "must be 2-D with x's dtype"));
   if (n.combine_weights) {
     SB_RETURN_IF_ERROR(expect(dt(n.combine_weights.get()) == DType::kF32 && rank(n.combine_weights.get()) == 2,
                               path + ".combine_weights", "must be a 2-D f32 tensor"));
@@ -216,16 +221,18 @@ Status Rules::check_gather_qmm(const fb::GatherQmmNodeT& n, const std::string& p
   } else {
     SB_RETURN_IF_ERROR(expect(!n.shared && !n.shared_gate, path + ".shared", "needs combine_weights"));
   }
-  if (n.shared) SB_RETURN_IF_ERROR(expect(dt(n.shared.get()) == dt(n.out.get()) && rank(n.shared.get()) == 2,
-                                          path + ".shared", "must be 2-D with out's dtype"));
-  if (n.shared_gate) SB_RETURN_IF_ERROR(expect(n.shared && dtype_is_float(dt(n.shared_gate.get())) &&
-                                                   rank(n.shared_gate.get()) == 2,
-                                               path + ".shared_gate", "must be [T, 1] float and needs shared"));
+  if (n.shared)
+    SB_RETURN_IF_ERROR(expect(dt(n.shared.get()) == dt(n.out.get()) && rank(n.shared.get()) == 2, path + ".shared",
+                              "must be 2-D with out's dtype"));
+  if (n.shared_gate)
+    SB_RETURN_IF_ERROR(expect(n.shared && dtype_is_float(dt(n.shared_gate.get())) && rank(n.shared_gate.get()) == 2,
+                              path + ".shared_gate", "must be [T, 1] float and needs shared"));
   return Status::ok();
 }
 
 Status Rules::check_router(const fb::RouterNodeT& n, const std::string& path) const {
-  SB_RETURN_IF_ERROR(expect(enum_ok(n.kind, fb::RouterKind::MAX), path + ".kind", strformat("%d unknown", (int)n.kind)));
+  SB_RETURN_IF_ERROR(
+      expect(enum_ok(n.kind, fb::RouterKind::MAX), path + ".kind", strformat("%d unknown", (int)n.kind)));
   SB_RETURN_IF_ERROR(expect(rank(n.logits.get()) == 2 && dtype_is_float(dt(n.logits.get())), path + ".logits",
                             "must be a 2-D float tensor"));
   const int64_t e = dim(n.logits.get(), 1);
@@ -238,9 +245,9 @@ Status Rules::check_router(const fb::RouterNodeT& n, const std::string& path) co
     pruned.insert(p);
   }
   const int64_t live = e - static_cast<int64_t>(pruned.size());
-  SB_RETURN_IF_ERROR(expect(n.k >= 1 && n.k <= live, path + ".k",
-                            strformat("%d not in [1, %lld] (%lld experts, %zu pruned)", n.k, (long long)live,
-                                      (long long)e, pruned.size())));
+  SB_RETURN_IF_ERROR(expect(
+      n.k >= 1 && n.k <= live, path + ".k",
+      strformat("%d not in [1, %lld] (%lld experts, %zu pruned)", n.k, (long long)live, (long long)e, pruned.size())));
   if (n.kind == fb::RouterKind::SigmoidGroupedTopK) {
     SB_RETURN_IF_ERROR(expect(n.n_group >= 1 && e % n.n_group == 0, path + ".n_group",
                               strformat("%d does not divide %lld experts", n.n_group, (long long)e)));
@@ -260,8 +267,9 @@ Status Rules::check_router(const fb::RouterNodeT& n, const std::string& path) co
     SB_RETURN_IF_ERROR(expect(!n.selection_bias, path + ".selection_bias", "only SigmoidGroupedTopK uses it"));
   }
   for (const fb::Tid* t : {n.selection_bias.get(), n.expert_scale.get()})
-    if (t) SB_RETURN_IF_ERROR(expect(dt(t) == DType::kF32 && rank(t) == 1 && dim(t, 0) == e, path,
-                                     "selection_bias / expert_scale must be [E] f32"));
+    if (t)
+      SB_RETURN_IF_ERROR(expect(dt(t) == DType::kF32 && rank(t) == 1 && dim(t, 0) == e, path,
+                                "selection_bias / expert_scale must be [E] f32"));
   SB_RETURN_IF_ERROR(expect(dt(n.weights.get()) == DType::kF32 && rank(n.weights.get()) == 2, path + ".weights",
                             "must be a 2-D f32 tensor"));
   return expect(dt(n.indices.get()) == DType::kI32 && rank(n.indices.get()) == 2, path + ".indices",
@@ -273,12 +281,14 @@ Status Rules::check_moe_op(const fb::OpNodeUnion& op, const std::string& path) c
     case fb::OpNode::GatherQmmNode: return check_gather_qmm(*op.AsGatherQmmNode(), path);
     case fb::OpNode::GatherMmNode: {
       const auto& n = *op.AsGatherMmNode();
-      SB_RETURN_IF_ERROR(expect(rank(n.x.get()) == 2 && dtype_is_float(dt(n.x.get())), path + ".x", "must be 2-D float"));
+      SB_RETURN_IF_ERROR(
+          expect(rank(n.x.get()) == 2 && dtype_is_float(dt(n.x.get())), path + ".x", "must be 2-D float"));
       SB_RETURN_IF_ERROR(expect(rank(n.w.get()) == 3 && dt(n.w.get()) == dt(n.x.get()), path + ".w",
                                 "must be [E, N, K] with x's dtype"));
       SB_RETURN_IF_ERROR(index_vector(n.lhs_indices.get(), path + ".lhs_indices"));
       SB_RETURN_IF_ERROR(index_vector(n.rhs_indices.get(), path + ".rhs_indices"));
-      return expect(dt(n.out.get()) == dt(n.x.get()) && rank(n.out.get()) == 2, path + ".out", "must be 2-D, x's dtype");
+      return expect(dt(n.out.get()) == dt(n.x.get()) && rank(n.out.get()) == 2, path + ".out",
+                    "must be 2-D, x's dtype");
     }
     case fb::OpNode::RouterNode: return check_router(*op.AsRouterNode(), path);
     case fb::OpNode::ArgsortNode: {
@@ -288,18 +298,20 @@ Status Rules::check_moe_op(const fb::OpNodeUnion& op, const std::string& path) c
     }
     case fb::OpNode::GatherRowsNode:
     case fb::OpNode::ScatterRowsNode: {
-      const fb::Tid *x = op.type == fb::OpNode::GatherRowsNode ? op.AsGatherRowsNode()->x.get() : op.AsScatterRowsNode()->x.get();
-      const fb::Tid *idx = op.type == fb::OpNode::GatherRowsNode ? op.AsGatherRowsNode()->indices.get()
+      const fb::Tid* x =
+          op.type == fb::OpNode::GatherRowsNode ? op.AsGatherRowsNode()->x.get() : op.AsScatterRowsNode()->x.get();
+      const fb::Tid* idx = op.type == fb::OpNode::GatherRowsNode ? op.AsGatherRowsNode()->indices.get()
                                                                  : op.AsScatterRowsNode()->indices.get();
-      const fb::Tid *out = op.type == fb::OpNode::GatherRowsNode ? op.AsGatherRowsNode()->out.get()
-                                                                 : op.AsScatterRowsNode()->out.get();
+      const fb::Tid* out =
+          op.type == fb::OpNode::GatherRowsNode ? op.AsGatherRowsNode()->out.get() : op.AsScatterRowsNode()->out.get();
       SB_RETURN_IF_ERROR(index_vector(idx, path + ".indices"));
       SB_RETURN_IF_ERROR(expect(rank(x) >= 1, path + ".x", "must have rank >= 1"));
       return same_dtype(x, out, path, "x", "out");
     }
     case fb::OpNode::GluNode: {
       const auto& n = *op.AsGluNode();
-      SB_RETURN_IF_ERROR(expect(enum_ok(n.kind, fb::GluKind::MAX), path + ".kind", strformat("%d unknown", (int)n.kind)));
+      SB_RETURN_IF_ERROR(
+          expect(enum_ok(n.kind, fb::GluKind::MAX), path + ".kind", strformat("%d unknown", (int)n.kind)));
       SB_RETURN_IF_ERROR(expect(dtype_is_float(dt(n.gate.get())), path + ".gate", "must be float"));
       SB_RETURN_IF_ERROR(same_dtype(n.gate.get(), n.up.get(), path, "gate", "up"));
       return same_dtype(n.gate.get(), n.out.get(), path, "gate", "out");
@@ -314,7 +326,8 @@ Status Rules::check_moe_op(const fb::OpNodeUnion& op, const std::string& path) c
     }
     case fb::OpNode::CombineNode: {
       const auto& n = *op.AsCombineNode();
-      SB_RETURN_IF_ERROR(expect(dtype_is_float(dt(n.y.get())) && rank(n.y.get()) == 2, path + ".y", "must be 2-D float"));
+      SB_RETURN_IF_ERROR(
+          expect(dtype_is_float(dt(n.y.get())) && rank(n.y.get()) == 2, path + ".y", "must be 2-D float"));
       SB_RETURN_IF_ERROR(expect(dt(n.weights.get()) == DType::kF32 && rank(n.weights.get()) == 2, path + ".weights",
                                 "must be a 2-D f32 tensor"));
       if (n.shared) SB_RETURN_IF_ERROR(same_dtype(n.y.get(), n.shared.get(), path, "y", "shared"));

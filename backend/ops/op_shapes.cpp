@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "dim_rules.h"
 #include "element_access.h"
 
 namespace switchboard::ops {
@@ -39,11 +40,15 @@ Result<Shape> full_shape(KernelContext& ctx, const fb::FullNodeT& n) {
 }
 
 void fill_value(void* data, DType t, int64_t count, double v) {
-  const int64_t iv = v != v ? 0 : v >= 9.2233720368547758e18 ? INT64_MAX : v <= -9.2233720368547758e18 ? INT64_MIN
-                                                                                                      : static_cast<int64_t>(v);
+  const int64_t iv = v != v                        ? 0
+                     : v >= 9.2233720368547758e18  ? INT64_MAX
+                     : v <= -9.2233720368547758e18 ? INT64_MIN
+                                                   : static_cast<int64_t>(v);
   for (int64_t i = 0; i < count; ++i) {
-    if (dtype_is_float(t)) store_f32(data, t, i, static_cast<float>(v));
-    else store_i64(data, t, i, t == DType::kBool ? (v != 0) : iv);
+    if (dtype_is_float(t))
+      store_f32(data, t, i, static_cast<float>(v));
+    else
+      store_i64(data, t, i, t == DType::kBool ? (v != 0) : iv);
   }
 }
 
@@ -58,28 +63,18 @@ Result<std::pair<int64_t, int64_t>> slice_range(KernelContext& ctx, const fb::Sl
 }
 
 Result<Shape> concat_shape(const std::vector<Tensor>& xs, int64_t axis) {
-  Shape shape = xs[0].shape();
-  shape[static_cast<size_t>(axis)] = 0;
-  for (size_t i = 0; i < xs.size(); ++i) {
-    for (int64_t k = 0; k < xs[0].rank(); ++k)
-      SB_CHECK_OR_RETURN(k == axis || xs[i].dim(k) == xs[0].dim(k), StatusCode::kInvalidArgument,
-                         "inputs[%zu] shape %s does not match inputs[0] %s", i, shape_str(xs[i].shape()).c_str(),
-                         shape_str(xs[0].shape()).c_str());
-    shape[static_cast<size_t>(axis)] += xs[i].dim(axis);
-  }
-  return shape;
+  std::vector<Shape> shapes;
+  for (const Tensor& x : xs) shapes.push_back(x.shape());
+  return concat_out(shapes, axis);
 }
 
 Result<TransposePlan> transpose_plan(const Tensor& x, const std::vector<int32_t>& perm) {
-  SB_CHECK_OR_RETURN(perm.size() == static_cast<size_t>(x.rank()), StatusCode::kInvalidArgument,
-                     "perm has %zu entries for x %s", perm.size(), shape_str(x.shape()).c_str());
+  TransposePlan p;
+  SB_ASSIGN_OR_RETURN(p.out_shape, transpose_out(x.shape(), perm));
   std::vector<int64_t> stride(perm.size(), 1);
   for (int64_t a = x.rank() - 2; a >= 0; --a) stride[a] = stride[a + 1] * x.dim(a + 1);
-  TransposePlan p;
   for (int32_t ax : perm) {
-    SB_CHECK_OR_RETURN(ax >= 0 && ax < x.rank(), StatusCode::kInvalidArgument, "perm entry %d out of range", ax);
     const int64_t d = x.dim(ax);
-    p.out_shape.push_back(d);
     if (d == 1) continue;
     if (!p.dims.empty() && p.src_strides.back() == stride[ax] * d) {
       p.dims.back() *= d;  // adjacent in x too: one axis
@@ -92,23 +87,13 @@ Result<TransposePlan> transpose_plan(const Tensor& x, const std::vector<int32_t>
   return p;
 }
 
-namespace {
-Status check_inner(const Tensor& a, const Tensor& b, bool transpose_b, int64_t bk, int64_t k) {
-  SB_CHECK_OR_RETURN(bk == k, StatusCode::kInvalidArgument, "inner dims differ: a %s, b %s (transpose_b=%d)",
-                     shape_str(a.shape()).c_str(), shape_str(b.shape()).c_str(), transpose_b ? 1 : 0);
-  return Status::ok();
-}
-}  // namespace
-
 Result<MatmulDims> matmul_dims(const Tensor& a, const Tensor& b, bool transpose_b, const Tensor& bias) {
-  SB_CHECK_OR_RETURN(a.rank() >= 1 && b.rank() == 2, StatusCode::kInvalidArgument, "a %s, b %s: need a [..., K], b 2-D",
-                     shape_str(a.shape()).c_str(), shape_str(b.shape()).c_str());
+  SB_RETURN_IF_ERROR(matmul_out(a.shape(), b.shape(), transpose_b).status());
   MatmulDims m;
   m.k = a.dim(a.rank() - 1);
   m.rows = 1;  // product of a's leading dims (K may be 0)
   for (int64_t d = 0; d + 1 < a.rank(); ++d) m.rows *= a.dim(d);
   m.cols = transpose_b ? b.dim(0) : b.dim(1);
-  SB_RETURN_IF_ERROR(check_inner(a, b, transpose_b, transpose_b ? b.dim(1) : b.dim(0), m.k));
   if (bias.defined())
     SB_CHECK_OR_RETURN(bias.rank() == 1 && bias.dim(0) == m.cols, StatusCode::kInvalidArgument,
                        "bias %s, expected [%lld]", shape_str(bias.shape()).c_str(), (long long)m.cols);
@@ -116,15 +101,13 @@ Result<MatmulDims> matmul_dims(const Tensor& a, const Tensor& b, bool transpose_
 }
 
 Result<MatmulDims> batch_matmul_dims(const Tensor& a, const Tensor& b, bool transpose_b) {
+  SB_RETURN_IF_ERROR(batch_matmul_out(a.shape(), b.shape(), transpose_b).status());
   MatmulDims m;
   m.batch = a.dim(0);
   m.rows = a.dim(1);
   m.k = a.dim(2);
   m.cols = transpose_b ? b.dim(1) : b.dim(2);
-  SB_RETURN_IF_ERROR(check_inner(a, b, transpose_b, transpose_b ? b.dim(2) : b.dim(1), m.k));
   const int64_t bb = b.dim(0);
-  SB_CHECK_OR_RETURN(bb > 0 ? m.batch % bb == 0 : m.batch == 0, StatusCode::kInvalidArgument,
-                     "a's batch %lld is not a multiple of b's batch %lld", (long long)m.batch, (long long)bb);
   m.group = bb ? m.batch / bb : 1;
   return m;
 }
@@ -144,25 +127,17 @@ Status check_slice_update(const Tensor& u, const Tensor& dst, int64_t axis, int6
 AxisSplit split_at(const Shape& s, int64_t axis) {
   AxisSplit r;
   for (int64_t i = 0; i < static_cast<int64_t>(s.size()); ++i) {
-    if (i < axis) r.outer *= s[i];
-    else if (i == axis) r.dim = s[i];
-    else r.inner *= s[i];
+    if (i < axis)
+      r.outer *= s[i];
+    else if (i == axis)
+      r.dim = s[i];
+    else
+      r.inner *= s[i];
   }
   return r;
 }
 
-Result<Shape> broadcast_shape(const Shape& a, const Shape& b) {
-  size_t r = std::max(a.size(), b.size());
-  Shape out(r);
-  for (size_t i = 0; i < r; ++i) {
-    int64_t da = i < r - a.size() ? 1 : a[i - (r - a.size())];
-    int64_t db = i < r - b.size() ? 1 : b[i - (r - b.size())];
-    SB_CHECK_OR_RETURN(da == db || da == 1 || db == 1, StatusCode::kInvalidArgument,
-                       "shapes %s and %s do not broadcast", shape_str(a).c_str(), shape_str(b).c_str());
-    out[i] = da == 1 ? db : da;
-  }
-  return out;
-}
+Result<Shape> broadcast_shape(const Shape& a, const Shape& b) { return broadcast_dims(a, b); }
 
 std::vector<int64_t> broadcast_strides(const Shape& s, const Shape& out) {
   std::vector<int64_t> st(out.size(), 0);

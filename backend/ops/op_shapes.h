@@ -1,6 +1,7 @@
-// Shape rules of the op families (schema/program.fbs states each op's semantics): the
-// one place the CPU and GPU devices compute an op's output shape and check its operands,
-// so the same program fails with the same message on every device.
+// Run-time shape rules of the op families (schema/program.fbs states each op's semantics):
+// the one place the CPU and GPU devices compute an op's output shape and check its operands,
+// so the same program fails with the same message on every device. Where the builder infers
+// the same shape, both come from one template of dim_rules.h.
 #pragma once
 
 #include <cstdint>

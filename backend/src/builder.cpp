@@ -102,20 +102,10 @@ static TensorRef binary(BuilderState& s, TensorRef a, TensorRef b, fb::BinaryOp 
     s.fail(strformat("%s: dtypes %s and %s differ", name, dtype_name(sa.dtype), dtype_name(sb.dtype)));
     return {};
   }
-  size_t r = std::max(sa.shape.size(), sb.shape.size());
-  std::vector<Dim> out;
-  for (size_t i = 0; i < r; ++i) {
-    Dim da = i < r - sa.shape.size() ? Dim(1) : sa.shape[i - (r - sa.shape.size())];
-    Dim db = i < r - sb.shape.size() ? Dim(1) : sb.shape[i - (r - sb.shape.size())];
-    bool ok = true;
-    out.push_back(broadcast_dim(da, db, &ok));
-    if (!ok) {
-      s.fail(strformat("%s: dims %lld and %lld do not broadcast", name, (long long)da.size, (long long)db.size));
-      return {};
-    }
-  }
+  auto out = s.shape_rule(name, ops::broadcast_dims(sa.shape, sb.shape));
+  if (!out) return {};
   DType dt = sa.dtype;
-  TensorRef o = s.new_slot(SlotRole::kTemp, dt, out);
+  TensorRef o = s.new_slot(SlotRole::kTemp, dt, *out);
   auto n = std::make_unique<fb::BinaryNodeT>();
   n->a = tid(a);
   n->b = tid(b);
@@ -261,20 +251,11 @@ TensorRef ProgramBuilder::concat(const std::vector<TensorRef>& xs, int axis) {
   for (TensorRef x : xs)
     if (!s_->ok(x, "concat")) return {};
   if (!norm_axis(*s_, axis, s_->slots[xs[0].id].shape.size(), "concat")) return {};
-  std::vector<Dim> dims = s_->slots[xs[0].id].shape;
-  int64_t total = 0;
-  bool is_static = true;
-  for (TensorRef x : xs) {
-    const Dim& d = s_->slots[x.id].shape.size() == dims.size() ? s_->slots[x.id].shape[axis] : Dim(-1);
-    if (s_->slots[x.id].shape.size() != dims.size()) {
-      s_->fail("concat: inputs differ in rank");
-      return {};
-    }
-    is_static &= d.is_static();
-    total += d.is_static() ? d.size : 0;
-  }
-  dims[axis] = is_static ? Dim(total) : Dim::dynamic();
-  TensorRef o = s_->new_slot(SlotRole::kTemp, s_->slots[xs[0].id].dtype, dims);
+  std::vector<std::vector<Dim>> shapes;
+  for (TensorRef x : xs) shapes.push_back(s_->slots[x.id].shape);
+  auto dims = s_->shape_rule("concat", ops::concat_out(shapes, axis));
+  if (!dims) return {};
+  TensorRef o = s_->new_slot(SlotRole::kTemp, s_->slots[xs[0].id].dtype, *dims);
   auto n = std::make_unique<fb::ConcatNodeT>();
   for (TensorRef x : xs) n->inputs.emplace_back(x.id);
   n->out = tid(o);
@@ -285,14 +266,9 @@ TensorRef ProgramBuilder::concat(const std::vector<TensorRef>& xs, int axis) {
 
 TensorRef ProgramBuilder::matmul(TensorRef a, TensorRef b, bool transpose_b, TensorRef bias) {
   if (!s_->ok(a, "matmul") || !s_->ok(b, "matmul") || (bias.valid() && !s_->ok(bias, "matmul"))) return {};
-  const auto& sb = s_->slots[b.id].shape;
-  if (sb.size() != 2 || s_->slots[a.id].shape.empty()) {
-    s_->fail("matmul: a must have rank >= 1 and b rank 2");
-    return {};
-  }
-  std::vector<Dim> dims = s_->slots[a.id].shape;
-  dims.back() = transpose_b ? sb[0] : sb[1];
-  TensorRef o = s_->new_slot(SlotRole::kTemp, s_->slots[a.id].dtype, dims);
+  auto dims = s_->shape_rule("matmul", ops::matmul_out(s_->slots[a.id].shape, s_->slots[b.id].shape, transpose_b));
+  if (!dims) return {};
+  TensorRef o = s_->new_slot(SlotRole::kTemp, s_->slots[a.id].dtype, *dims);
   auto n = std::make_unique<fb::MatmulNodeT>();
   n->a = tid(a);
   n->b = tid(b);
@@ -305,12 +281,10 @@ TensorRef ProgramBuilder::matmul(TensorRef a, TensorRef b, bool transpose_b, Ten
 
 TensorRef ProgramBuilder::batch_matmul(TensorRef a, TensorRef b, bool transpose_b) {
   if (!s_->ok(a, "batch_matmul") || !s_->ok(b, "batch_matmul")) return {};
-  const auto &sa = s_->slots[a.id].shape, &sb = s_->slots[b.id].shape;
-  if (sa.size() != 3 || sb.size() != 3) {
-    s_->fail("batch_matmul: a and b must have rank 3");
-    return {};
-  }
-  TensorRef o = s_->new_slot(SlotRole::kTemp, s_->slots[a.id].dtype, {sa[0], sa[1], transpose_b ? sb[1] : sb[2]});
+  auto dims = s_->shape_rule("batch_matmul",
+                              ops::batch_matmul_out(s_->slots[a.id].shape, s_->slots[b.id].shape, transpose_b));
+  if (!dims) return {};
+  TensorRef o = s_->new_slot(SlotRole::kTemp, s_->slots[a.id].dtype, *dims);
   auto n = std::make_unique<fb::BatchMatmulNodeT>();
   n->a = tid(a);
   n->b = tid(b);
@@ -322,18 +296,10 @@ TensorRef ProgramBuilder::batch_matmul(TensorRef a, TensorRef b, bool transpose_
 
 TensorRef ProgramBuilder::transpose(TensorRef x, const std::vector<int>& perm) {
   if (!s_->ok(x, "transpose")) return {};
-  const auto& xs = s_->slots[x.id].shape;
-  std::vector<bool> seen(xs.size(), false);
-  std::vector<Dim> dims;
-  for (int p : perm) {
-    if (perm.size() != xs.size() || p < 0 || static_cast<size_t>(p) >= xs.size() || seen[static_cast<size_t>(p)]) {
-      s_->fail("transpose: perm is not a permutation of x's axes");
-      return {};
-    }
-    seen[static_cast<size_t>(p)] = true;
-    dims.push_back(xs[static_cast<size_t>(p)]);
-  }
-  TensorRef o = s_->new_slot(SlotRole::kTemp, s_->slots[x.id].dtype, dims);
+  auto dims = s_->shape_rule("transpose",
+                              ops::transpose_out(s_->slots[x.id].shape, std::vector<int32_t>(perm.begin(), perm.end())));
+  if (!dims) return {};
+  TensorRef o = s_->new_slot(SlotRole::kTemp, s_->slots[x.id].dtype, *dims);
   auto n = std::make_unique<fb::TransposeNodeT>();
   n->x = tid(x);
   n->out = tid(o);
@@ -537,7 +503,7 @@ std::vector<TensorRef> ProgramBuilder::emit_if_else(IntOrValue cond, const Branc
     }
     used.insert(out.id);
     std::vector<Dim> merged;
-    for (size_t k = 0; k < a.shape.size(); ++k) merged.push_back(merge_dim(s.slots[out.id].shape[k], b.shape[k]));
+    for (size_t k = 0; k < a.shape.size(); ++k) merged.push_back(ops::bounds_union(s.slots[out.id].shape[k], b.shape[k]));
     s.slots[out.id].shape = merged;
     if (s.slots[out.id].temp_id >= 0) s.temp_shapes[static_cast<size_t>(s.slots[out.id].temp_id)] = merged;
     if (own(re[i], else_chain) && s.slots[re[i].id].scope == s.slots[out.id].scope) {
@@ -668,7 +634,7 @@ Result<std::vector<uint8_t>> ProgramBuilder::serialize() const {
       dtypes[g] = s.slots[i].dtype;
       seen[g] = 1;
     } else {
-      for (size_t k = 0; k < shapes[g].size(); ++k) shapes[g][k] = merge_dim(shapes[g][k], s.slots[i].shape[k]);
+      for (size_t k = 0; k < shapes[g].size(); ++k) shapes[g][k] = ops::bounds_union(shapes[g][k], s.slots[i].shape[k]);
     }
   }
   p->num_tensor_slots = next;

@@ -3,11 +3,13 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <memory>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "dim_rules.h"
 #include "op_info.h"
 #include "op_rules.h"
 #include "program_impl.h"
@@ -113,6 +115,13 @@ struct BuilderState {
     chains[current]->instructions.push_back(std::move(ins));
     return *chains[current]->instructions.back();
   }
+  // An op's output shape from its shared rule (ops/dim_rules.h), or none after failing
+  // with the rule's words.
+  std::optional<std::vector<Dim>> shape_rule(const char* op, Result<std::vector<Dim>> dims) {
+    if (dims.is_ok()) return std::move(dims).value();
+    fail(std::string(op) + ": " + dims.status().message());
+    return std::nullopt;
+  }
   // The op family's declared-operand rules (ops::check_op_rules), the ones the loader
   // applies: a program the builder writes is one the loader accepts.
   void check_rules(fb::OpNodeUnion& op) {
@@ -157,23 +166,6 @@ fb::OpNodeUnion make_op(std::unique_ptr<T> node) {
 }
 
 // Dims that differ become dynamic with bounds covering both.
-inline Dim merge_dim(const Dim& a, const Dim& b) {
-  if (a.is_static() && b.is_static() && a.size == b.size) return a;
-  int64_t lo_a = a.is_static() ? a.size : a.min, lo_b = b.is_static() ? b.size : b.min;
-  int64_t hi_a = a.is_static() ? a.size : a.max, hi_b = b.is_static() ? b.size : b.max;
-  return Dim::dynamic(std::min(lo_a, lo_b), (hi_a < 0 || hi_b < 0) ? -1 : std::max(hi_a, hi_b));
-}
-
-inline Dim broadcast_dim(const Dim& a, const Dim& b, bool* ok) {
-  if (a.is_static() && a.size == 1) return b;
-  if (b.is_static() && b.size == 1) return a;
-  if (a.is_static() && b.is_static()) {
-    *ok = a.size == b.size;
-    return a;
-  }
-  return a.is_static() ? a : b.is_static() ? b : merge_dim(a, b);
-}
-
 inline std::unique_ptr<fb::TensorMetaT> to_meta(DType dtype, const std::vector<Dim>& shape) {
   auto m = std::make_unique<fb::TensorMetaT>();
   m->dtype = static_cast<fb::DType>(dtype);
