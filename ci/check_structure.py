@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Structure checks CI runs (docs/architecture.md):
-- layering: every project #include "..." in a layer's folder names a header of that layer
-  or of a layer it may use. The build's per-layer include paths enforce the same rules;
+- layering: every #include of a project header in a layer's folder names a header of that
+  layer or of a layer it may use (an include that names no project header is a library's). The build's per-layer include paths enforce the same rules;
   this states them in one table and catches what a path cannot (a relative path, say);
 - size: no source file over 800 lines in the library's folders, no shader over 600;
 - families: every metal_shaders/<family>.comp has its GPU host file backend/gpu/<family>.cpp.
@@ -29,7 +29,7 @@ ALLOWED = {
 }
 GENERATED = {"program_generated.h", "op_info_generated.inc", "kernel_list.inc"}  # build/*/generated, for core and above
 SOURCE_EXT = (".h", ".cpp", ".mm", ".comp", ".glsl", ".inc")
-INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
+INCLUDE = re.compile(r'^\s*#\s*include\s+["<]([^">]+)[">]')
 
 
 def layer_of(path):
@@ -61,15 +61,18 @@ def main():
                 if not m:
                     continue
                 inc = m.group(1)
+                if ".." in inc.split("/"):
+                    bad.append(f"{rel}:{lineno}: #include \"{inc}\" climbs out of its folder; name the header itself")
+                    continue
                 if inc in GENERATED and layer not in (PUBLIC, "metal_shaders"):
                     continue
                 # Resolved as the build does: the layer's own folder first, then those it may use.
                 if any((l, inc) in headers for l in [layer] + ALLOWED[layer]):
                     continue
-                if os.path.exists(os.path.join("/usr/include", inc)):
-                    continue  # a system library's header spelled with quotes
                 target = next((l for l in ALLOWED if (l, inc) in headers), None)
-                where = f"the {target} layer" if target else "no layer's folder"
+                if target is None:
+                    continue  # not a project header: the standard library or a dependency
+                where = f"the {target} layer"
                 bad.append(f"{rel}:{lineno}: #include \"{inc}\" is in {where}; {layer} may include "
                            f"{', '.join([layer] + ALLOWED[layer])}")
     crossings = len(bad)

@@ -1,7 +1,7 @@
 // Shared by every kernel: the float-control execution modes that make + - * exact
 // on GPUs (RoundingModeRTE + SignedZeroInfNanPreserve, fp32), element load/store by
 // dtype through 32-bit words, f16/bf16 conversions by integer ops, and the exact
-// routines of docs/numerics.md (cpu_fallback/exact_math.h carries the same steps).
+// routines of docs/numerics.md (backend/ops/exact_math.h carries the same steps).
 // Rule for every kernel: float arithmetic only into `precise` variables, so each op
 // is decorated NoContraction (checked by tests/shader_structure_test.cpp).
 #extension GL_EXT_spirv_intrinsics : require

@@ -5,7 +5,7 @@
 #extension GL_GOOGLE_include_directive : require
 // Probes. PROBE (numerics_probe): the arithmetic the contract relies on, on inputs that
 // expose a device that contracts a*b+c, flushes subnormals or rounds other than to
-// nearest even. The host compares with the CPU (backend/vulkan/vk_runtime.cpp).
+// nearest even. The host compares with the CPU (backend/gpu/probe.cpp).
 // Thread -> output: invocation i reads triple i (a, b, c) and writes 7 results; the
 // 7th, a / b, decides only whether kernels that divide may run (gpu_kernel_table.h).
 // STREAM_READ (stream_read): the device's read floor for bench/gpu_floor_bench.cpp.

@@ -209,9 +209,23 @@ TEST(Interpreter, ExecuteWithoutInputsIsAnError) {
 }
 
 TEST(Interpreter, UnknownDeviceIsAClearError) {
-  auto s = Session::create(accumulator(), SessionOptions{"tpu"});
-  ASSERT_FALSE(s.is_ok());
-  EXPECT_NE(s.status().message().find("unknown device 'tpu'"), std::string::npos);
+  for (const char* spec : {"tpu", "cpu:1", "metal:0", "vulkanx"}) {
+    auto s = Session::create(accumulator(), SessionOptions{spec});
+    ASSERT_FALSE(s.is_ok()) << spec;
+    EXPECT_EQ(s.status().code(), StatusCode::kNotFound) << spec;
+    EXPECT_NE(s.status().message().find(std::string("unknown device '") + spec + "' (known: cpu, vulkan, vulkan:N, metal)"),
+              std::string::npos)
+        << s.status().to_string();
+  }
+  // A malformed index is a typo, never silently the CPU; an unknown name with the fallback is.
+  SessionOptions typo{"vulkan:x"};
+  typo.cpu_fallback = true;
+  EXPECT_EQ(Session::create(accumulator(), typo).status().code(), StatusCode::kInvalidArgument);
+  SessionOptions unknown{"tpu"};
+  unknown.cpu_fallback = true;
+  auto s = Session::create(accumulator(), unknown);
+  ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+  EXPECT_EQ((*s)->device_name(), "cpu");
 }
 
 TEST(Interpreter, SessionNeedsResolvedConstants) {

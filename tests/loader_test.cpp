@@ -596,7 +596,7 @@ TEST(LoaderNames, DuplicateInputNames) {
 TEST(LoaderNames, DuplicateConstantNames) {
   auto p = unpack(sample());
   auto c = std::make_unique<fb::NamedTensorT>();
-  c->name.assign(1, 'w');  // not `= "w"`: GCC 12 warns falsely there (-Wrestrict, GCC bug 105329)
+  c->name = "w";
   c->tid = tid(add_slot(*p, fb::DType::F32, {4, 4}));
   p->constants.push_back(std::move(c));
   expect_invalid(*p, "constants[1].name: 'w' appears twice");

@@ -18,8 +18,6 @@
 #include "cli.h"
 #include "switchboard/builder.h"
 #include "switchboard/switchboard.h"
-#if SWITCHBOARD_HAS_VULKAN
-#endif
 
 namespace switchboard::cli {
 namespace {

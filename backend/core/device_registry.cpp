@@ -2,6 +2,7 @@
 
 #include <map>
 #include <mutex>
+#include <vector>
 
 #include "env.h"
 #include "log.h"
@@ -11,9 +12,15 @@ namespace {
 
 std::mutex g_mu;
 
-std::map<std::string, DeviceFactory>& factories() {
-  static std::map<std::string, DeviceFactory> m;
-  return m;
+struct Entry {
+  std::string name, usage;
+  DeviceFactory open;
+};
+
+// In registration order, so the "known" list of an error reads as registered.
+std::vector<Entry>& entries() {
+  static std::vector<Entry> v;
+  return v;
 }
 
 void ensure_builtins() {
@@ -23,9 +30,14 @@ void ensure_builtins() {
 
 }  // namespace
 
-void register_device(const std::string& name, DeviceFactory factory) {
+void register_device(const std::string& name, const std::string& usage, DeviceFactory factory) {
   std::lock_guard<std::mutex> lock(g_mu);
-  factories()[name] = std::move(factory);
+  for (Entry& e : entries())
+    if (e.name == name) {
+      e = {name, usage, std::move(factory)};
+      return;
+    }
+  entries().push_back({name, usage, std::move(factory)});
 }
 
 DeviceOptions default_device_options() {
@@ -45,15 +57,17 @@ Result<std::unique_ptr<Device>> open_device(const std::string& spec, bool cpu_fa
   {
     std::lock_guard<std::mutex> lock(g_mu);
     const std::string base = name.substr(0, name.find(':'));
-    for (const auto& [n, f] : factories()) {
-      known += (known.empty() ? "" : ", ") + n;
-      if (n == base) factory = f;
+    for (const Entry& e : entries()) {
+      known += (known.empty() ? "" : ", ") + e.usage;
+      if (e.name == base) factory = e.open;
     }
   }
+  // A factory answers kNotFound for a spec it does not take ("cpu:1"): an unknown device.
   Result<std::unique_ptr<Device>> dev =
-      factory ? factory(name, options)
-              : make_error(StatusCode::kNotFound, "unknown device '%s' (known: %s)", name.c_str(), known.c_str());
-  if (dev.is_ok() || !cpu_fallback || !factory || dev.status().code() == StatusCode::kInvalidArgument) return dev;
+      factory ? factory(name, options) : Result<std::unique_ptr<Device>>(Status(StatusCode::kNotFound, ""));
+  if (!dev.is_ok() && dev.status().code() == StatusCode::kNotFound && dev.status().message().empty())
+    dev = make_error(StatusCode::kNotFound, "unknown device '%s' (known: %s)", name.c_str(), known.c_str());
+  if (dev.is_ok() || !cpu_fallback || dev.status().code() == StatusCode::kInvalidArgument) return dev;
   static std::once_flag once;
   std::call_once(
       once, [&] { log::warn("device '{}' is unavailable ({}); running on the CPU", name, dev.status().to_string()); });

@@ -27,8 +27,11 @@ DeviceOptions default_device_options();
 // Opens the device a spec names ("vulkan" or "vulkan:N" both reach the "vulkan" factory).
 using DeviceFactory = std::function<Result<std::unique_ptr<Device>>(const std::string& spec, const DeviceOptions&)>;
 
-// Adds (or replaces) the factory for `name`: specs "name" and "name:..." reach it.
-void register_device(const std::string& name, DeviceFactory factory);
+// Adds (or replaces) the factory for `name`: specs "name" and "name:..." reach it; `usage`
+// lists the specs it takes for error messages ("vulkan, vulkan:N"). A factory answers a spec
+// it does not take with kNotFound and an empty message (the registry names the device
+// unknown), one it cannot parse with kInvalidArgument (no CPU fallback for a typo).
+void register_device(const std::string& name, const std::string& usage, DeviceFactory factory);
 
 // "cpu", "vulkan", "vulkan:N", "metal" or a registered name; empty → the environment's
 // default device ($SWITCHBOARD_DEVICE through env.h, else cpu), with cpu_fallback. Unknown

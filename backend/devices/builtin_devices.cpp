@@ -12,36 +12,49 @@
 
 namespace switchboard {
 
-void register_builtin_devices() {
-  register_device("cpu", [](const std::string& spec, const DeviceOptions&) -> Result<std::unique_ptr<Device>> {
-    if (spec != "cpu") return make_error(StatusCode::kInvalidArgument, "device '%s': expected cpu", spec.c_str());
-    return make_cpu_device();
-  });
-  register_device("vulkan",
-                  [](const std::string& spec, const DeviceOptions& options) -> Result<std::unique_ptr<Device>> {
-                    int index = -1;
-                    if (spec.size() > 7) {  // "vulkan:N"
-                      char* end = nullptr;
-                      const long v = std::strtol(spec.c_str() + 7, &end, 10);
-                      if (spec[6] != ':' || *end || v < 0 || v > 1024)
-                        return make_error(StatusCode::kInvalidArgument, "device '%s': expected vulkan:N", spec.c_str());
-                      index = static_cast<int>(v);
-                    }
+namespace {
+
+// kNotFound with no message: a spec this factory does not take (device_registry.h).
+Status not_taken() { return Status(StatusCode::kNotFound, ""); }
+
+Result<std::unique_ptr<Device>> open_cpu(const std::string& spec, const DeviceOptions&) {
+  if (spec != "cpu") return not_taken();
+  return make_cpu_device();
+}
+
+// "vulkan" (the best device) or "vulkan:N".
+Result<std::unique_ptr<Device>> open_vulkan(const std::string& spec, const DeviceOptions& options) {
+  int index = -1;
+  if (spec.size() > 7) {
+    char* end = nullptr;
+    const long v = std::strtol(spec.c_str() + 7, &end, 10);
+    if (*end || v < 0 || v > 1024)
+      return make_error(StatusCode::kInvalidArgument, "device '%s': expected vulkan:N", spec.c_str());
+    index = static_cast<int>(v);
+  }
 #if SWITCHBOARD_HAS_VULKAN
-                    return vulkan::open_vulkan_device(index, options);
+  return vulkan::open_vulkan_device(index, options);
 #else
-    (void)index, (void)options;
-    return make_error(StatusCode::kNotFound, "this build has no Vulkan device");
+  (void)index, (void)options;
+  return make_error(StatusCode::kNotFound, "this build has no Vulkan device");
 #endif
-                  });
-  register_device("metal", [](const std::string& spec, const DeviceOptions&) -> Result<std::unique_ptr<Device>> {
-    if (spec != "metal") return make_error(StatusCode::kInvalidArgument, "device '%s': expected metal", spec.c_str());
+}
+
+Result<std::unique_ptr<Device>> open_metal(const std::string& spec, const DeviceOptions&) {
+  if (spec != "metal") return not_taken();
 #if SWITCHBOARD_HAS_METAL
-    return metal::open_metal_device();
+  return metal::open_metal_device();
 #else
-    return make_error(StatusCode::kNotFound, "this build has no Metal device (Apple platforms only)");
+  return make_error(StatusCode::kNotFound, "this build has no Metal device (Apple platforms only)");
 #endif
-  });
+}
+
+}  // namespace
+
+void register_builtin_devices() {
+  register_device("cpu", "cpu", open_cpu);
+  register_device("vulkan", "vulkan, vulkan:N", open_vulkan);
+  register_device("metal", "metal", open_metal);
 }
 
 }  // namespace switchboard

@@ -52,8 +52,8 @@ const char* qmm_row_kernel(const Runtime& rt, const QmmSetup& q, bool glu, bool 
   return glu ? (dot4 ? "qmm_row_glu_dot4" : "qmm_row_glu") : (dot4 ? "qmm_row_dot4" : "qmm_row");
 }
 
-// The specialization constants of the row kernel row_dot4 picks (gather_qmm.comp: only
-// the *_dot4 twins declare them): x, out and scale dtypes and the Glu kind, so the
+// The specialization constants of the row kernel row_dot4 picks (gather_qmm_row_dot4.glsl:
+// only the *_dot4 twins declare them): x, out and scale dtypes and the Glu kind, so the
 // driver builds only the path this dispatch takes.
 SpecConstants row_spec(const Runtime& rt, bool all_4bit, const k::QmmArgs& a, uint32_t glu_kind) {
   if (!row_dot4(rt, all_4bit)) return {};

@@ -23,10 +23,7 @@ class GpuDevice final : public Device {
   Status can_run(const fb::OpNodeUnion& op, const KernelContext& ctx) const override;
   Fusion fuse(const std::vector<std::unique_ptr<fb::InstructionT>>& ins, size_t i,
               const PrivateTemp& private_temp) const override;
-  Status sync() override {
-    handoff_ = {};
-    return rt_->sync();
-  }
+  Status sync() override { return rt_->sync(); }
   double last_device_us() const override { return rt_->last_gpu_us(); }
   long queued_refs(const Tensor& t) const override { return rt_->queued_refs(t); }
   Result<DeviceFloor> measure_floor(uint64_t bytes) override {
@@ -34,7 +31,12 @@ class GpuDevice final : public Device {
     return DeviceFloor{f.gbps, f.empty_us, f.read_us};
   }
   Runtime& rt() { return *rt_; }
-  MoeHandoff& handoff() { return handoff_; }
+  // The hand-off record of the submission being recorded: cleared whenever one finished,
+  // also by the runtime's own syncs, so a record never outlives the buffers it names.
+  MoeHandoff& handoff() {
+    if (handoff_submission_ != rt_->submissions()) handoff_ = {}, handoff_submission_ = rt_->submissions();
+    return handoff_;
+  }
   Result<BufferRef> node_table(const void* node, const std::vector<uint32_t>& words) {
     auto it = node_tables_.find(node);
     if (it == node_tables_.end()) {
@@ -47,6 +49,7 @@ class GpuDevice final : public Device {
  private:
   std::unordered_map<const void*, Tensor> node_tables_;
   MoeHandoff handoff_;
+  uint64_t handoff_submission_ = 0;
   std::unique_ptr<Runtime> rt_;
   std::string name_;
   KernelRegistry registry_;

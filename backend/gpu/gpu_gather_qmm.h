@@ -84,7 +84,8 @@ T extend_qmm_args(const k::QmmArgs& qa) {
 k::QmmGluArgs glu_args(const k::QmmArgs& qa, const fb::GluNodeT* glu_node);
 
 // What decode's MoE kernels hand to the next ones without a barrier, in the submission
-// being recorded (only where GpuRuntime::cross_dispatch_handoff(); forgotten at sync()):
+// being recorded (only where GpuRuntime::cross_dispatch_handoff(); forgotten once any
+// submission finishes, GpuRuntime::submissions()):
 // the router's indices (-1 until it writes each) and weights, and the gate/up's h with its
 // per-row counts of workgroups done (`tiles` per row when complete). The router records
 // it; gather_qmm_row.cpp's kernels wait on it.

@@ -180,6 +180,7 @@ long MappedRuntime::queued_refs(const Tensor& t) const {
 }
 
 uint32_t MappedRuntime::finish_submission() {
+  ++submissions_;
   keep_.clear();
   kept_.clear();
   auto* err = error_.mutable_data_as<uint32_t>();

@@ -1,4 +1,4 @@
-// What the GPU op kernels (gpu_device.cpp) need from a GPU backend: device memory
+// What the GPU op kernels (backend/gpu/<family>.cpp) need from a GPU backend: device memory
 // that tensors live in, binding a tensor for a kernel, dispatching a built kernel
 // (gpu_kernel_table.h) and waiting. Vulkan (backend/vulkan) and Metal
 // (backend/metal) implement it, so both run the same dispatch plan.
@@ -63,6 +63,9 @@ class GpuRuntime {
   virtual double last_gpu_us() const { return -1; }
   // References to t's storage held by recorded, unfinished dispatches.
   virtual long queued_refs(const Tensor& t) const { return 0; }
+  // Submissions finished so far (every sync, the runtime's own included): state recorded for
+  // "the submission being recorded" is stale once this moves on.
+  uint64_t submissions() const { return submissions_; }
   // Whether kernels that divide (gpu_kernel_table.h `divides`) may run: set by the probe.
   bool exact_division() const { return exact_division_; }
   // Whether kernels on 64-bit integers (gpu_kernel_table.h `int64`) may run.
@@ -88,6 +91,7 @@ class GpuRuntime {
   bool int_dot_ = false;
   bool cross_workgroup_handoff_ = false;
   bool cross_dispatch_handoff_ = false;
+  uint64_t submissions_ = 0;
 };
 
 inline bool same_ref(const BufferRef& a, const BufferRef& b) {
@@ -122,7 +126,7 @@ Status check_probe(const std::string& device, const std::vector<float>& inputs, 
 Status dispatch_stream_read(GpuRuntime& rt, const BufferRef& data, uint64_t bytes, uint32_t groups,
                             const BufferRef& out);
 
-// What any kernel can reach on rt (gpu_read_floor.cpp), from its timestamps: `gbps` the read
+// What any kernel can reach on rt (probe.cpp), from its timestamps: `gbps` the read
 // bandwidth (the slope from 32 to 128 MiB reads), `empty_us` a submission of one empty
 // dispatch, `read_us` a submission of one dispatch reading `bytes` cold (median; 0 or over
 // 32 MiB: not measured).

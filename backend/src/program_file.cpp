@@ -95,10 +95,7 @@ std::string dims_str(const std::vector<std::unique_ptr<fb::DimT>>& dims) {
     if (d.size >= 0) {
       s += std::to_string(d.size);
     } else {
-      s += '?';  // appended piecewise: GCC 12 warns (-Wrestrict) on the temporaries' concatenation
-      s += std::to_string(d.min);
-      s += "..";
-      s += d.max < 0 ? std::string("inf") : std::to_string(d.max);
+      s += "?" + std::to_string(d.min) + ".." + (d.max < 0 ? std::string("inf") : std::to_string(d.max));
     }
   }
   return s + "]";

@@ -462,10 +462,7 @@ Result<Pipeline*> pipeline_for(Context& c, const char* name, const gpu::SpecCons
   SB_CHECK_OR_RETURN(spec.count <= 4, StatusCode::kInternal, "kernel %s: %u specialization constants", name,
                      spec.count);
   std::string key = name;
-  for (uint32_t i = 0; i < spec.count; ++i) {
-    key += i ? ',' : '#';  // appended apart: GCC 12's -Wrestrict misreads "#" + std::string&&
-    key += std::to_string(spec.values[i]);
-  }
+  for (uint32_t i = 0; i < spec.count; ++i) key += (i ? "," : "#") + std::to_string(spec.values[i]);
   auto it = c.pipelines.find(key);
   if (it != c.pipelines.end()) return &it->second;
   const kernels::KernelInfo* info = kernels::find_kernel(name);

@@ -2,7 +2,7 @@
 //   sb_shaderc msl IN.spv ENTRY OUT.metal  — SPIR-V -> MSL 2.3 with binding n -> [[buffer(n)]],
 //     push constants -> [[buffer(30)]] (kMetalArgsBuffer), entry point renamed to ENTRY.
 //   sb_shaderc embed OUT.cpp NAME SPV MSL JSON [NAME SPV MSL JSON ...] — a C++ source holding
-//     every kernel's SPIR-V words, MSL text and reflection JSON (backend/src/gpu_embedded_shaders.h);
+//     every kernel's SPIR-V words, MSL text and reflection JSON (backend/gpu/gpu_embedded_shaders.h);
 //     MSL and JSON "-" for a Vulkan-only kernel.
 //   sb_shaderc precise IN.spv OUT.spv — every float add/sub/mul decorated NoContraction (after
 //     spirv-opt, whose loop unroller drops the decoration on the copies it makes).
