@@ -1,6 +1,10 @@
 // switchboard: the command-line front end.
 #include <CLI/CLI.hpp>
 
+#include <cstdio>
+#include <exception>
+#include <new>
+
 #include "cli.h"
 #include "switchboard/switchboard.h"
 
@@ -83,12 +87,20 @@ int main(int argc, char** argv) {
   val_cmd->add_option("--runs", val.runs, "Timed runs per side (median reported)")->check(CLI::Range(1, 100));
 
   CLI11_PARSE(app, argc, argv);
-  if (bm_cmd->parsed()) return switchboard::cli::run_bench_model(bm);
-  if (ex_cmd->parsed()) return switchboard::cli::run_export(ex);
-  if (run_cmd->parsed()) return switchboard::cli::run_run(run);
-  if (val_cmd->parsed()) return switchboard::cli::run_validate(val);
-  if (moe_cmd->parsed()) return switchboard::cli::run_bench_moe_layer(bench);
-  if (demo_cmd->parsed()) return switchboard::cli::run_demo(demo);
-  if (inspect_cmd->parsed()) return switchboard::cli::run_inspect(inspect_path);
+  // Nothing escapes as an abort: an allocation that fails anywhere below ends the command
+  // with a one-line error and exit status 1.
+  try {
+    if (bm_cmd->parsed()) return switchboard::cli::run_bench_model(bm);
+    if (ex_cmd->parsed()) return switchboard::cli::run_export(ex);
+    if (run_cmd->parsed()) return switchboard::cli::run_run(run);
+    if (val_cmd->parsed()) return switchboard::cli::run_validate(val);
+    if (moe_cmd->parsed()) return switchboard::cli::run_bench_moe_layer(bench);
+    if (demo_cmd->parsed()) return switchboard::cli::run_demo(demo);
+    if (inspect_cmd->parsed()) return switchboard::cli::run_inspect(inspect_path);
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "switchboard: out of memory\n");
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "switchboard: %s\n", e.what());
+  }
   return 1;
 }

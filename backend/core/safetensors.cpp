@@ -281,7 +281,7 @@ const char* safetensors_dtype_name(DType t) {
 Result<std::shared_ptr<SafetensorsFile>> SafetensorsFile::open(const std::string& path) {
   std::shared_ptr<SafetensorsFile> file(new SafetensorsFile());
   file->path_ = path;
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);  // a FIFO cannot block us: fstat below
   if (fd < 0) return Status(StatusCode::kIoError, path + ": cannot open: " + errno_str());
   struct stat st {};
   if (::fstat(fd, &st) != 0) {

@@ -14,6 +14,7 @@
 #include "switchboard/model.h"
 #include "switchboard/switchboard.h"
 #include "element_access.h"
+#include "file_io.h"
 #include "materialize.h"
 
 namespace switchboard::models {
@@ -120,12 +121,14 @@ namespace {
 
 // --- Hugging Face checkpoints ----------------------------------------------------------
 
+// Index and bit-map files are a few KB to a few MB of JSON.
+constexpr uint64_t kMaxIndexBytes = uint64_t{64} << 20;
+
 // The shard files a model.safetensors.index.json's weight_map names (each once).
 Status index_files(const fs::path& index, std::vector<std::string>* paths) {
-  std::ifstream in(index, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const auto j = nlohmann::json::parse(ss.str(), nullptr, false);
+  SB_ASSIGN_OR_RETURN(std::string text, read_text_file(index.string(), kMaxIndexBytes, "checkpoint index"));
+  SB_RETURN_IF_ERROR(check_json_depth(text, kMaxJsonDepth, index.string()));
+  const auto j = nlohmann::json::parse(text, nullptr, false);
   const auto bad = [&](const char* what) {
     return make_error(StatusCode::kInvalidArgument, "%s: %s", index.c_str(), what);
   };
@@ -406,14 +409,12 @@ void remove_all_quiet(const fs::path& p) {
 }  // namespace
 
 Status read_bit_map(const std::string& path, ExportFormat* f) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return make_error(StatusCode::kNotFound, "%s: cannot open", path.c_str());
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return parse_bit_map(ss.str(), path, f);
+  SB_ASSIGN_OR_RETURN(std::string text, read_text_file(path, kMaxIndexBytes, "bit map"));
+  return parse_bit_map(text, path, f);
 }
 
 Status parse_bit_map(const std::string& text, const std::string& path, ExportFormat* f) {
+  SB_RETURN_IF_ERROR(check_json_depth(text, kMaxJsonDepth, path));
   const auto j = nlohmann::json::parse(text, nullptr, false);
   if (j.is_discarded() || !j.is_object())
     return make_error(StatusCode::kInvalidArgument, "%s: must be a JSON object {\"layer\": {\"expert\": bits}}",

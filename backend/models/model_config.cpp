@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "file_io.h"
 #include "materialize.h"
 #include "quantize.h"
 #include "switchboard/model.h"
@@ -17,6 +18,8 @@ namespace {
 using Json = nlohmann::json;
 
 constexpr int64_t kMaxLayers = 1024;
+// config.json, index and bit-map files are a few KB; anything near this is not one.
+constexpr uint64_t kMaxJsonBytes = uint64_t{64} << 20;
 
 // Typed reads of one config key with errors that name the file and the key.
 class Reader {
@@ -33,14 +36,14 @@ class Reader {
   Status integer(const char* key, int64_t* out, bool required = true) const {
     const Json* v = find(key);
     if (!v) return required ? error(key, "missing") : Status::ok();
-    if (!v->is_number_integer()) return error(key, "must be an integer, is " + v->dump());
+    if (!v->is_number_integer()) return error(key, "must be an integer, is " + clip(v->dump()));
     *out = v->get<int64_t>();
     return Status::ok();
   }
   Status number(const char* key, double* out, bool required = false) const {
     const Json* v = find(key);
     if (!v) return required ? error(key, "missing") : Status::ok();
-    if (!v->is_number()) return error(key, "must be a number, is " + v->dump());
+    if (!v->is_number()) return error(key, "must be a number, is " + clip(v->dump()));
     *out = v->get<double>();
     return Status::ok();
   }
@@ -53,14 +56,14 @@ class Reader {
   Status boolean(const char* key, bool* out) const {
     const Json* v = find(key);
     if (!v) return Status::ok();
-    if (!v->is_boolean()) return error(key, "must be true or false, is " + v->dump());
+    if (!v->is_boolean()) return error(key, "must be true or false, is " + clip(v->dump()));
     *out = v->get<bool>();
     return Status::ok();
   }
   Status string(const char* key, std::string* out, bool required = false) const {
     const Json* v = find(key);
     if (!v) return required ? error(key, "missing") : Status::ok();
-    if (!v->is_string()) return error(key, "must be a string, is " + v->dump());
+    if (!v->is_string()) return error(key, "must be a string, is " + clip(v->dump()));
     *out = v->get<std::string>();
     return Status::ok();
   }
@@ -125,7 +128,7 @@ Status parse_moe_layers(const Reader& r, ModelConfig* c) {
     if (!only->is_array()) return r.error("mlp_only_layers", "must be a list of layer indices");
     for (const Json& v : *only) {
       if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= c->layers)
-        return r.error("mlp_only_layers", "entry " + v.dump() + " is not a layer index");
+        return r.error("mlp_only_layers", "entry " + clip(v.dump()) + " is not a layer index");
       c->moe_layer[v.get<size_t>()] = false;
     }
   }
@@ -206,6 +209,7 @@ Status parse_family(const Reader& r, ModelConfig* c) {
 }  // namespace
 
 Result<ModelConfig> parse_hf_config_text(const std::string& text, const std::string& origin) {
+  SB_RETURN_IF_ERROR(check_json_depth(text, kMaxJsonDepth, origin));
   const Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object())
     return make_error(StatusCode::kInvalidArgument, "%s: not a JSON object", origin.c_str());
@@ -256,11 +260,8 @@ Result<ModelConfig> parse_hf_config_text(const std::string& text, const std::str
 }
 
 Result<ModelConfig> parse_hf_config(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return make_error(StatusCode::kNotFound, "%s: cannot open", path.c_str());
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return parse_hf_config_text(ss.str(), path);
+  SB_ASSIGN_OR_RETURN(std::string text, read_text_file(path, kMaxJsonBytes, "config"));
+  return parse_hf_config_text(text, path);
 }
 
 Status check_config(const ModelConfig& c) {

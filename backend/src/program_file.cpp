@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include <flatbuffers/flatbuffers.h>
+#include "file_io.h"
 #include "log.h"
 #include "program_impl.h"
 
@@ -12,17 +13,12 @@ static_assert(static_cast<int>(fb::DType::Bool) == static_cast<int>(DType::kBool
                   static_cast<int>(fb::DType::BF16) == static_cast<int>(DType::kBF16),
               "public DType mirrors the schema's DType");
 
+// Program files hold the graph only (weights live in the weights file): 1 GiB is far above
+// any real one, and bounds what a hostile path (/dev/zero, a huge file) can make us read.
+constexpr uint64_t kMaxProgramBytes = uint64_t{1} << 30;
+
 Result<std::vector<uint8_t>> read_file(const std::string& path) {
-  FILE* f = std::fopen(path.c_str(), "rb");
-  SB_CHECK_OR_RETURN(f != nullptr, StatusCode::kNotFound, "%s: cannot open: %s", path.c_str(), std::strerror(errno));
-  std::vector<uint8_t> bytes;
-  uint8_t buf[1 << 16];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) bytes.insert(bytes.end(), buf, buf + n);
-  bool failed = std::ferror(f) != 0;
-  std::fclose(f);
-  SB_CHECK_OR_RETURN(!failed, StatusCode::kIoError, "%s: read error", path.c_str());
-  return bytes;
+  return read_regular_file(path, kMaxProgramBytes, "program");
 }
 
 std::vector<uint8_t> serialize_program(const fb::ProgramT& p) {
