@@ -6,8 +6,12 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <fstream>
 #include <string>
+#include <thread>
+#include <vector>
 
+#include "file_io.h"
 #include "safetensors.h"
 #include "switchboard/model.h"
 #include "switchboard/switchboard.h"
@@ -35,6 +39,8 @@ std::string deep_json(const std::string& key, int depth) {
   return "{\"model_type\": \"qwen3_moe\", \"" + key + "\": " + std::string(static_cast<size_t>(depth), '[') +
          std::string(static_cast<size_t>(depth), ']') + "}";
 }
+
+void write_text(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
 
 void expect_error(const Status& st, const std::string& needle) {
   EXPECT_FALSE(st.is_ok());
@@ -75,6 +81,60 @@ TEST(HostileInput, DevicesAndDirectoriesAreNotPrograms) {
   expect_error(Program::load(temp_dir()).status(), "not a regular file");
   expect_error(Program::load("").status(), "empty path");
 }
+
+// --- exports: atomic per OUT, never deleting what the run did not create ----------------
+
+Status export_tiny(const std::string& out, int bits) {
+  models::ModelConfig c = models::tiny_test_config();
+  models::ExportFormat f;
+  f.bits = bits;
+  f.group_size = 64;
+  auto w = models::random_weights(c, f, 2026);
+  return w ? models::write_model(out, c, f, *w) : w.status();
+}
+
+std::string slurp(const std::string& path) {
+  auto text = read_text_file(path, 1 << 30, "test");
+  return text ? *text : std::string("<unreadable>");
+}
+
+TEST(HostileExport, LeavesOtherRunsStagingDirectoriesAlone) {
+  const std::string out = temp_dir() + "/stale";
+  for (const std::string& dir : {out + ".partial", out + ".partial-keep"}) {
+    ASSERT_EQ(::mkdir(dir.c_str(), 0700), 0);
+    write_text(dir + "/mine.txt", "user data");
+  }
+  ASSERT_TRUE(export_tiny(out, 4).is_ok());
+  EXPECT_EQ(slurp(out + ".partial/mine.txt"), "user data");
+  EXPECT_EQ(slurp(out + ".partial-keep/mine.txt"), "user data");
+  EXPECT_TRUE(Program::load(out + "/program.sbp", LoadOptions{{out + "/weights.safetensors"}}).is_ok());
+}
+
+TEST(HostileExport, AProgramPathThatIsADirectoryChangesNothing) {
+  const std::string out = temp_dir() + "/blocked";
+  ASSERT_EQ(::mkdir(out.c_str(), 0700), 0);
+  ASSERT_EQ(::mkdir((out + "/program.sbp").c_str(), 0700), 0);
+  write_text(out + "/program.sbp/keep.txt", "x");
+  write_text(out + "/weights.safetensors", "old weights");
+  expect_error(export_tiny(out, 4), "program.sbp: exists and is not a regular file");
+  EXPECT_EQ(slurp(out + "/weights.safetensors"), "old weights");
+}
+
+TEST(HostileExport, ConcurrentExportsNeverPairFilesOfTwoRuns) {
+  const std::string out = temp_dir() + "/race";
+  ASSERT_TRUE(export_tiny(out, 4).is_ok());  // OUT exists: the exports below replace its files
+  std::vector<Status> results(4);
+  std::vector<std::thread> runs;
+  // 4-bit and 8-bit programs need differently shaped weights: a mixed pair cannot load.
+  for (size_t i = 0; i < results.size(); ++i) runs.emplace_back([&, i] { results[i] = export_tiny(out, i % 2 ? 8 : 4); });
+  for (auto& r : runs) r.join();
+  for (const Status& st : results)
+    EXPECT_TRUE(st.is_ok() || st.code() == StatusCode::kFailedPrecondition) << st.to_string();
+  auto p = Program::load(out + "/program.sbp", LoadOptions{{out + "/weights.safetensors"}});
+  EXPECT_TRUE(p.is_ok()) << p.status().to_string();
+}
+
+TEST(HostileExport, AnEmptyOutputPathIsAClearError) { expect_error(export_tiny("", 4), "output directory: empty path"); }
 
 }  // namespace
 }  // namespace switchboard

@@ -1,7 +1,13 @@
 // Hugging Face checkpoints -> our weight names, kept in float or quantized at export;
 // the random weights of the tiny and synthetic models take the same conversion path.
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -449,38 +455,84 @@ Status parse_bit_map(const std::string& text, const std::string& path, ExportFor
   return Status::ok();
 }
 
+namespace {
+
+constexpr const char* kModelFiles[] = {"weights.safetensors", "program.sbp"};  // placed in this order
+
+// Before anything is written: OUT, where it exists, is a directory whose model files are
+// regular files or absent, so placing them cannot fail half way for a reason known now.
+Status check_out_dir(const fs::path& out) {
+  std::error_code ec;
+  if (!fs::exists(out, ec)) {
+    const fs::path parent = out.parent_path().empty() ? fs::path(".") : out.parent_path();
+    if (!fs::is_directory(parent, ec))
+      return make_error(StatusCode::kNotFound, "%s: its parent directory %s does not exist", out.c_str(),
+                        parent.c_str());
+    return Status::ok();
+  }
+  if (!fs::is_directory(out, ec)) return make_error(StatusCode::kInvalidArgument, "%s: not a directory", out.c_str());
+  for (const char* name : kModelFiles) {
+    const fs::path f = out / name;
+    if (fs::exists(fs::symlink_status(f, ec)) && !fs::is_regular_file(fs::symlink_status(f, ec)))
+      return make_error(StatusCode::kInvalidArgument, "%s: exists and is not a regular file (nothing was written)",
+                        f.c_str());
+  }
+  return Status::ok();
+}
+
+// This run's own staging directory beside OUT (OUT.partial-XXXXXX): a directory another run
+// or the user left there is never touched.
+Result<fs::path> private_dir(const fs::path& out) {
+  std::string tmpl = out.string() + ".partial-XXXXXX";
+  if (!::mkdtemp(tmpl.data()))
+    return make_error(StatusCode::kIoError, "%s: cannot create a staging directory beside it: %s", out.c_str(),
+                      std::strerror(errno));
+  return fs::path(tmpl);
+}
+
+// Puts the staged files in place as one unit. OUT absent: one rename of the staging
+// directory. OUT present: its model files are replaced while this run holds OUT's lock, so
+// of concurrent exports one replaces both files and the others fail without touching them.
+Status place(const fs::path& tmp, const fs::path& out) {
+  if (::rename(tmp.c_str(), out.c_str()) == 0) return Status::ok();
+  if (errno != EEXIST && errno != ENOTEMPTY && errno != EISDIR)
+    return make_error(StatusCode::kIoError, "%s: cannot put the export in place: %s", out.c_str(), std::strerror(errno));
+  const int fd = ::open(out.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return make_error(StatusCode::kIoError, "%s: cannot open: %s", out.c_str(), std::strerror(errno));
+  Status st;
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    st = make_error(StatusCode::kFailedPrecondition, "%s: another export to it is in progress; nothing was replaced",
+                    out.c_str());
+  } else {
+    st = check_out_dir(out);
+    for (const char* name : kModelFiles)
+      if (st.is_ok() && ::rename((tmp / name).c_str(), (out / name).c_str()) != 0)
+        st = make_error(StatusCode::kIoError, "%s: cannot replace: %s", (out / name).c_str(), std::strerror(errno));
+  }
+  ::close(fd);  // releases the lock
+  return st;
+}
+
+}  // namespace
+
 Status write_model(const std::string& out_dir, const ModelConfig& c, const ExportFormat& f,
                    const std::vector<std::pair<std::string, Tensor>>& weights) {
+  if (out_dir.empty()) return make_error(StatusCode::kInvalidArgument, "output directory: empty path");
   ProgramBuilder b;
   SB_RETURN_IF_ERROR(build_decoder(c, f, b));
   fs::path out = fs::path(out_dir).lexically_normal();
-  if (!out.has_filename()) out = out.parent_path();  // "dir/" names dir: the temporary is its sibling
-  const fs::path tmp = fs::path(out.string() + ".partial");
-  std::error_code ec;
-  remove_all_quiet(tmp);
-  fs::create_directories(tmp, ec);
-  if (ec) return make_error(StatusCode::kIoError, "%s: %s", tmp.c_str(), ec.message().c_str());
+  if (!out.has_filename()) out = out.parent_path();  // "dir/" names dir: the staging directory is its sibling
+  SB_RETURN_IF_ERROR(check_out_dir(out));
+  SB_ASSIGN_OR_RETURN(fs::path tmp, private_dir(out));
   Status st = b.save((tmp / "program.sbp").string());
   if (st.is_ok()) st = write_safetensors((tmp / "weights.safetensors").string(), weights);
   if (st.is_ok()) {  // the whole program must load against the weights before anything lands
     auto p = Program::load((tmp / "program.sbp").string(), LoadOptions{{(tmp / "weights.safetensors").string()}});
     if (!p) st = p.status();
   }
-  if (!st.is_ok()) {
-    remove_all_quiet(tmp);
-    return st;
-  }
-  if (!fs::exists(out)) {
-    fs::rename(tmp, out, ec);  // one step: OUT appears complete or not at all
-  } else {
-    // An existing OUT keeps its other files; the program goes last, so a reader that finds
-    // the new program.sbp also finds its weights.
-    for (const char* name : {"weights.safetensors", "program.sbp"})
-      if (!ec) fs::rename(tmp / name, out / name, ec);
-  }
-  remove_all_quiet(tmp);
-  if (ec) return make_error(StatusCode::kIoError, "%s: %s", out_dir.c_str(), ec.message().c_str());
-  return Status::ok();
+  if (st.is_ok()) st = place(tmp, out);
+  remove_all_quiet(tmp);  // ours alone; gone already when it became OUT
+  return st;
 }
 
 Status export_hf(const std::string& hf_dir, const std::string& out_dir, const ExportOptions& o) {

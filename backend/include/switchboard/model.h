@@ -134,8 +134,10 @@ Status parse_bit_map(const std::string& text, const std::string& origin, ExportF
 // nothing is left in out_dir.
 Status export_hf(const std::string& hf_dir, const std::string& out_dir, const ExportOptions& o);
 
-// Writes a built decoder and its weights to out_dir (program.sbp, weights.safetensors,
-// config.json) through a temporary directory, so out_dir never holds a partial model.
+// Writes a built decoder and its weights to out_dir (program.sbp, weights.safetensors)
+// through this run's own staging directory beside it, checked to load before anything
+// lands: out_dir never holds a partial model, and of concurrent exports to one out_dir one
+// places both files and the others fail (kFailedPrecondition) without touching them.
 Status write_model(const std::string& out_dir, const ModelConfig& c, const ExportFormat& f,
                    const std::vector<std::pair<std::string, Tensor>>& weights);
 
