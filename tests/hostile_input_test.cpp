@@ -7,11 +7,13 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "file_io.h"
+#include "no_throw.h"
 #include "safetensors.h"
 #include "switchboard/model.h"
 #include "switchboard/switchboard.h"
@@ -80,6 +82,30 @@ TEST(HostileInput, DevicesAndDirectoriesAreNotPrograms) {
   expect_error(Program::load("/dev/zero").status(), "program /dev/zero: not a regular file");
   expect_error(Program::load(temp_dir()).status(), "not a regular file");
   expect_error(Program::load("").status(), "empty path");
+}
+
+TEST(HostileInput, ConfigErrorsNameTheFileAndWhatSetTheValue) {
+  models::ModelConfig c = models::tiny_test_config();
+  c.origin = "y/config.json";
+  c.vocab = -1;
+  expect_error(models::check_config(c), "y/config.json: vocab_size must be positive");
+  c = models::tiny_test_config();
+  c.expert_ffn = 96;
+  models::ExportFormat f;
+  f.bits = 4;
+  f.group_size = 64;
+  expect_error(models::check_format(c, f), "--group-size 64 does not divide the input width 96");
+  f.quant_origin = "x/config.json";  // set by the checkpoint's "quantization", not by a flag
+  expect_error(models::check_format(c, f), "x/config.json: quantization.group_size 64 does not divide");
+}
+
+TEST(HostileInput, ExceptionsBecomeErrorValues) {
+  Status oom = no_throw("load x", []() -> Status { throw std::bad_alloc(); });
+  EXPECT_EQ(oom.code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(oom.message(), "load x: out of memory");
+  Result<int> other = no_throw("parse y", []() -> Result<int> { throw std::runtime_error("bad thing"); });
+  EXPECT_EQ(other.status().code(), StatusCode::kInternal);
+  EXPECT_EQ(other.status().message(), "parse y: bad thing");
 }
 
 // --- exports: atomic per OUT, never deleting what the run did not create ----------------

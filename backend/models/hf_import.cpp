@@ -21,6 +21,7 @@
 #include "switchboard/switchboard.h"
 #include "element_access.h"
 #include "file_io.h"
+#include "no_throw.h"
 #include "materialize.h"
 
 namespace switchboard::models {
@@ -389,6 +390,7 @@ Result<std::pair<int, int>> mlx_quant(const Checkpoint& ck, const std::string& w
 Status mlx_format(const Checkpoint& ck, const ModelConfig& c, ExportFormat* f) {
   f->bits = c.mlx_bits;
   f->group_size = c.mlx_group_size;
+  f->quant_origin = c.origin;
   bool first = true;
   for (const WeightSpec& s : weight_specs(c, *f)) {
     if (s.dtype != DType::kU32) continue;
@@ -513,10 +515,8 @@ Status place(const fs::path& tmp, const fs::path& out) {
   return st;
 }
 
-}  // namespace
-
-Status write_model(const std::string& out_dir, const ModelConfig& c, const ExportFormat& f,
-                   const std::vector<std::pair<std::string, Tensor>>& weights) {
+Status write_model_impl(const std::string& out_dir, const ModelConfig& c, const ExportFormat& f,
+                        const std::vector<std::pair<std::string, Tensor>>& weights) {
   if (out_dir.empty()) return make_error(StatusCode::kInvalidArgument, "output directory: empty path");
   ProgramBuilder b;
   SB_RETURN_IF_ERROR(build_decoder(c, f, b));
@@ -535,7 +535,15 @@ Status write_model(const std::string& out_dir, const ModelConfig& c, const Expor
   return st;
 }
 
-Status export_hf(const std::string& hf_dir, const std::string& out_dir, const ExportOptions& o) {
+}  // namespace
+
+Status write_model(const std::string& out_dir, const ModelConfig& c, const ExportFormat& f,
+                   const std::vector<std::pair<std::string, Tensor>>& weights) {
+  return no_throw(out_dir, [&] { return write_model_impl(out_dir, c, f, weights); });
+}
+
+
+static Status export_hf_impl(const std::string& hf_dir, const std::string& out_dir, const ExportOptions& o) {
   SB_ASSIGN_OR_RETURN(ModelConfig c, parse_hf_config((fs::path(hf_dir) / "config.json").string()));
   if (o.max_seq > 0) c.max_seq = o.max_seq;
   SB_RETURN_IF_ERROR(check_config(c));
@@ -577,6 +585,10 @@ Status export_hf(const std::string& hf_dir, const std::string& out_dir, const Ex
     return make_error(StatusCode::kInvalidArgument, "%s: tensor '%s' is not used by a %s model (%zu unused in all)",
                       ck->file_of(extra[0]).c_str(), extra[0].c_str(), c.family.c_str(), extra.size());
   return write_model(out_dir, c, f, weights);
+}
+
+Status export_hf(const std::string& hf_dir, const std::string& out_dir, const ExportOptions& o) {
+  return no_throw(hf_dir, [&] { return export_hf_impl(hf_dir, out_dir, o); });
 }
 
 }  // namespace switchboard::models

@@ -215,6 +215,7 @@ Result<ModelConfig> parse_hf_config_text(const std::string& text, const std::str
     return make_error(StatusCode::kInvalidArgument, "%s: not a JSON object", origin.c_str());
   Reader r(j, origin);
   ModelConfig c;
+  c.origin = origin;
   SB_RETURN_IF_ERROR(r.string("model_type", &c.family, true));
   SB_RETURN_IF_ERROR(r.integer("vocab_size", &c.vocab));
   SB_RETURN_IF_ERROR(r.integer("hidden_size", &c.hidden));
@@ -266,7 +267,8 @@ Result<ModelConfig> parse_hf_config(const std::string& path) {
 
 Status check_config(const ModelConfig& c) {
   auto bad = [&](const char* what, int64_t v) {
-    return make_error(StatusCode::kInvalidArgument, "model config: %s (%lld)", what, (long long)v);
+    return make_error(StatusCode::kInvalidArgument, "%s: %s (%lld)", c.origin.empty() ? "model config" : c.origin.c_str(),
+                      what, (long long)v);
   };
   // Bounds far above any released model, so hostile sizes fail here instead of in an allocation.
   if (c.layers > kMaxLayers) return bad("num_hidden_layers is too large", c.layers);
@@ -321,14 +323,19 @@ Status check_format(const ModelConfig& c, const ExportFormat& f) {
     if (!f.expert_bits.empty()) return make_error(StatusCode::kInvalidArgument, "a bit map needs --bits");
     return Status::ok();
   }
+  // Errors name what set the value: the flag, or the config's "quantization" entry.
+  const std::string bits_name = f.quant_origin.empty() ? "--bits" : f.quant_origin + ": quantization.bits";
+  const std::string group_name =
+      f.quant_origin.empty() ? "--group-size" : f.quant_origin + ": quantization.group_size";
   if (!quant_bits_allowed(f.bits))
-    return make_error(StatusCode::kInvalidArgument, "--bits %d: allowed are 2, 3, 4, 5, 6, 8", f.bits);
+    return make_error(StatusCode::kInvalidArgument, "%s %d: allowed are 2, 3, 4, 5, 6, 8", bits_name.c_str(), f.bits);
   if (!quant_group_allowed(f.group_size))
-    return make_error(StatusCode::kInvalidArgument, "--group-size %d: allowed are 32, 64, 128", f.group_size);
+    return make_error(StatusCode::kInvalidArgument, "%s %d: allowed are 32, 64, 128", group_name.c_str(),
+                      f.group_size);
   for (int64_t k : {c.hidden, c.heads * c.head_dim, c.expert_ffn, c.dense_ffn, c.shared_ffn})
     if (k > 0 && k % f.group_size != 0)
-      return make_error(StatusCode::kInvalidArgument, "--group-size %d does not divide the input width %lld",
-                        f.group_size, (long long)k);
+      return make_error(StatusCode::kInvalidArgument, "%s %d does not divide the input width %lld",
+                        group_name.c_str(), f.group_size, (long long)k);
   for (const auto& [linear, q] : f.linear_quant) {
     const int64_t k = input_width(c, linear);
     if (q.first != 0 && (!quant_bits_allowed(q.first) || !quant_group_allowed(q.second) || k % q.second != 0))

@@ -5,6 +5,7 @@
 #include "device_registry.h"
 #include "interpreter.h"
 #include "log.h"
+#include "no_throw.h"
 
 namespace switchboard {
 
@@ -50,8 +51,8 @@ Status resolve_constants(detail::ProgramImpl& p, const std::vector<std::string>&
     if (mem != in_memory.end()) {
       const Tensor& t = mem->second;
       if (t.dtype() != static_cast<DType>(m.dtype) || t.shape() != want)
-        return make_error(StatusCode::kInvalidWeights, "constants[%zu] '%s': given %s %s, the program declares %s %s", i,
-                          c.name.c_str(), dtype_name(t.dtype()), shape_str(t.shape()).c_str(),
+        return make_error(StatusCode::kInvalidWeights, "constants[%zu] '%s': given %s %s, the program declares %s %s",
+                          i, c.name.c_str(), dtype_name(t.dtype()), shape_str(t.shape()).c_str(),
                           dtype_name(static_cast<DType>(m.dtype)), shape_str(want).c_str());
       p.constants[tid] = t;
       continue;
@@ -84,30 +85,34 @@ Program::Program() : impl_(std::make_unique<detail::ProgramImpl>()) {}
 Program::~Program() = default;
 
 Result<std::shared_ptr<const Program>> Program::load(const std::string& path, const LoadOptions& options) {
-  SB_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, read_file(path));
-  return from_bytes(std::move(bytes), path, options);
+  return no_throw(path, [&]() -> Result<std::shared_ptr<const Program>> {
+    SB_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, read_file(path));
+    return from_bytes(std::move(bytes), path, options);
+  });
 }
 
 Result<std::shared_ptr<const Program>> Program::from_bytes(std::vector<uint8_t> bytes, const std::string& origin,
                                                            const LoadOptions& options) {
-  auto ir = parse_program(bytes);
-  if (!ir.is_ok()) return ir.status().annotate(origin);
-  std::shared_ptr<Program> prog(new Program());
-  detail::ProgramImpl& p = *prog->impl_;
-  p.origin = origin;
-  p.ir = std::move(ir).value();
-  p.roles.assign(p.ir->num_tensor_slots, SlotRole::kTemp);
-  for (const auto& c : p.ir->constants) p.roles[c->tid->idx()] = SlotRole::kConstant;
-  for (const auto& m : p.ir->mutable_buffers) p.roles[m->tid->idx()] = SlotRole::kMutable;
-  for (const auto& io : p.ir->inputs)
-    if (io->kind == fb::SlotKind::Tensor) p.roles[io->idx] = SlotRole::kInput;
-  for (const auto& io : p.ir->inputs) p.inputs.push_back(io_info(*p.ir, *io));
-  for (const auto& io : p.ir->outputs) p.outputs.push_back(io_info(*p.ir, *io));
-  p.constants.resize(p.ir->num_tensor_slots);
-  if (options.resolve_constants) SB_RETURN_IF_ERROR(resolve_constants(p, options.weights, options.constants));
-  log::debug("loaded {}: {} inputs, {} outputs, {} constants", origin, p.inputs.size(), p.outputs.size(),
-             p.ir->constants.size());
-  return std::shared_ptr<const Program>(std::move(prog));
+  return no_throw(origin, [&]() -> Result<std::shared_ptr<const Program>> {
+    auto ir = parse_program(bytes);
+    if (!ir.is_ok()) return ir.status().annotate(origin);
+    std::shared_ptr<Program> prog(new Program());
+    detail::ProgramImpl& p = *prog->impl_;
+    p.origin = origin;
+    p.ir = std::move(ir).value();
+    p.roles.assign(p.ir->num_tensor_slots, SlotRole::kTemp);
+    for (const auto& c : p.ir->constants) p.roles[c->tid->idx()] = SlotRole::kConstant;
+    for (const auto& m : p.ir->mutable_buffers) p.roles[m->tid->idx()] = SlotRole::kMutable;
+    for (const auto& io : p.ir->inputs)
+      if (io->kind == fb::SlotKind::Tensor) p.roles[io->idx] = SlotRole::kInput;
+    for (const auto& io : p.ir->inputs) p.inputs.push_back(io_info(*p.ir, *io));
+    for (const auto& io : p.ir->outputs) p.outputs.push_back(io_info(*p.ir, *io));
+    p.constants.resize(p.ir->num_tensor_slots);
+    if (options.resolve_constants) SB_RETURN_IF_ERROR(resolve_constants(p, options.weights, options.constants));
+    log::debug("loaded {}: {} inputs, {} outputs, {} constants", origin, p.inputs.size(), p.outputs.size(),
+               p.ir->constants.size());
+    return std::shared_ptr<const Program>(std::move(prog));
+  });
 }
 
 const std::vector<IoInfo>& Program::inputs() const { return impl_->inputs; }
@@ -137,7 +142,8 @@ Status check_buffer_bytes(const detail::ProgramImpl& p, uint64_t limit) {
     total = total + bytes > limit ? limit + 1 : total + bytes;
     SB_CHECK_OR_RETURN(total <= limit, StatusCode::kOutOfRange,
                        "%s: mutable buffers need more than %llu bytes (SessionOptions::max_buffer_bytes), "
-                       "reached at '%s'", p.origin.c_str(), static_cast<unsigned long long>(limit), mb->name.c_str());
+                       "reached at '%s'",
+                       p.origin.c_str(), static_cast<unsigned long long>(limit), mb->name.c_str());
   }
   return Status::ok();
 }
@@ -160,19 +166,21 @@ Session::~Session() = default;
 
 Result<std::unique_ptr<Session>> Session::create(std::shared_ptr<const Program> program,
                                                  const SessionOptions& options) {
-  SB_CHECK_OR_RETURN(program != nullptr, StatusCode::kInvalidArgument, "Session::create: null program");
-  SB_CHECK_OR_RETURN(program->impl().constants_resolved, StatusCode::kInvalidArgument,
-                     "%s: constants were not resolved (loaded with resolve_constants = false)",
-                     program->impl().origin.c_str());
-  SB_RETURN_IF_ERROR(check_buffer_bytes(program->impl(), options.max_buffer_bytes));
-  SB_ASSIGN_OR_RETURN(std::unique_ptr<Device> device,
-                      open_device(options.device, options.cpu_fallback, device_options(options)));
-  std::unique_ptr<Session> s(new Session());
-  s->program_ = program;
-  s->interp_ = std::make_unique<detail::Interpreter>(program->impl(), std::move(device));
-  SB_RETURN_IF_ERROR(s->interp_->plan());
-  SB_RETURN_IF_ERROR(s->interp_->reset());
-  return s;
+  return no_throw("Session::create", [&]() -> Result<std::unique_ptr<Session>> {
+    SB_CHECK_OR_RETURN(program != nullptr, StatusCode::kInvalidArgument, "Session::create: null program");
+    SB_CHECK_OR_RETURN(program->impl().constants_resolved, StatusCode::kInvalidArgument,
+                       "%s: constants were not resolved (loaded with resolve_constants = false)",
+                       program->impl().origin.c_str());
+    SB_RETURN_IF_ERROR(check_buffer_bytes(program->impl(), options.max_buffer_bytes));
+    SB_ASSIGN_OR_RETURN(std::unique_ptr<Device> device,
+                        open_device(options.device, options.cpu_fallback, device_options(options)));
+    std::unique_ptr<Session> s(new Session());
+    s->program_ = program;
+    s->interp_ = std::make_unique<detail::Interpreter>(program->impl(), std::move(device));
+    SB_RETURN_IF_ERROR(s->interp_->plan());
+    SB_RETURN_IF_ERROR(s->interp_->reset());
+    return s;
+  });
 }
 
 namespace {
@@ -198,7 +206,9 @@ Status Session::set_input_value(std::string_view name, int64_t value) {
   return interp_->set_input_value(i, value);
 }
 
-Status Session::execute() { return interp_->execute(); }
+Status Session::execute() {
+  return no_throw("execute", [&] { return interp_->execute(); });
+}
 
 Result<Tensor> Session::output(std::string_view name) const {
   SB_ASSIGN_OR_RETURN(size_t i, find_io(program_->impl().ir->outputs, name, "output"));

@@ -29,6 +29,7 @@ namespace switchboard::models {
 enum class QkNorm { kNone, kPerHead, kWhole };  // whole: over the full q/k projection (olmoe)
 
 struct ModelConfig {
+  std::string origin;  // where it was read (config.json's path), named by check_config's errors
   std::string family;  // HF model_type: qwen3_moe, qwen2_moe, mixtral, olmoe, glm4_moe, gpt_oss
   int64_t vocab = 0, hidden = 0, layers = 0, heads = 0, kv_heads = 0, head_dim = 0;
   float rms_eps = 1e-6f;
@@ -81,6 +82,9 @@ struct ExportFormat {
   DType dtype = DType::kF32;  // float weights, embeddings and norms
   int bits = 0;               // 0: float linears; else MLX affine, every linear
   int group_size = 64;
+  // Where bits and group_size came from, for errors: empty, the export flags (--bits,
+  // --group-size); else a config.json whose "quantization" set them.
+  std::string quant_origin;
   DType scale_dtype = DType::kBF16;
   // layer -> expert -> bits (0 = pruned); experts not named use `bits`.
   std::map<int64_t, std::map<int64_t, int>> expert_bits;
