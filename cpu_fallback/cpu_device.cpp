@@ -2,6 +2,7 @@
 #include "cpu_device.h"
 
 #include "cpu_common.h"
+#include "file_io.h"
 
 namespace switchboard {
 namespace cpu {
@@ -25,6 +26,7 @@ class CpuDevice final : public Device {
   }
   const std::string& name() const override { return name_; }
   const KernelRegistry& kernels() const override { return registry_; }
+  uint64_t available_memory() const override { return host_memory_available(); }
 
  private:
   std::string name_ = "cpu";

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <fstream>
 #include <stdexcept>
@@ -15,6 +16,7 @@
 #include "file_io.h"
 #include "no_throw.h"
 #include "safetensors.h"
+#include "switchboard/builder.h"
 #include "switchboard/model.h"
 #include "switchboard/switchboard.h"
 
@@ -106,6 +108,23 @@ TEST(HostileInput, ExceptionsBecomeErrorValues) {
   Result<int> other = no_throw("parse y", []() -> Result<int> { throw std::runtime_error("bad thing"); });
   EXPECT_EQ(other.status().code(), StatusCode::kInternal);
   EXPECT_EQ(other.status().message(), "parse y: bad thing");
+}
+
+TEST(HostileInput, BufferClaimsBeyondTheMachinesMemoryFailBeforeAllocating) {
+  ProgramBuilder b;
+  TensorRef big = b.mutable_buffer("huge_cache", DType::kF32, {int64_t{1} << 18, int64_t{1} << 20});  // 1 TiB
+  b.output("y", b.add(b.input("x", DType::kF32, {1}), b.slice(b.reshape(big, {-1}), 0, 0, 1)));
+  auto bytes = b.serialize();
+  ASSERT_TRUE(bytes.is_ok()) << bytes.status().to_string();
+  auto program = Program::from_bytes(std::move(bytes).value(), "huge.sbp");
+  ASSERT_TRUE(program.is_ok()) << program.status().to_string();
+  SessionOptions o;
+  o.device = "cpu";
+  o.max_buffer_bytes = UINT64_MAX;  // past the option: the machine's memory still bounds the claim
+  auto s = Session::create(*program, o);
+  expect_error(s.status(), "huge.sbp: mutable buffers need more than");
+  EXPECT_NE(s.status().message().find("the memory device 'cpu' has free), reached at 'huge_cache'"), std::string::npos)
+      << s.status().to_string();
 }
 
 // --- exports: atomic per OUT, never deleting what the run did not create ----------------

@@ -5,7 +5,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <new>
 
 namespace switchboard {
@@ -81,6 +83,18 @@ Status check_json_depth(const std::string& text, int max_depth, const std::strin
     if (c == ']' || c == '}') --depth;
   }
   return Status::ok();
+}
+
+uint64_t host_memory_available() {
+  // A procfs file reports size 0, so it is read by lines, not through read_regular_file.
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  uint64_t kb = 0;
+  while (in >> key >> kb) {
+    if (key == "MemAvailable:") return kb << 10;
+    in.ignore(1 << 10, '\n');
+  }
+  return 0;
 }
 
 std::string clip(const std::string& text, size_t max) {

@@ -21,6 +21,9 @@ Result<std::string> read_text_file(const std::string& path, uint64_t max_bytes, 
 Status check_json_depth(const std::string& text, int max_depth, const std::string& origin);
 inline constexpr int kMaxJsonDepth = 64;
 
+// The host memory available now (MemAvailable of /proc/meminfo) in bytes; 0 when unknown.
+uint64_t host_memory_available();
+
 // `text` cut to ~`max` characters for an error message ("..." and the full length after).
 std::string clip(const std::string& text, size_t max = 80);
 

@@ -130,7 +130,8 @@ bool Program::attribute(std::string_view name, int64_t* value) const {
 namespace {
 // Mutable-buffer sizes come from the (untrusted) program, so they are bounded
 // before the session allocates them.
-Status check_buffer_bytes(const detail::ProgramImpl& p, uint64_t limit) {
+// `what` names the limit in the error (the option, or the device's free memory).
+Status check_buffer_bytes(const detail::ProgramImpl& p, uint64_t limit, const std::string& what) {
   uint64_t total = 0;
   for (const auto& mb : p.ir->mutable_buffers) {
     const fb::TensorMetaT& m = *p.ir->tensor_meta[mb->tid->idx()];
@@ -141,9 +142,8 @@ Status check_buffer_bytes(const detail::ProgramImpl& p, uint64_t limit) {
     }
     total = total + bytes > limit ? limit + 1 : total + bytes;
     SB_CHECK_OR_RETURN(total <= limit, StatusCode::kOutOfRange,
-                       "%s: mutable buffers need more than %llu bytes (SessionOptions::max_buffer_bytes), "
-                       "reached at '%s'",
-                       p.origin.c_str(), static_cast<unsigned long long>(limit), mb->name.c_str());
+                       "%s: mutable buffers need more than %llu bytes (%s), reached at '%s'", p.origin.c_str(),
+                       static_cast<unsigned long long>(limit), what.c_str(), mb->name.c_str());
   }
   return Status::ok();
 }
@@ -171,9 +171,14 @@ Result<std::unique_ptr<Session>> Session::create(std::shared_ptr<const Program> 
     SB_CHECK_OR_RETURN(program->impl().constants_resolved, StatusCode::kInvalidArgument,
                        "%s: constants were not resolved (loaded with resolve_constants = false)",
                        program->impl().origin.c_str());
-    SB_RETURN_IF_ERROR(check_buffer_bytes(program->impl(), options.max_buffer_bytes));
+    SB_RETURN_IF_ERROR(
+        check_buffer_bytes(program->impl(), options.max_buffer_bytes, "SessionOptions::max_buffer_bytes"));
     SB_ASSIGN_OR_RETURN(std::unique_ptr<Device> device,
                         open_device(options.device, options.cpu_fallback, device_options(options)));
+    // Before anything is zero-filled: a claim the device cannot hold fails here, naming the slot.
+    if (const uint64_t free = device->available_memory(); free > 0 && free < options.max_buffer_bytes)
+      SB_RETURN_IF_ERROR(
+          check_buffer_bytes(program->impl(), free, "the memory device '" + device->name() + "' has free"));
     std::unique_ptr<Session> s(new Session());
     s->program_ = program;
     s->interp_ = std::make_unique<detail::Interpreter>(program->impl(), std::move(device));
