@@ -63,7 +63,8 @@ class Device {
   // References to t's storage held by queued work only. Work queued later runs after it,
   // so an in-place write queued now needs neither a sync nor a copy on their account.
   virtual long queued_refs(const Tensor& t) const { return 0; }
-  // Bytes this device can still allocate for a session's buffers; 0 when unknown (then only
+  // Bytes this device can allocate for a session's buffers (the CPU: the host memory free
+  // now; a GPU: the size of the heap its tensors live in); 0 when unknown (then only
   // SessionOptions::max_buffer_bytes bounds a program's buffer claims).
   virtual uint64_t available_memory() const { return 0; }
   // What any kernel can reach on this device (switchboard.h, measure_device_floor).

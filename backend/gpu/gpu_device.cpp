@@ -26,6 +26,8 @@ class GpuDevice final : public Device {
   Status sync() override { return rt_->sync(); }
   double last_device_us() const override { return rt_->last_gpu_us(); }
   long queued_refs(const Tensor& t) const override { return rt_->queued_refs(t); }
+  // The heap's size, not what is free in it: a claim past it can never be met.
+  uint64_t available_memory() const override { return rt_->memory_bytes(); }
   Result<DeviceFloor> measure_floor(uint64_t bytes) override {
     SB_ASSIGN_OR_RETURN(ReadFloor f, measure_read_floor(*rt_, bytes));
     return DeviceFloor{f.gbps, f.empty_us, f.read_us};

@@ -178,7 +178,7 @@ Result<std::unique_ptr<Session>> Session::create(std::shared_ptr<const Program> 
     // Before anything is zero-filled: a claim the device cannot hold fails here, naming the slot.
     if (const uint64_t free = device->available_memory(); free > 0 && free < options.max_buffer_bytes)
       SB_RETURN_IF_ERROR(
-          check_buffer_bytes(program->impl(), free, "the memory device '" + device->name() + "' has free"));
+          check_buffer_bytes(program->impl(), free, "the memory of device '" + device->name() + "'"));
     std::unique_ptr<Session> s(new Session());
     s->program_ = program;
     s->interp_ = std::make_unique<detail::Interpreter>(program->impl(), std::move(device));

@@ -63,6 +63,7 @@ struct Context {
   VkQueue queue = VK_NULL_HANDLE;
   uint32_t queue_family = 0;
   uint32_t memory_type = 0;
+  uint64_t heap_bytes = 0;  // the heap of memory_type: tensors can never take more
   VkPhysicalDeviceLimits limits{};
   uint32_t vendor_id = 0;
   VkPhysicalDeviceType device_type = VK_PHYSICAL_DEVICE_TYPE_OTHER;
@@ -302,6 +303,7 @@ Status create_device(Context& c, const std::string& description, const DeviceOpt
   }
   SB_CHECK_OR_RETURN(best >= 0, StatusCode::kNotFound, "%s: no host-visible coherent memory", description.c_str());
   c.memory_type = static_cast<uint32_t>(best);
+  c.heap_bytes = mp.memoryHeaps[mp.memoryTypes[best].heapIndex].size;
 
   float prio = 1.0f;
   VkDeviceQueueCreateInfo qi{VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO};
@@ -728,6 +730,8 @@ void VulkanRuntime::track(const std::vector<gpu::BufferRef>& bindings, const ker
     (access[i] == kernels::Access::kRead ? reads_ : writes_).push_back(bindings[i]);
   }
 }
+
+uint64_t VulkanRuntime::memory_bytes() const { return ctx_->heap_bytes; }
 
 Status VulkanRuntime::sync() {
   if (!recording_) return Status::ok();

@@ -31,6 +31,7 @@ class VulkanRuntime final : public gpu::MappedRuntime {
                   uint64_t invocations, const gpu::SpecConstants& spec = {}, uint32_t handoff = 0) override;
   Status sync() override;
   double last_gpu_us() const override { return last_gpu_us_; }
+  uint64_t memory_bytes() const override;
 
  private:
   VulkanRuntime() = default;
