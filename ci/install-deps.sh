@@ -14,6 +14,7 @@ PACKAGES=(
   libbenchmark-dev
   nlohmann-json3-dev
   libcli11-dev
+  libxxhash-dev
   python3
 )
 

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "hash.h"
 #include "program_impl.h"
 #include "safetensors.h"
 #include "switchboard/builder.h"
@@ -159,6 +160,13 @@ void poke(Bytes& bytes, size_t offset, T value) {
   std::memcpy(bytes.data() + offset, &value, sizeof value);
 }
 
+// Records the FlatBuffer's checksum again after a test edited its bytes, so the edit reaches
+// the verifier and validator instead of stopping at the checksum.
+Bytes& restamp(Bytes& b) {
+  poke(b, offsetof(FileHeader, flatbuffer_xxh3), xxh3_64(b.data() + kHeader, b.size() - kHeader));
+  return b;
+}
+
 // --- running -----------------------------------------------------------------
 
 // Zeros with each dynamic dim at its lower bound; OutOfRange over kMaxInputElems elements.
@@ -238,8 +246,21 @@ TEST(LoaderBytes, EveryTruncationIsAnError) {
   }
 }
 
-// Every single-bit flip must give an error or a program that validates and then
-// runs to OK or an error. ASan turns any OOB read along the way into a failure.
+// The checksum catches every single-bit flip of the FlatBuffer.
+TEST(LoaderBytes, EveryBodyBitFlipFailsTheChecksum) {
+  const Bytes& full = sample();
+  for (size_t i = kHeader; i < full.size(); ++i)
+    for (int bit = 0; bit < 8; ++bit) {
+      Bytes bytes = full;
+      bytes[i] ^= static_cast<uint8_t>(1u << bit);
+      Status st = load(bytes).status();
+      ASSERT_EQ(st.code(), StatusCode::kInvalidProgram) << "byte " << i << " bit " << bit;
+      ASSERT_THAT(st.message(), HasSubstr("header.flatbuffer_xxh3")) << "byte " << i << " bit " << bit;
+    }
+}
+
+// Past the checksum (re-stamped), every single-bit flip must give an error or a program that
+// validates and then runs to OK or an error. ASan turns any OOB read along the way into a failure.
 TEST(LoaderBytes, EveryBitFlipIsAnErrorOrAValidProgram) {
   const Bytes& full = sample();
   size_t loaded = 0, rejected = 0, ran_ok = 0;
@@ -247,6 +268,7 @@ TEST(LoaderBytes, EveryBitFlipIsAnErrorOrAValidProgram) {
     for (int bit = 0; bit < 8; ++bit) {
       Bytes bytes = full;
       bytes[i] ^= static_cast<uint8_t>(1u << bit);
+      if (i >= kHeader) restamp(bytes);
       auto prog = Program::from_bytes(std::move(bytes), "flip", {{good_weights()}, true});
       if (!prog.is_ok()) {
         ++rejected;
@@ -278,11 +300,20 @@ TEST(LoaderBytes, HeaderFormatVersion) {
 }
 
 TEST(LoaderBytes, HeaderSize) {
-  for (uint32_t v : {0u, 31u, 64u}) {
+  for (uint32_t v : {0u, 31u, 32u, 65u}) {
     Bytes b = sample();
     poke(b, offsetof(FileHeader, header_size), v);
-    expect_invalid_bytes(b, strformat("header.header_size: %u, expected 32", v));
+    expect_invalid_bytes(b, strformat("header.header_size: %u, expected 64 for format 2", v));
   }
+  Bytes b = sample();
+  poke(b, offsetof(FileHeader, format_version), 1u);  // a format 1 header is 32 bytes
+  expect_invalid_bytes(b, "header.header_size: 64, expected 32 for format 1");
+}
+
+TEST(LoaderBytes, HeaderUnknownFlags) {
+  Bytes b = sample();
+  poke(b, offsetof(FileHeader, flags), 6u);
+  expect_invalid_bytes(b, "header.flags: 0x6 has unknown bits");
 }
 
 TEST(LoaderBytes, FlatbufferOutsideTheFile) {
@@ -316,7 +347,7 @@ TEST(LoaderBytes, FlatbufferAtAnyOffsetLoads) {
 TEST(LoaderBytes, FileIdentifier) {
   Bytes b = sample();
   b[kHeader + 4] = 'X';  // the identifier follows the 4-byte root offset
-  expect_invalid_bytes(b, "flatbuffer: missing file identifier \"SWB1\"");
+  expect_invalid_bytes(restamp(b), "flatbuffer: missing file identifier \"SWB1\"");
 }
 
 // Finds the type byte of chains[c].instructions[i].op in the file through the table's vtable.
@@ -339,7 +370,7 @@ TEST(LoaderBytes, UnknownUnionType) {
     size_t at = op_type_offset(b, 0, n);
     ASSERT_EQ(b[at], static_cast<uint8_t>(fb::OpNode::BinaryNode));
     b[at] = static_cast<uint8_t>(type);
-    expect_invalid_bytes(b, strformat("chains[0].instructions[%zu]: unknown op type %d", n, type));
+    expect_invalid_bytes(restamp(b), strformat("chains[0].instructions[%zu]: unknown op type %d", n, type));
   }
 }
 

@@ -417,10 +417,10 @@ TEST(TinyTest, SyntheticWeightsRun) {
   f.group_size = 64;
   f.dtype = DType::kBF16;
   const models::ModelConfig c = models::tiny_test_config();
-  auto w = models::synthetic_weights(c, f, 7, nullptr);
-  ASSERT_TRUE(w.is_ok()) << w.status().to_string();
   const fs::path out = scratch("synthetic");
-  ASSERT_TRUE(models::write_model(out.string(), c, f, *w).is_ok());
+  ASSERT_TRUE(models::write_model(out.string(), c, f, [&](const models::WeightSink& sink) {
+                return models::synthetic_weights(c, f, 7, nullptr, sink);
+              }).is_ok());
   const auto g = run_everywhere(out, {5, 6, 7}, 4, nullptr);
   ASSERT_EQ(g.logits.size(), 4u);
   for (const Tensor& l : g.logits)

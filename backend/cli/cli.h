@@ -70,6 +70,10 @@ struct DeviceBandwidth {
   std::string method;  // "stream_read" or "copy"
 };
 DeviceBandwidth measure_device_bandwidth(const std::string& device, double floor_bytes);
-int run_inspect(const std::string& path);
+struct InspectOptions {
+  std::string path, weights;  // weights: default the program's sibling weights.safetensors
+  bool verify = false;
+};
+int run_inspect(const InspectOptions& o);
 
 }  // namespace switchboard::cli

@@ -19,9 +19,14 @@ int main(int argc, char** argv) {
   demo_cmd->add_option("--save", demo.save_dir, "Directory for program.sbp and weights.safetensors");
   demo_cmd->add_option("--device", demo.device, "cpu | vulkan | vulkan:N (no Vulkan: the CPU, with a message)");
 
-  std::string inspect_path;
+  switchboard::cli::InspectOptions insp;
   auto* inspect_cmd = app.add_subcommand("inspect", "List a program file: header, chains, slots, constants, op counts");
-  inspect_cmd->add_option("FILE", inspect_path, "Program file (.sbp)")->required();
+  inspect_cmd->add_option("FILE", insp.path, "Program file (.sbp), or with --verify an exported model directory")
+      ->required();
+  inspect_cmd->add_flag("--verify", insp.verify,
+                        "Also check the weights file against the program's record: size, header and a hash of "
+                        "every byte (XXH3-64)");
+  inspect_cmd->add_option("--weights", insp.weights, "Weights file for --verify (default: weights.safetensors beside FILE)");
 
   switchboard::cli::BenchOptions bench;
   auto* bench_cmd = app.add_subcommand("bench", "Benchmarks that print JSON");
@@ -96,7 +101,7 @@ int main(int argc, char** argv) {
     if (val_cmd->parsed()) return switchboard::cli::run_validate(val);
     if (moe_cmd->parsed()) return switchboard::cli::run_bench_moe_layer(bench);
     if (demo_cmd->parsed()) return switchboard::cli::run_demo(demo);
-    if (inspect_cmd->parsed()) return switchboard::cli::run_inspect(inspect_path);
+    if (inspect_cmd->parsed()) return switchboard::cli::run_inspect(insp);
   } catch (const std::bad_alloc&) {
     std::fprintf(stderr, "switchboard: out of memory\n");
   } catch (const std::exception& e) {

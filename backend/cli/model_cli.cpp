@@ -101,8 +101,9 @@ int run_export(const ExportCliOptions& o) {
     st = models::check_config(c);
     if (st.is_ok()) st = models::check_format(c, e.format);
     if (st.is_ok()) {
-      auto w = models::random_weights(c, e.format, 2026);
-      st = w ? models::write_model(o.out, c, e.format, *w) : w.status();
+      st = models::write_model(o.out, c, e.format, [&](const models::WeightSink& sink) {
+        return models::random_weights(c, e.format, 2026, sink);
+      });
     }
   } else if (!o.synthetic.empty()) {
     auto c = models::synthetic_config(o.synthetic);
@@ -112,8 +113,9 @@ int run_export(const ExportCliOptions& o) {
     if (st.is_ok()) st = models::check_config(*c);
     if (st.is_ok()) st = models::check_format(*c, e.format);
     if (st.is_ok()) {
-      auto w = models::synthetic_weights(*c, e.format, 2026, progress_bar);
-      st = w ? models::write_model(o.out, *c, e.format, *w) : w.status();
+      st = models::write_model(o.out, *c, e.format, [&](const models::WeightSink& sink) {
+        return models::synthetic_weights(*c, e.format, 2026, progress_bar, sink);
+      });
     }
   } else {
     st = models::export_hf(o.hf_dir, o.out, e);

@@ -1,7 +1,6 @@
 #include "safetensors.h"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -16,6 +15,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "file_io.h"
+#include "hash.h"
+#include "mapped_file.h"
+
 namespace switchboard {
 namespace {
 
@@ -23,8 +26,6 @@ using Json = nlohmann::json;
 
 constexpr uint64_t kMaxHeaderBytes = 100ull << 20;  // real headers are kilobytes; refuse absurd allocations
 constexpr size_t kMaxRank = 16;
-constexpr int kMaxJsonDepth = 64;  // valid headers nest 3 deep; bounds the parser's memory on hostile input
-constexpr size_t kDataAlign = 64;
 constexpr const char* kMetadataKey = "__metadata__";
 
 struct DTypeName {
@@ -188,87 +189,6 @@ Status check_overlaps(const std::map<std::string, SafetensorsEntry>& entries) {
 
 std::string errno_str() { return std::strerror(errno); }
 
-// Strict UTF-8 check (no overlongs, surrogates or code points past U+10FFFF), as the JSON writer requires.
-bool is_valid_utf8(std::string_view s) {
-  static constexpr uint32_t kMin[] = {0, 0x80, 0x800, 0x10000};
-  size_t i = 0;
-  while (i < s.size()) {
-    const auto c = static_cast<uint8_t>(s[i]);
-    const size_t n = c < 0x80 ? 0 : (c >> 5) == 0x6 ? 1 : (c >> 4) == 0xe ? 2 : (c >> 3) == 0x1e ? 3 : 4;
-    if (n == 4 || n >= s.size() - i) return false;  // invalid lead byte or truncated sequence
-    uint32_t cp = c & (0x7fu >> n);
-    for (size_t k = 1; k <= n; ++k) {
-      const auto cc = static_cast<uint8_t>(s[i + k]);
-      if ((cc >> 6) != 0x2) return false;
-      cp = (cp << 6) | (cc & 0x3fu);
-    }
-    if (cp < kMin[n] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return false;
-    i += n + 1;
-  }
-  return true;
-}
-
-Status check_names(const std::vector<std::pair<std::string, Tensor>>& tensors,
-                   const std::map<std::string, std::string>& metadata) {
-  std::map<std::string, int> seen;
-  for (const auto& [name, t] : tensors) {
-    SB_CHECK_OR_RETURN(is_valid_utf8(name), StatusCode::kInvalidArgument, "tensor name is not valid UTF-8");
-    SB_CHECK_OR_RETURN(name != kMetadataKey, StatusCode::kInvalidArgument, "tensor name '%s' is reserved",
-                       kMetadataKey);
-    SB_CHECK_OR_RETURN(seen[name]++ == 0, StatusCode::kInvalidArgument, "tensor '%s' given twice",
-                       name.c_str());
-    SB_CHECK_OR_RETURN(t.data() != nullptr || t.nbytes() == 0, StatusCode::kInvalidArgument,
-                       "tensor '%s' has no data", name.c_str());
-  }
-  for (const auto& [k, v] : metadata) {
-    SB_CHECK_OR_RETURN(is_valid_utf8(k) && is_valid_utf8(v), StatusCode::kInvalidArgument,
-                       "metadata entry is not valid UTF-8");
-  }
-  return Status::ok();
-}
-
-// The JSON header for tensors laid out in `order`, space-padded so 8 + size is a multiple of 64.
-std::string build_header(const std::vector<std::pair<std::string, Tensor>>& tensors,
-                         const std::vector<size_t>& order,
-                         const std::map<std::string, std::string>& metadata) {
-  Json header = Json::object();
-  uint64_t offset = 0;
-  for (size_t i : order) {
-    const Tensor& t = tensors[i].second;
-    Json entry = Json::object();
-    entry["dtype"] = safetensors_dtype_name(t.dtype());
-    entry["shape"] = t.shape();
-    entry["data_offsets"] = Json::array({offset, offset + t.nbytes()});
-    header[tensors[i].first] = std::move(entry);
-    offset += t.nbytes();
-  }
-  if (!metadata.empty()) header[kMetadataKey] = metadata;
-  std::string text = header.dump(-1, ' ', false, Json::error_handler_t::replace);
-  text.append((kDataAlign - (8 + text.size()) % kDataAlign) % kDataAlign, ' ');
-  return text;
-}
-
-bool write_all(FILE* f, const void* data, size_t n) { return n == 0 || std::fwrite(data, 1, n, f) == n; }
-
-// Writes length, header and data to `f` and closes it; false (errno set) on any failure.
-bool write_and_close(FILE* f, const std::string& header,
-                     const std::vector<std::pair<std::string, Tensor>>& tensors,
-                     const std::vector<size_t>& order) {
-  uint8_t len[8];
-  for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(static_cast<uint64_t>(header.size()) >> (8 * i));
-  bool ok = write_all(f, len, 8) && write_all(f, header.data(), header.size());
-  for (size_t k = 0; ok && k < order.size(); ++k) {
-    const Tensor& t = tensors[order[k]].second;
-    ok = write_all(f, t.data(), t.nbytes());
-  }
-  ok = ok && std::fflush(f) == 0;
-  const int saved = errno;
-  const bool closed = std::fclose(f) == 0;
-  if (ok) return closed;
-  errno = saved;
-  return false;
-}
-
 }  // namespace
 
 const char* safetensors_dtype_name(DType t) {
@@ -278,7 +198,11 @@ const char* safetensors_dtype_name(DType t) {
   return "?";
 }
 
-Result<std::shared_ptr<SafetensorsFile>> SafetensorsFile::open(const std::string& path) {
+Result<std::shared_ptr<SafetensorsFile>> SafetensorsFile::open(const std::string& path, WeightsAccess access) {
+  if (access == WeightsAccess::kRead) {
+    SB_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, read_regular_file(path, UINT64_MAX, "weights file"));
+    return from_bytes(std::move(bytes), path);
+  }
   std::shared_ptr<SafetensorsFile> file(new SafetensorsFile());
   file->path_ = path;
   const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);  // a FIFO cannot block us: fstat below
@@ -299,14 +223,11 @@ Result<std::shared_ptr<SafetensorsFile>> SafetensorsFile::open(const std::string
     return invalid(strformat("%s: file is %zu bytes, too short for the 8-byte header length", path.c_str(),
                              file->size_));
   }
-  void* map = ::mmap(nullptr, file->size_, PROT_READ, MAP_PRIVATE, fd, 0);
-  const int map_errno = errno;
+  auto map = MappedFile::map(fd, file->size_, path);
   ::close(fd);
-  if (map == MAP_FAILED) {
-    return Status(StatusCode::kIoError, path + ": cannot mmap: " + std::strerror(map_errno));
-  }
-  file->map_ = map;
-  file->base_ = static_cast<const uint8_t*>(map);
+  if (!map) return map.status();
+  file->map_ = std::move(map).value();
+  file->base_ = file->map_->data();
   return finish(std::move(file));
 }
 
@@ -330,9 +251,13 @@ Result<std::shared_ptr<SafetensorsFile>> SafetensorsFile::finish(std::shared_ptr
   return file;
 }
 
-SafetensorsFile::~SafetensorsFile() {
-  if (map_ != nullptr) ::munmap(map_, size_);
-}
+SafetensorsFile::~SafetensorsFile() = default;
+
+WeightsFingerprint SafetensorsFile::fingerprint() const { return {size_, xxh3_64(base_, data_start_)}; }
+
+uint64_t SafetensorsFile::content_xxh3() const { return xxh3_64(base_, size_); }
+
+bool SafetensorsFile::changed_on_disk() const { return map_ != nullptr && map_->faulted(); }
 
 Status SafetensorsFile::parse() {
   const uint64_t n = read_u64_le(base_);
@@ -388,33 +313,6 @@ Result<Tensor> SafetensorsFile::tensor(const std::string& name) const {
   SB_ASSIGN_OR_RETURN(Tensor t, Tensor::zeros(e.dtype, e.shape));
   if (e.end > e.begin) std::memcpy(t.mutable_data(), p, static_cast<size_t>(e.end - e.begin));
   return t;
-}
-
-Status write_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
-                         const std::map<std::string, std::string>& metadata) {
-  Status names = check_names(tensors, metadata);
-  if (!names.is_ok()) return Status(names.code(), path + ": " + names.message());
-  std::vector<size_t> order(tensors.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  // Largest elements first: every tensor size is a multiple of its element size, so each start stays aligned.
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    return dtype_size(tensors[a].second.dtype()) > dtype_size(tensors[b].second.dtype());
-  });
-  const std::string header = build_header(tensors, order, metadata);
-  const std::string tmp = path + ".tmp";
-  FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (f == nullptr) return Status(StatusCode::kIoError, path + ": cannot create " + tmp + ": " + errno_str());
-  if (!write_and_close(f, header, tensors, order)) {
-    const std::string why = errno_str();
-    std::remove(tmp.c_str());
-    return Status(StatusCode::kIoError, path + ": cannot write " + tmp + ": " + why);
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const std::string why = errno_str();
-    std::remove(tmp.c_str());
-    return Status(StatusCode::kIoError, path + ": cannot rename " + tmp + ": " + why);
-  }
-  return Status::ok();
 }
 
 }  // namespace switchboard

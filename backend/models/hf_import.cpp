@@ -84,17 +84,26 @@ Status quantize_into(const Tensor& x, int64_t experts, int width, int group_size
 
 }  // namespace
 
-Result<std::vector<std::pair<std::string, Tensor>>> materialize(const ModelConfig& c, const ExportFormat& f,
-                                                                const Fetch& fetch,
-                                                                const std::function<void(size_t, size_t)>& progress,
-                                                                const RawFetch& raw) {
+Status materialize(const ModelConfig& c, const ExportFormat& f, const Fetch& fetch,
+                   const std::function<void(size_t, size_t)>& progress, const WeightSink& sink, const RawFetch& raw) {
   const std::vector<WeightSpec> specs = weight_specs(c, f);
   SB_ASSIGN_OR_RETURN(auto out, rope_tables(c));
   std::set<std::string> made;
-  for (const auto& [name, t] : out) made.insert(name);
+  // Each constant goes to the sink as soon as it is made and is released here, so memory
+  // holds one logical weight (and its packed form) at a time.
+  auto drain = [&]() -> Status {
+    for (const auto& [name, t] : out) {
+      made.insert(name);
+      SB_RETURN_IF_ERROR(sink(name, t));
+    }
+    out.clear();
+    return Status::ok();
+  };
+  SB_RETURN_IF_ERROR(drain());
   for (size_t i = 0; i < specs.size(); ++i) {
     const WeightSpec& s = specs[i];
     if (progress) progress(i, specs.size());
+    SB_RETURN_IF_ERROR(drain());
     if (made.count(s.name)) continue;
     if (s.dtype == DType::kU32) {  // codes: the logical weight is [E, N, K] or [N, K]
       const std::string base = strip(s.name, ".weight");
@@ -120,8 +129,9 @@ Result<std::vector<std::pair<std::string, Tensor>>> materialize(const ModelConfi
     SB_ASSIGN_OR_RETURN(Tensor t, to_dtype(x, s.dtype));
     out.emplace_back(s.name, t);
   }
+  SB_RETURN_IF_ERROR(drain());
   if (progress) progress(specs.size(), specs.size());
-  return out;
+  return Status::ok();
 }
 
 namespace {
@@ -516,20 +526,32 @@ Status place(const fs::path& tmp, const fs::path& out) {
 }
 
 Status write_model_impl(const std::string& out_dir, const ModelConfig& c, const ExportFormat& f,
-                        const std::vector<std::pair<std::string, Tensor>>& weights) {
+                        const WeightSource& weights) {
   if (out_dir.empty()) return make_error(StatusCode::kInvalidArgument, "output directory: empty path");
   ProgramBuilder b;
   SB_RETURN_IF_ERROR(build_decoder(c, f, b));
+  std::vector<TensorSpec> specs;
+  for (const WeightSpec& s : weight_specs(c, f)) specs.push_back({s.name, s.dtype, s.shape});
   fs::path out = fs::path(out_dir).lexically_normal();
   if (!out.has_filename()) out = out.parent_path();  // "dir/" names dir: the staging directory is its sibling
   SB_RETURN_IF_ERROR(check_out_dir(out));
   SB_ASSIGN_OR_RETURN(fs::path tmp, private_dir(out));
-  Status st = b.save((tmp / "program.sbp").string());
-  if (st.is_ok()) st = write_safetensors((tmp / "weights.safetensors").string(), weights);
-  if (st.is_ok()) {  // the whole program must load against the weights before anything lands
-    auto p = Program::load((tmp / "program.sbp").string(), LoadOptions{{(tmp / "weights.safetensors").string()}});
-    if (!p) st = p.status();
-  }
+  const std::string program = (tmp / "program.sbp").string(), weights_file = (tmp / "weights.safetensors").string();
+  Status st = [&]() -> Status {
+    // Tensor by tensor into place: a model larger than memory converts.
+    // A random id in the header makes each export's fingerprint its own, so the program of
+    // one export refuses the weights of another even when both have the same shapes.
+    std::random_device rd;
+    const uint64_t id = (uint64_t{rd()} << 32) ^ rd();
+    SB_ASSIGN_OR_RETURN(auto writer, SafetensorsWriter::create(weights_file, specs,
+                                                               {{"switchboard_export_id", strformat("%016llx", (unsigned long long)id)}}));
+    SB_RETURN_IF_ERROR(weights([&](const std::string& name, const Tensor& t) { return writer->write(name, t); }));
+    SB_RETURN_IF_ERROR(writer->finish());
+    // The program records the weights (size, header and content hashes), then must load
+    // against them before anything lands.
+    SB_RETURN_IF_ERROR(b.save(program, weights_file));
+    return Program::load(program, LoadOptions{{weights_file}}).status();
+  }();
   if (st.is_ok()) st = place(tmp, out);
   remove_all_quiet(tmp);  // ours alone; gone already when it became OUT
   return st;
@@ -538,10 +560,26 @@ Status write_model_impl(const std::string& out_dir, const ModelConfig& c, const 
 }  // namespace
 
 Status write_model(const std::string& out_dir, const ModelConfig& c, const ExportFormat& f,
-                   const std::vector<std::pair<std::string, Tensor>>& weights) {
+                   const WeightSource& weights) {
   return no_throw(out_dir, [&] { return write_model_impl(out_dir, c, f, weights); });
 }
 
+Status write_model(const std::string& out_dir, const ModelConfig& c, const ExportFormat& f,
+                   const std::vector<std::pair<std::string, Tensor>>& weights) {
+  return write_model(out_dir, c, f, [&](const WeightSink& sink) {
+    for (const auto& [name, t] : weights) SB_RETURN_IF_ERROR(sink(name, t));
+    return Status::ok();
+  });
+}
+
+Result<std::vector<std::pair<std::string, Tensor>>> collect_weights(const WeightSource& source) {
+  std::vector<std::pair<std::string, Tensor>> out;
+  SB_RETURN_IF_ERROR(source([&](const std::string& name, const Tensor& t) {
+    out.emplace_back(name, t);
+    return Status::ok();
+  }));
+  return out;
+}
 
 static Status export_hf_impl(const std::string& hf_dir, const std::string& out_dir, const ExportOptions& o) {
   SB_ASSIGN_OR_RETURN(ModelConfig c, parse_hf_config((fs::path(hf_dir) / "config.json").string()));
@@ -580,11 +618,13 @@ static Status export_hf_impl(const std::string& hf_dir, const std::string& out_d
     }
     return true;
   };
-  SB_ASSIGN_OR_RETURN(auto weights, materialize(c, f, fetch, o.progress, raw));
-  if (auto extra = ck->unused(); !extra.empty())
-    return make_error(StatusCode::kInvalidArgument, "%s: tensor '%s' is not used by a %s model (%zu unused in all)",
-                      ck->file_of(extra[0]).c_str(), extra[0].c_str(), c.family.c_str(), extra.size());
-  return write_model(out_dir, c, f, weights);
+  return write_model(out_dir, c, f, [&](const WeightSink& sink) -> Status {
+    SB_RETURN_IF_ERROR(materialize(c, f, fetch, o.progress, sink, raw));
+    if (auto extra = ck->unused(); !extra.empty())
+      return make_error(StatusCode::kInvalidArgument, "%s: tensor '%s' is not used by a %s model (%zu unused in all)",
+                        ck->file_of(extra[0]).c_str(), extra[0].c_str(), c.family.c_str(), extra.size());
+    return Status::ok();
+  });
 }
 
 Status export_hf(const std::string& hf_dir, const std::string& out_dir, const ExportOptions& o) {

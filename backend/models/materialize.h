@@ -27,11 +27,11 @@ using Fetch = std::function<Result<Tensor>(const std::string& logical, const Sha
 using RawFetch = std::function<Result<bool>(const std::string& base, const WeightSpec& weight,
                                             const WeightSpec& scales, std::vector<std::pair<std::string, Tensor>>* out)>;
 
-// Every constant of the program: RoPE tables computed, floats converted to their dtype,
-// quantized linears and experts packed (per-expert widths from the format's bit map).
-Result<std::vector<std::pair<std::string, Tensor>>> materialize(const ModelConfig& c, const ExportFormat& f,
-                                                                const Fetch& fetch,
-                                                                const std::function<void(size_t, size_t)>& progress,
-                                                                const RawFetch& raw = nullptr);
+// Every constant of the program, each handed to `sink` as soon as it is made: RoPE tables
+// computed, floats converted to their dtype, quantized linears and experts packed
+// (per-expert widths from the format's bit map).
+Status materialize(const ModelConfig& c, const ExportFormat& f, const Fetch& fetch,
+                   const std::function<void(size_t, size_t)>& progress, const WeightSink& sink,
+                   const RawFetch& raw = nullptr);
 
 }  // namespace switchboard::models

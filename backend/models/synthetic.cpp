@@ -51,8 +51,7 @@ Result<ModelConfig> synthetic_config(const std::string& shape) {
   return c;
 }
 
-Result<std::vector<std::pair<std::string, Tensor>>> random_weights(const ModelConfig& c, const ExportFormat& f,
-                                                                  uint64_t seed) {
+Status random_weights(const ModelConfig& c, const ExportFormat& f, uint64_t seed, const WeightSink& sink) {
   std::mt19937_64 rng(seed);
   Fetch fetch = [&](const std::string& logical, const Shape& shape) -> Result<Tensor> {
     SB_ASSIGN_OR_RETURN(Tensor t, Tensor::uninitialized(DType::kF32, shape));
@@ -62,14 +61,19 @@ Result<std::vector<std::pair<std::string, Tensor>>> random_weights(const ModelCo
     for (int64_t i = 0; i < t.numel(); ++i) t.mutable_data_as<float>()[i] = (norm ? 1.0f : 0.0f) + dist(rng);
     return t;
   };
-  return materialize(c, f, fetch, nullptr);
+  return materialize(c, f, fetch, nullptr, sink);
 }
 
-Result<std::vector<std::pair<std::string, Tensor>>> synthetic_weights(const ModelConfig& c, const ExportFormat& f,
-                                                                     uint64_t seed,
-                                                                     const std::function<void(size_t, size_t)>& progress) {
+Result<std::vector<std::pair<std::string, Tensor>>> random_weights(const ModelConfig& c, const ExportFormat& f,
+                                                                  uint64_t seed) {
+  return collect_weights([&](const WeightSink& sink) { return random_weights(c, f, seed, sink); });
+}
+
+Status synthetic_weights(const ModelConfig& c, const ExportFormat& f, uint64_t seed,
+                         const std::function<void(size_t, size_t)>& progress, const WeightSink& sink) {
   const std::vector<WeightSpec> specs = weight_specs(c, f);
-  SB_ASSIGN_OR_RETURN(auto out, rope_tables(c));
+  SB_ASSIGN_OR_RETURN(auto rope, rope_tables(c));
+  for (const auto& [name, t] : rope) SB_RETURN_IF_ERROR(sink(name, t));
   uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
   auto next = [&] { return x ^= x << 13, x ^= x >> 7, x ^= x << 17; };
   for (size_t i = 0; i < specs.size(); ++i) {
@@ -97,10 +101,10 @@ Result<std::vector<std::pair<std::string, Tensor>>> synthetic_weights(const Mode
         else t.mutable_data_as<uint16_t>()[j] = s.dtype == DType::kF16 ? f32_to_f16(fv) : f32_to_bf16(fv);
       }
     }
-    out.emplace_back(s.name, std::move(t));
+    SB_RETURN_IF_ERROR(sink(s.name, t));
   }
   if (progress) progress(specs.size(), specs.size());
-  return out;
+  return Status::ok();
 }
 
 }  // namespace switchboard::models

@@ -695,8 +695,12 @@ Result<std::vector<uint8_t>> ProgramBuilder::serialize() const {
   return serialize_program(*p);
 }
 
-Status ProgramBuilder::save(const std::string& path) const {
+Status ProgramBuilder::save(const std::string& path, const std::string& weights_path) const {
   SB_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, serialize());
+  if (!weights_path.empty()) {
+    SB_ASSIGN_OR_RETURN(WeightsStamp w, weights_stamp(weights_path));
+    stamp_weights(bytes, w);
+  }
   std::string tmp = path + ".tmp";
   FILE* f = std::fopen(tmp.c_str(), "wb");
   SB_CHECK_OR_RETURN(f != nullptr, StatusCode::kIoError, "%s: cannot create", tmp.c_str());

@@ -29,6 +29,13 @@ void print_program(std::string& out, const FileHeader& h, size_t file_size, fb::
   out += strformat("header: magic SWBP, format_version %u, flatbuffer at %llu (%llu bytes), file %zu bytes\n",
                    h.format_version, (unsigned long long)h.flatbuffer_offset, (unsigned long long)h.flatbuffer_size,
                    file_size);
+  if (h.format_version >= 2) out += strformat("flatbuffer xxh3 %016llx (checked)\n", (unsigned long long)h.flatbuffer_xxh3);
+  if (h.flags & kHeaderHasWeights)
+    out += strformat("weights: exported with a file of %llu bytes, header xxh3 %016llx, content xxh3 %016llx\n",
+                     (unsigned long long)h.weights_bytes, (unsigned long long)h.weights_header_xxh3,
+                     (unsigned long long)h.weights_xxh3);
+  else
+    out += "weights: no record (not written by export)\n";
   out += strformat("schema version %u; %u tensor slots, %u value slots; %zu chains (main %u, init %d)\n", p.version,
                    p.num_tensor_slots, p.num_value_slots, p.chains.size(), p.main_chain, p.init_chain);
   auto io = [&](const char* what, const std::vector<std::unique_ptr<fb::IoSlotT>>& list) {
@@ -75,10 +82,9 @@ void print_program(std::string& out, const FileHeader& h, size_t file_size, fb::
 
 Result<std::string> describe_program_file(const std::string& path) {
   SB_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, read_file(path));
-  auto ir = parse_program(bytes);
+  FileHeader h{};
+  auto ir = parse_program(bytes, &h);
   if (!ir) return Status(ir.status().code(), path + ": " + ir.status().message());
-  FileHeader h;
-  std::memcpy(&h, bytes.data(), sizeof h);
   std::string out;
   print_program(out, h, bytes.size(), **ir);
   return out;

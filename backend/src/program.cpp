@@ -35,12 +35,18 @@ Shape static_shape(const fb::TensorMetaT& m) {
 
 // Finds each named constant in the weights files (first file wins) and checks
 // that its dtype and shape equal the program's declaration.
-Status resolve_constants(detail::ProgramImpl& p, const std::vector<std::string>& paths,
-                         const std::vector<std::pair<std::string, Tensor>>& in_memory) {
+Status resolve_constants(detail::ProgramImpl& p, const LoadOptions& options) {
+  const std::vector<std::string>& paths = options.weights;
+  const auto& in_memory = options.constants;
   for (const std::string& path : paths) {
-    SB_ASSIGN_OR_RETURN(auto file, SafetensorsFile::open(path));
+    SB_ASSIGN_OR_RETURN(auto file, SafetensorsFile::open(path, options.weights_access));
     p.weights.push_back(std::move(file));
   }
+  SB_CHECK_OR_RETURN(!options.verify_weights || !p.weights.empty(), StatusCode::kInvalidArgument,
+                     "%s: LoadOptions::verify_weights needs a weights file", p.origin.c_str());
+  // The first file is the one an export writes beside the program.
+  if (!p.weights.empty() && (options.check_weights_fingerprint || options.verify_weights))
+    SB_RETURN_IF_ERROR(check_weights_record(p, *p.weights[0], options.verify_weights));
   const fb::ProgramT& ir = *p.ir;
   for (size_t i = 0; i < ir.constants.size(); ++i) {
     const fb::NamedTensorT& c = *ir.constants[i];
@@ -94,10 +100,12 @@ Result<std::shared_ptr<const Program>> Program::load(const std::string& path, co
 Result<std::shared_ptr<const Program>> Program::from_bytes(std::vector<uint8_t> bytes, const std::string& origin,
                                                            const LoadOptions& options) {
   return no_throw(origin, [&]() -> Result<std::shared_ptr<const Program>> {
-    auto ir = parse_program(bytes);
+    FileHeader header{};
+    auto ir = parse_program(bytes, &header);
     if (!ir.is_ok()) return ir.status().annotate(origin);
     std::shared_ptr<Program> prog(new Program());
     detail::ProgramImpl& p = *prog->impl_;
+    p.header = header;
     p.origin = origin;
     p.ir = std::move(ir).value();
     p.roles.assign(p.ir->num_tensor_slots, SlotRole::kTemp);
@@ -108,7 +116,7 @@ Result<std::shared_ptr<const Program>> Program::from_bytes(std::vector<uint8_t> 
     for (const auto& io : p.ir->inputs) p.inputs.push_back(io_info(*p.ir, *io));
     for (const auto& io : p.ir->outputs) p.outputs.push_back(io_info(*p.ir, *io));
     p.constants.resize(p.ir->num_tensor_slots);
-    if (options.resolve_constants) SB_RETURN_IF_ERROR(resolve_constants(p, options.weights, options.constants));
+    if (options.resolve_constants) SB_RETURN_IF_ERROR(resolve_constants(p, options));
     log::debug("loaded {}: {} inputs, {} outputs, {} constants", origin, p.inputs.size(), p.outputs.size(),
                p.ir->constants.size());
     return std::shared_ptr<const Program>(std::move(prog));
@@ -128,6 +136,17 @@ bool Program::attribute(std::string_view name, int64_t* value) const {
 }
 
 namespace {
+// A mapped weights file that shrank under us reads as zeros (core/mapped_file.h): whatever
+// was computed since is discarded, and so is every later result of this program.
+Status check_weights_unchanged(const detail::ProgramImpl& p) {
+  for (const auto& f : p.weights)
+    SB_CHECK_OR_RETURN(!f->changed_on_disk(), StatusCode::kIoError,
+                       "%s: changed on disk (truncated?) while mapped; the result is discarded. Load the program "
+                       "again (or with WeightsAccess::kRead, which copies the weights)",
+                       f->path().c_str());
+  return Status::ok();
+}
+
 // Mutable-buffer sizes come from the (untrusted) program, so they are bounded
 // before the session allocates them.
 // `what` names the limit in the error (the option, or the device's free memory).
@@ -184,6 +203,7 @@ Result<std::unique_ptr<Session>> Session::create(std::shared_ptr<const Program> 
     s->interp_ = std::make_unique<detail::Interpreter>(program->impl(), std::move(device));
     SB_RETURN_IF_ERROR(s->interp_->plan());
     SB_RETURN_IF_ERROR(s->interp_->reset());
+    SB_RETURN_IF_ERROR(check_weights_unchanged(program->impl()));
     return s;
   });
 }
@@ -212,7 +232,11 @@ Status Session::set_input_value(std::string_view name, int64_t value) {
 }
 
 Status Session::execute() {
-  return no_throw("execute", [&] { return interp_->execute(); });
+  return no_throw("execute", [&] {
+    Status st = interp_->execute();
+    SB_RETURN_IF_ERROR(check_weights_unchanged(program_->impl()));
+    return st;
+  });
 }
 
 Result<Tensor> Session::output(std::string_view name) const {

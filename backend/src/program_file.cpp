@@ -4,6 +4,7 @@
 
 #include <flatbuffers/flatbuffers.h>
 #include "file_io.h"
+#include "hash.h"
 #include "log.h"
 #include "program_impl.h"
 
@@ -32,36 +33,94 @@ std::vector<uint8_t> serialize_program(const fb::ProgramT& p) {
   h.format_version = kFormatVersion;
   h.flatbuffer_offset = sizeof(FileHeader);
   h.flatbuffer_size = fbb.GetSize();
+  h.flatbuffer_xxh3 = xxh3_64(fbb.GetBufferPointer(), fbb.GetSize());
   std::vector<uint8_t> out(sizeof(FileHeader) + fbb.GetSize());
   std::memcpy(out.data(), &h, sizeof h);
   std::memcpy(out.data() + sizeof h, fbb.GetBufferPointer(), fbb.GetSize());
   return out;
 }
 
-static Result<std::span<const uint8_t>> check_header(std::span<const uint8_t> bytes) {
-  SB_CHECK_OR_RETURN(bytes.size() >= sizeof(FileHeader), StatusCode::kInvalidProgram,
-                     "header: file is %zu bytes, shorter than the %zu-byte header", bytes.size(), sizeof(FileHeader));
+void stamp_weights(std::vector<uint8_t>& file, const WeightsStamp& w) {
   FileHeader h;
-  std::memcpy(&h, bytes.data(), sizeof h);
+  std::memcpy(&h, file.data(), sizeof h);
+  h.flags |= kHeaderHasWeights;
+  h.weights_bytes = w.fingerprint.file_bytes;
+  h.weights_header_xxh3 = w.fingerprint.header_xxh3;
+  h.weights_xxh3 = w.content_xxh3;
+  std::memcpy(file.data(), &h, sizeof h);
+}
+
+Result<WeightsStamp> weights_stamp(const std::string& path) {
+  SB_ASSIGN_OR_RETURN(auto file, SafetensorsFile::open(path));
+  return WeightsStamp{file->fingerprint(), file->content_xxh3()};
+}
+
+static Result<std::span<const uint8_t>> check_header(std::span<const uint8_t> bytes, FileHeader* out) {
+  SB_CHECK_OR_RETURN(bytes.size() >= kHeaderV1Bytes, StatusCode::kInvalidProgram,
+                     "header: file is %zu bytes, shorter than the %u-byte header", bytes.size(), kHeaderV1Bytes);
+  FileHeader h{};
+  std::memcpy(&h, bytes.data(), kHeaderV1Bytes);
   SB_CHECK_OR_RETURN(std::memcmp(h.magic, kMagic, 4) == 0, StatusCode::kInvalidProgram,
                      "header.magic: %02x %02x %02x %02x is not \"SWBP\" (not a Switchboard program)",
                      bytes[0], bytes[1], bytes[2], bytes[3]);
   SB_CHECK_OR_RETURN(h.format_version >= 1 && h.format_version <= kFormatVersion, StatusCode::kInvalidProgram,
                      "header.format_version: %u is not supported (this build reads 1..%u)", h.format_version,
                      kFormatVersion);
-  SB_CHECK_OR_RETURN(h.header_size == sizeof(FileHeader), StatusCode::kInvalidProgram,
-                     "header.header_size: %u, expected %zu", h.header_size, sizeof(FileHeader));
-  SB_CHECK_OR_RETURN(h.flatbuffer_offset >= sizeof(FileHeader) && h.flatbuffer_offset <= bytes.size() &&
+  const size_t want = h.format_version == 1 ? kHeaderV1Bytes : sizeof(FileHeader);
+  SB_CHECK_OR_RETURN(h.header_size == want, StatusCode::kInvalidProgram,
+                     "header.header_size: %u, expected %zu for format %u", h.header_size, want, h.format_version);
+  SB_CHECK_OR_RETURN(bytes.size() >= want, StatusCode::kInvalidProgram,
+                     "header: file is %zu bytes, shorter than the %zu-byte header", bytes.size(), want);
+  std::memcpy(&h, bytes.data(), want);
+  SB_CHECK_OR_RETURN(h.flatbuffer_offset >= want && h.flatbuffer_offset <= bytes.size() &&
                          h.flatbuffer_size <= bytes.size() - h.flatbuffer_offset,
                      StatusCode::kInvalidProgram,
                      "header: flatbuffer [%llu, +%llu) is outside the %zu-byte file",
                      static_cast<unsigned long long>(h.flatbuffer_offset),
                      static_cast<unsigned long long>(h.flatbuffer_size), bytes.size());
-  return bytes.subspan(h.flatbuffer_offset, h.flatbuffer_size);
+  const auto body = bytes.subspan(h.flatbuffer_offset, h.flatbuffer_size);
+  if (h.format_version >= 2) {
+    SB_CHECK_OR_RETURN(h.flags <= kHeaderHasWeights, StatusCode::kInvalidProgram, "header.flags: %#x has unknown bits",
+                       h.flags);
+    const uint64_t sum = xxh3_64(body.data(), body.size());
+    SB_CHECK_OR_RETURN(sum == h.flatbuffer_xxh3, StatusCode::kInvalidProgram,
+                       "header.flatbuffer_xxh3: the FlatBuffer hashes to %016llx, the header records %016llx (the "
+                       "file is corrupt)",
+                       static_cast<unsigned long long>(sum), static_cast<unsigned long long>(h.flatbuffer_xxh3));
+  }
+  if (out) *out = h;
+  return body;
 }
 
-Result<std::unique_ptr<fb::ProgramT>> parse_program(std::span<const uint8_t> bytes) {
-  SB_ASSIGN_OR_RETURN(std::span<const uint8_t> body, check_header(bytes));
+static std::string hex(uint64_t v) { return strformat("%016llx", static_cast<unsigned long long>(v)); }
+
+Status check_weights_record(const detail::ProgramImpl& p, const SafetensorsFile& file, bool full) {
+  const FileHeader& h = p.header;
+  if (!(h.flags & kHeaderHasWeights)) {
+    SB_CHECK_OR_RETURN(!full, StatusCode::kFailedPrecondition,
+                       "%s: records no weights checksum (format %u, or not written by export), so %s cannot be "
+                       "verified against it",
+                       p.origin.c_str(), h.format_version, file.path().c_str());
+    return Status::ok();
+  }
+  const WeightsFingerprint want{h.weights_bytes, h.weights_header_xxh3}, got = file.fingerprint();
+  SB_CHECK_OR_RETURN(got == want, StatusCode::kInvalidWeights,
+                     "%s was exported with a weights file of %llu bytes (header xxh3 %s), but %s is %llu bytes "
+                     "(header xxh3 %s): the program and the weights come from different exports",
+                     p.origin.c_str(), static_cast<unsigned long long>(want.file_bytes), hex(want.header_xxh3).c_str(),
+                     file.path().c_str(), static_cast<unsigned long long>(got.file_bytes),
+                     hex(got.header_xxh3).c_str());
+  if (full) {
+    const uint64_t sum = file.content_xxh3();
+    SB_CHECK_OR_RETURN(sum == h.weights_xxh3, StatusCode::kInvalidWeights,
+                       "%s: its contents hash to %s, but %s recorded %s at export: the weights file is corrupt",
+                       file.path().c_str(), hex(sum).c_str(), p.origin.c_str(), hex(h.weights_xxh3).c_str());
+  }
+  return Status::ok();
+}
+
+Result<std::unique_ptr<fb::ProgramT>> parse_program(std::span<const uint8_t> bytes, FileHeader* header) {
+  SB_ASSIGN_OR_RETURN(std::span<const uint8_t> body, check_header(bytes, header));
   SB_CHECK_OR_RETURN(body.size() < FLATBUFFERS_MAX_BUFFER_SIZE, StatusCode::kInvalidProgram,
                      "flatbuffer: %zu bytes exceeds the 2 GiB FlatBuffer limit", body.size());
   // FlatBuffers needs its buffer aligned; the file bytes may sit anywhere.

@@ -239,8 +239,10 @@ class ProgramBuilder {
   const Status& status() const;
   // Coalesces slot ids, validates, and returns the program file bytes.
   Result<std::vector<uint8_t>> serialize() const;
-  // serialize() written to `path` atomically (temp file + rename).
-  Status save(const std::string& path) const;
+  // serialize() written to `path` atomically (temp file + rename). With `weights_path`, the
+  // header also records that weights file (size, header hash, content hash), so a load
+  // with any other file fails and `inspect --verify` can check every byte.
+  Status save(const std::string& path, const std::string& weights_path = {}) const;
 
  private:
   std::unique_ptr<BuilderState> s_;

@@ -138,10 +138,22 @@ Status parse_bit_map(const std::string& text, const std::string& origin, ExportF
 // nothing is left in out_dir.
 Status export_hf(const std::string& hf_dir, const std::string& out_dir, const ExportOptions& o);
 
+// Receives each constant of a program once, in any order; the tensor may be released as
+// soon as the call returns.
+using WeightSink = std::function<Status(const std::string& name, const Tensor& t)>;
+// Produces every constant of a model through the sink it is given, one at a time.
+using WeightSource = std::function<Status(const WeightSink& sink)>;
+// All of a source's constants in memory (small models and tests).
+Result<std::vector<std::pair<std::string, Tensor>>> collect_weights(const WeightSource& source);
+
 // Writes a built decoder and its weights to out_dir (program.sbp, weights.safetensors)
 // through this run's own staging directory beside it, checked to load before anything
 // lands: out_dir never holds a partial model, and of concurrent exports to one out_dir one
 // places both files and the others fail (kFailedPrecondition) without touching them.
+// Weights are written as the source makes them (memory holds one at a time); the program
+// header records the weights file's size and hashes (LoadOptions, `inspect --verify`).
+Status write_model(const std::string& out_dir, const ModelConfig& c, const ExportFormat& f,
+                   const WeightSource& weights);
 Status write_model(const std::string& out_dir, const ModelConfig& c, const ExportFormat& f,
                    const std::vector<std::pair<std::string, Tensor>>& weights);
 
@@ -150,6 +162,7 @@ Status write_model(const std::string& out_dir, const ModelConfig& c, const Expor
 ModelConfig tiny_test_config();
 // Random weights for any config (seeded; scaled so logits are O(1)): the tiny test
 // model and the synthetic benchmark models.
+Status random_weights(const ModelConfig& c, const ExportFormat& f, uint64_t seed, const WeightSink& sink);
 Result<std::vector<std::pair<std::string, Tensor>>> random_weights(const ModelConfig& c, const ExportFormat& f,
                                                                   uint64_t seed);
 
@@ -157,8 +170,8 @@ Result<std::vector<std::pair<std::string, Tensor>>> random_weights(const ModelCo
 // experts top-8; max_seq 1024). synthetic_weights writes random codes and plausible
 // scales directly (seconds, not hours), for speed measurements only.
 Result<ModelConfig> synthetic_config(const std::string& shape);
-Result<std::vector<std::pair<std::string, Tensor>>> synthetic_weights(
-    const ModelConfig& c, const ExportFormat& f, uint64_t seed, const std::function<void(size_t, size_t)>& progress);
+Status synthetic_weights(const ModelConfig& c, const ExportFormat& f, uint64_t seed,
+                         const std::function<void(size_t, size_t)>& progress, const WeightSink& sink);
 
 // --- generation ---------------------------------------------------------------------
 struct Generation {

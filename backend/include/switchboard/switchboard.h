@@ -44,6 +44,13 @@ struct IoInfo {
   std::vector<DimInfo> shape;
 };
 
+// How a weights file's bytes reach memory. kMap (the default) shares the page cache; if
+// another process truncates the file, the next read of the lost part is caught and the
+// session's execute fails with kIoError ("changed on disk") instead of the process dying.
+// kRead copies the file into memory the session owns (its size in anonymous memory), so
+// nothing done to the file afterwards reaches the session.
+enum class WeightsAccess { kMap, kRead };
+
 struct LoadOptions {
   // Safetensors files searched in order for each named constant.
   std::vector<std::string> weights;
@@ -52,6 +59,14 @@ struct LoadOptions {
   bool resolve_constants = true;
   // Constants supplied from memory (checked like file entries); searched before the files.
   std::vector<std::pair<std::string, Tensor>> constants;
+  WeightsAccess weights_access = WeightsAccess::kMap;
+  // An exported program records its weights file's size and header hash; the first weights
+  // file must match them (a program and weights from different exports fail to load,
+  // naming both files). Off: any file with the right tensors is accepted.
+  bool check_weights_fingerprint = true;
+  // Also hash every byte of the first weights file (XXH3-64, reads the whole file) against the
+  // program's record: finds a flipped bit anywhere. A program without a record fails.
+  bool verify_weights = false;
 };
 
 namespace detail {
