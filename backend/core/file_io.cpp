@@ -10,6 +10,8 @@
 #include <fstream>
 #include <new>
 
+#include "hash.h"
+
 namespace switchboard {
 namespace {
 
@@ -58,6 +60,23 @@ Result<std::vector<uint8_t>> read_regular_file(const std::string& path, uint64_t
   }
   SB_RETURN_IF_ERROR(read_all(f.fd, bytes.data(), bytes.size(), path));
   return bytes;
+}
+
+Result<uint64_t> xxh3_file(const std::string& path) {
+  Fd f{::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC)};
+  SB_CHECK_OR_RETURN(f.fd >= 0, StatusCode::kIoError, "%s: cannot open: %s", path.c_str(), std::strerror(errno));
+  struct stat st {};
+  SB_CHECK_OR_RETURN(::fstat(f.fd, &st) == 0 && S_ISREG(st.st_mode), StatusCode::kIoError,
+                     "%s: not a regular file", path.c_str());
+  Xxh3Stream h;
+  std::vector<uint8_t> buf(size_t{4} << 20);
+  for (;;) {
+    const ssize_t n = ::read(f.fd, buf.data(), buf.size());
+    if (n < 0 && errno == EINTR) continue;
+    SB_CHECK_OR_RETURN(n >= 0, StatusCode::kIoError, "%s: read error: %s", path.c_str(), std::strerror(errno));
+    if (n == 0) return h.digest();
+    h.update(buf.data(), static_cast<size_t>(n));
+  }
 }
 
 Result<std::string> read_text_file(const std::string& path, uint64_t max_bytes, const char* what) {

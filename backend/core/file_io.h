@@ -16,6 +16,10 @@ Result<std::vector<uint8_t>> read_regular_file(const std::string& path, uint64_t
 // The same as text.
 Result<std::string> read_text_file(const std::string& path, uint64_t max_bytes, const char* what);
 
+// XXH3-64 of the whole of `path`, read in 4 MiB pieces (no mapping: the pages stay out of
+// this process's resident memory).
+Result<uint64_t> xxh3_file(const std::string& path);
+
 // JSON nested deeper than `max_depth` is refused before it is parsed (a deep value would
 // overflow the stack where the parser's values are dumped into an error message).
 Status check_json_depth(const std::string& text, int max_depth, const std::string& origin);

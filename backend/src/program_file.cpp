@@ -52,7 +52,8 @@ void stamp_weights(std::vector<uint8_t>& file, const WeightsStamp& w) {
 
 Result<WeightsStamp> weights_stamp(const std::string& path) {
   SB_ASSIGN_OR_RETURN(auto file, SafetensorsFile::open(path));
-  return WeightsStamp{file->fingerprint(), file->content_xxh3()};
+  SB_ASSIGN_OR_RETURN(uint64_t content, xxh3_file(path));
+  return WeightsStamp{file->fingerprint(), content};
 }
 
 static Result<std::span<const uint8_t>> check_header(std::span<const uint8_t> bytes, FileHeader* out) {

@@ -72,7 +72,7 @@ Status validate_program(const fb::ProgramT& p);
 std::vector<uint8_t> serialize_program(const fb::ProgramT& p);
 // Records `w` in the header of a serialized program.
 void stamp_weights(std::vector<uint8_t>& file, const WeightsStamp& w);
-// The record of the weights file at `path` (maps it and hashes every byte).
+// The record of the weights file at `path` (its header, and every byte read and hashed).
 Result<WeightsStamp> weights_stamp(const std::string& path);
 // Checks the program's weights record against `file`; with `full`, also its content hash.
 // Errors name the program and the weights file.
