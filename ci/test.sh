@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Checks the structure (ci/check_structure.py), builds the release preset, builds and runs
-# every test in the dev preset (Debug + ASan/UBSan) through ctest, then the libFuzzer
+# every test in the dev preset (Debug + ASan/UBSan) through ctest, the concurrency test under
+# ThreadSanitizer (tsan preset), then the libFuzzer
 # targets (clang + ASan/UBSan) for a bounded time; every build with -Werror.
 # Installs its own dependencies first. FUZZ_SECONDS (default 60) is split
 # between the fuzz targets; set it to 0 to skip fuzzing.
@@ -24,6 +25,11 @@ export VK_DRIVER_FILES=/usr/share/vulkan/icd.d/lvp_icd.x86_64.json
 export SWITCHBOARD_TEST_DEVICES=vulkan SWITCHBOARD_REQUIRE_VULKAN=1
 export XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp} MESA_SHADER_CACHE_DIR=${MESA_SHADER_CACHE_DIR:-$PWD/build/mesa_cache}
 ctest --preset dev -j "$JOBS"
+
+# Many sessions on one program at once (CPU and lavapipe) under ThreadSanitizer: any race fails.
+cmake --preset tsan -DSWITCHBOARD_WERROR=ON
+cmake --build --preset tsan -j "$JOBS" --target concurrency_test
+TSAN_OPTIONS="halt_on_error=1 suppressions=$PWD/tests/tsan.supp" build/tsan/tests/concurrency_test
 
 FUZZ_SECONDS=${FUZZ_SECONDS:-60}
 if [ "$FUZZ_SECONDS" -gt 0 ]; then
