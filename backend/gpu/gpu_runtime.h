@@ -58,7 +58,8 @@ class GpuRuntime {
                           uint32_t handoff = 0) = 0;
   // Runs what was recorded and waits; errors name the SB_ERR_* bits raised.
   virtual Status sync() = 0;
-  // Size of the memory heap tensors live in (an upper bound on any claim); 0 when unknown.
+  // Memory the heap tensors live in has free now (Vulkan: VK_EXT_memory_budget, else the
+  // heap size: an upper bound on any claim); 0 when unknown.
   virtual uint64_t memory_bytes() const { return 0; }
   // GPU time of the last submission, first dispatch start to last dispatch end (us);
   // -1 when the device has no timer.

@@ -24,7 +24,8 @@ namespace switchboard::vulkan {
   X(vkDestroyInstance) X(vkEnumeratePhysicalDevices) X(vkGetPhysicalDeviceProperties)                      \
   X(vkGetPhysicalDeviceProperties2) X(vkGetPhysicalDeviceQueueFamilyProperties)                            \
   X(vkGetPhysicalDeviceMemoryProperties) X(vkCreateDevice) X(vkGetDeviceProcAddr)                          \
-  X(vkEnumerateDeviceExtensionProperties) X(vkGetPhysicalDeviceFeatures) X(vkGetPhysicalDeviceFeatures2)
+  X(vkEnumerateDeviceExtensionProperties) X(vkGetPhysicalDeviceFeatures) X(vkGetPhysicalDeviceFeatures2)    \
+  X(vkGetPhysicalDeviceMemoryProperties2)
 #define SB_VK_DEVICE_FNS(X)                                                                                \
   X(vkDestroyDevice) X(vkGetDeviceQueue) X(vkCreateBuffer) X(vkDestroyBuffer)                              \
   X(vkGetBufferMemoryRequirements) X(vkAllocateMemory) X(vkFreeMemory) X(vkBindBufferMemory) X(vkMapMemory) \
@@ -64,6 +65,8 @@ struct Context {
   uint32_t queue_family = 0;
   uint32_t memory_type = 0;
   uint64_t heap_bytes = 0;  // the heap of memory_type: tensors can never take more
+  uint32_t heap_index = 0;
+  bool memory_budget = false;  // VK_EXT_memory_budget: what the heap has left now
   VkPhysicalDeviceLimits limits{};
   uint32_t vendor_id = 0;
   VkPhysicalDeviceType device_type = VK_PHYSICAL_DEVICE_TYPE_OTHER;
@@ -303,7 +306,9 @@ Status create_device(Context& c, const std::string& description, const DeviceOpt
   }
   SB_CHECK_OR_RETURN(best >= 0, StatusCode::kNotFound, "%s: no host-visible coherent memory", description.c_str());
   c.memory_type = static_cast<uint32_t>(best);
-  c.heap_bytes = mp.memoryHeaps[mp.memoryTypes[best].heapIndex].size;
+  c.heap_index = mp.memoryTypes[best].heapIndex;
+  c.heap_bytes = mp.memoryHeaps[c.heap_index].size;
+  c.memory_budget = has_extension(exts, VK_EXT_MEMORY_BUDGET_EXTENSION_NAME);
 
   float prio = 1.0f;
   VkDeviceQueueCreateInfo qi{VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO};
@@ -731,7 +736,18 @@ void VulkanRuntime::track(const std::vector<gpu::BufferRef>& bindings, const ker
   }
 }
 
-uint64_t VulkanRuntime::memory_bytes() const { return ctx_->heap_bytes; }
+// The heap's budget for this process less what it uses (other processes' use included)
+// where the driver reports it, else the heap's size.
+uint64_t VulkanRuntime::memory_bytes() const {
+  const Context& c = *ctx_;
+  if (!c.memory_budget) return c.heap_bytes;
+  VkPhysicalDeviceMemoryBudgetPropertiesEXT budget{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MEMORY_BUDGET_PROPERTIES_EXT};
+  VkPhysicalDeviceMemoryProperties2 mp{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MEMORY_PROPERTIES_2};
+  mp.pNext = &budget;
+  c.vkGetPhysicalDeviceMemoryProperties2(c.physical, &mp);
+  const uint64_t b = budget.heapBudget[c.heap_index], used = budget.heapUsage[c.heap_index];
+  return b > used ? b - used : 1;  // 1, not 0: zero means "unknown" to the caller
+}
 
 Status VulkanRuntime::sync() {
   if (!recording_) return Status::ok();
