@@ -736,14 +736,12 @@ void VulkanRuntime::track(const std::vector<gpu::BufferRef>& bindings, const ker
   }
 }
 
-// The heap's budget for this process less what it uses (other processes' use included)
-// where the driver reports it, else the heap's size.
+// The heap's budget for this process less its usage where the driver reports it, else its size.
 uint64_t VulkanRuntime::memory_bytes() const {
   const Context& c = *ctx_;
   if (!c.memory_budget) return c.heap_bytes;
   VkPhysicalDeviceMemoryBudgetPropertiesEXT budget{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MEMORY_BUDGET_PROPERTIES_EXT};
-  VkPhysicalDeviceMemoryProperties2 mp{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MEMORY_PROPERTIES_2};
-  mp.pNext = &budget;
+  VkPhysicalDeviceMemoryProperties2 mp{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MEMORY_PROPERTIES_2, &budget};
   c.vkGetPhysicalDeviceMemoryProperties2(c.physical, &mp);
   const uint64_t b = budget.heapBudget[c.heap_index], used = budget.heapUsage[c.heap_index];
   return b > used ? b - used : 1;  // 1, not 0: zero means "unknown" to the caller
