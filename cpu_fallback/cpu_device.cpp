@@ -23,6 +23,7 @@ class CpuDevice final : public Device {
     register_glu_kernels(registry_);
     register_combine_kernels(registry_);
     register_norm_kernels(registry_);
+    register_attention_kernels(registry_);
   }
   const std::string& name() const override { return name_; }
   const KernelRegistry& kernels() const override { return registry_; }

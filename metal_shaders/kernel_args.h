@@ -113,6 +113,9 @@
 // norm.comp: x viewed as [rows, d] (SOFTMAX; RMS_NORM with weight [d], inv_d = f32(1/d)).
 #define SB_NORM_ROW_MAX 4096  // longest row the workgroup-per-row variants stage in shared memory
 #define SB_NORM_ARGS uint rows; uint d; uint dtype; float inv_d; float eps; uint out_dtype; uint pad0; uint pad1;
+// attention.comp: one workgroup per (query row, head); scratch holds each row's len + 1 floats.
+#define SB_ATTENTION_ARGS uint m; uint hq; uint hk; uint hd; uint cache; uint pos; uint len; uint dtype; \
+  float scale; float mask_value; uint window; uint has_sinks;
 
 // probe.comp: the start-up check of a device's arithmetic against the contract.
 #define SB_PROBE_ARGS uint n; uint pad0; uint pad1; uint pad2;
@@ -143,6 +146,7 @@ struct RegionArgs { SB_REGION_ARGS };
 struct TransposeArgs { SB_TRANSPOSE_ARGS };
 struct MatmulArgs { SB_MATMUL_ARGS };
 struct NormArgs { SB_NORM_ARGS };
+struct AttentionArgs { SB_ATTENTION_ARGS };
 struct RouterArgs { SB_ROUTER_ARGS };
 struct ArgsortArgs { SB_ARGSORT_ARGS };
 }  // namespace switchboard::kernels

@@ -85,6 +85,7 @@ GpuDevice::GpuDevice(std::unique_ptr<Runtime> rt, std::string name) : rt_(std::m
   register_gather_mm(registry_);
   register_matmul(registry_);
   register_norm(registry_);
+  register_attention(registry_);
   register_reduce(registry_);
 }
 

@@ -52,6 +52,7 @@ void register_gather_qmm(KernelRegistry& r);
 void register_gather_mm(KernelRegistry& r);
 void register_matmul(KernelRegistry& r);
 void register_norm(KernelRegistry& r);
+void register_attention(KernelRegistry& r);
 void register_reduce(KernelRegistry& r);
 
 // --- kernels other families call ----------------------------------------------------

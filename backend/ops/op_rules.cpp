@@ -27,6 +27,7 @@ class Rules {
   Status check_moe_op(const fb::OpNodeUnion& op, const std::string& path) const;
   Status check_gather_qmm(const fb::GatherQmmNodeT& n, const std::string& path) const;
   Status check_router(const fb::RouterNodeT& n, const std::string& path) const;
+  Status check_attention(const fb::AttentionNodeT& n, const std::string& path) const;
 
   DType dt(const fb::Tid* t) const { return decls_(t).dtype; }
   size_t rank(const fb::Tid* t) const { return decls_(t).dims.size(); }
@@ -50,6 +51,34 @@ class Rules {
 
   const SlotDecls& decls_;
 };
+
+// Static dims must agree; a dynamic one is checked when the op runs (ops::attention_dims).
+Status Rules::check_attention(const fb::AttentionNodeT& n, const std::string& path) const {
+  const fb::Tid *q = n.q.get(), *kc = n.k_cache.get(), *vc = n.v_cache.get();
+  SB_RETURN_IF_ERROR(expect(is_float(q) && rank(q) == 3, path + ".q", "must be a 3-D float tensor [m, hq, hd]"));
+  SB_RETURN_IF_ERROR(expect(rank(kc) == 3, path + ".k_cache", "must have rank 3 [hk, S, hd]"));
+  SB_RETURN_IF_ERROR(expect(rank(vc) == 3, path + ".v_cache", "must have rank 3 [hk, S, hd]"));
+  SB_RETURN_IF_ERROR(same_dtype(q, kc, path, "q", "k_cache"));
+  SB_RETURN_IF_ERROR(same_dtype(q, vc, path, "q", "v_cache"));
+  SB_RETURN_IF_ERROR(same_dtype(q, n.out.get(), path, "q", "out"));
+  for (size_t i = 0; i < 3; ++i)
+    if (dim(kc, i) >= 0 && dim(vc, i) >= 0 && dim(kc, i) != dim(vc, i))
+      return error(path + ".v_cache", strformat("dim %zu is %lld, k_cache's is %lld", i, (long long)dim(vc, i),
+                                                (long long)dim(kc, i)));
+  const int64_t hq = dim(q, 1), hd = dim(q, 2), hk = dim(kc, 0);
+  if (hd >= 0 && dim(kc, 2) >= 0 && hd != dim(kc, 2))
+    return error(path + ".k_cache", strformat("head dim %lld differs from q's %lld", (long long)dim(kc, 2), (long long)hd));
+  if (hq >= 0 && hk > 0 && hq % hk != 0)
+    return error(path + ".q", strformat("%lld heads are not a multiple of the cache's %lld", (long long)hq, (long long)hk));
+  if (hk == 0) return error(path + ".k_cache", "has no heads");
+  if (n.sinks) {
+    SB_RETURN_IF_ERROR(same_dtype(q, n.sinks.get(), path, "q", "sinks"));
+    SB_RETURN_IF_ERROR(expect(rank(n.sinks.get()) == 1 && (hq < 0 || dim(n.sinks.get(), 0) < 0 || dim(n.sinks.get(), 0) == hq),
+                              path + ".sinks", "must be [hq]"));
+  }
+  if (rank(n.out.get()) != 2) return error(path + ".out", "must have rank 2 [m, hq * hd]");
+  return expect(n.window >= 0, path + ".window", strformat("%lld is negative", (long long)n.window));
+}
 
 Status Rules::check_op(const fb::OpNodeUnion& op, const std::string& path) const {
   switch (op.type) {
@@ -350,6 +379,7 @@ Status Rules::check_moe_op(const fb::OpNodeUnion& op, const std::string& path) c
       SB_RETURN_IF_ERROR(same_dtype(n.x.get(), n.weight.get(), path, "x", "weight"));
       return same_dtype(n.x.get(), n.out.get(), path, "x", "out");
     }
+    case fb::OpNode::AttentionNode: return check_attention(*op.AsAttentionNode(), path);
     default: break;
   }
   return error(path, "unknown op");

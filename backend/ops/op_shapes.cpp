@@ -112,6 +112,24 @@ Result<MatmulDims> batch_matmul_dims(const Tensor& a, const Tensor& b, bool tran
   return m;
 }
 
+Result<AttentionDims> attention_dims(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor* sinks,
+                                     int64_t pos) {
+  SB_CHECK_OR_RETURN(q.rank() == 3 && k.rank() == 3 && k.shape() == v.shape(), StatusCode::kInvalidArgument,
+                     "q %s, k_cache %s, v_cache %s: need q [m, hq, hd] and equal caches [hk, S, hd]",
+                     shape_str(q.shape()).c_str(), shape_str(k.shape()).c_str(), shape_str(v.shape()).c_str());
+  AttentionDims d{q.dim(0), q.dim(1), k.dim(0), q.dim(2), k.dim(1), pos, 0};
+  SB_CHECK_OR_RETURN(d.hk > 0 && d.hq % d.hk == 0 && k.dim(2) == d.hd, StatusCode::kInvalidArgument,
+                     "q %s does not fit caches %s (heads a multiple of the cache's, same head dim)",
+                     shape_str(q.shape()).c_str(), shape_str(k.shape()).c_str());
+  SB_CHECK_OR_RETURN(pos >= 0 && pos <= d.cache - d.m, StatusCode::kOutOfRange,
+                     "pos %lld + %lld queries exceeds the cache length %lld", (long long)pos, (long long)d.m,
+                     (long long)d.cache);
+  SB_CHECK_OR_RETURN(!sinks || sinks->shape() == Shape{d.hq}, StatusCode::kInvalidArgument,
+                     "sinks %s: need [%lld]", shape_str(sinks->shape()).c_str(), (long long)d.hq);
+  d.len = pos + d.m;
+  return d;
+}
+
 Status check_slice_update(const Tensor& u, const Tensor& dst, int64_t axis, int64_t start) {
   SB_CHECK_OR_RETURN(u.rank() == dst.rank(), StatusCode::kInvalidArgument, "update rank differs from dst");
   for (int64_t k = 0; k < dst.rank(); ++k)

@@ -52,6 +52,14 @@ struct TransposePlan {
 };
 Result<TransposePlan> transpose_plan(const Tensor& x, const std::vector<int32_t>& perm);
 
+// Attention's run-time sizes after its checks: q [m, hq, hd], caches [hk, S, hd], keys
+// 0..len-1 with len = pos + m <= S, sinks [hq] when given.
+struct AttentionDims {
+  int64_t m = 0, hq = 0, hk = 0, hd = 0, cache = 0, pos = 0, len = 0;
+};
+Result<AttentionDims> attention_dims(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor* sinks,
+                                     int64_t pos);
+
 // SliceUpdate's shape rules: update matches dst outside `axis`, and fits at `start`.
 Status check_slice_update(const Tensor& u, const Tensor& dst, int64_t axis, int64_t start);
 

@@ -167,6 +167,29 @@ TensorRef ProgramBuilder::rms_norm(TensorRef x, TensorRef weight, float eps) {
   return o;
 }
 
+TensorRef ProgramBuilder::attention(TensorRef q, TensorRef k_cache, TensorRef v_cache, IntOrValue pos, float scale,
+                                     float mask_value, int64_t window, TensorRef sinks) {
+  for (TensorRef t : {q, k_cache, v_cache})
+    if (!s_->ok(t, "attention")) return {};
+  if (sinks.valid() && !s_->ok(sinks, "attention")) return {};
+  const std::vector<Dim>& qd = s_->slots[q.id].shape;
+  Dim width = qd.size() == 3 && qd[1].is_static() && qd[2].is_static() ? Dim(qd[1].size * qd[2].size) : Dim::dynamic();
+  TensorRef o = s_->new_slot(SlotRole::kTemp, s_->slots[q.id].dtype,
+                             {qd.empty() ? Dim::dynamic() : qd[0], width});
+  auto n = std::make_unique<fb::AttentionNodeT>();
+  n->q = tid(q);
+  n->k_cache = tid(k_cache);
+  n->v_cache = tid(v_cache);
+  n->pos = iov(pos);
+  if (sinks.valid()) n->sinks = tid(sinks);
+  n->out = tid(o);
+  n->scale = scale;
+  n->mask_value = mask_value;
+  n->window = window;
+  s_->emit(make_op(std::move(n)));
+  return o;
+}
+
 TensorRef ProgramBuilder::cast(TensorRef x, DType dtype) {
   if (!s_->ok(x, "cast")) return {};
   TensorRef o = s_->new_slot(SlotRole::kTemp, dtype, s_->slots[x.id].shape);

@@ -1,0 +1,49 @@
+// Attention over a KV cache on the GPU (metal_shaders/attention.comp): one workgroup per
+// (query row, head), each row's scores kept in a scratch buffer.
+#include "gpu_ops.h"
+#include "op_shapes.h"
+
+namespace switchboard::gpu {
+namespace {
+
+constexpr int64_t kMaxHeadDim = 256;  // attention.comp's shared arrays
+
+Status attention(KernelContext& ctx, const fb::OpNodeUnion& op) {
+  const auto* n = op.AsAttentionNode();
+  Runtime& rt = rt_of(ctx);
+  Tensor q, kc, vc, sinks;
+  SB_ASSIGN_OR_RETURN(BufferRef bq, bind_in(ctx, n->q.get(), &q));
+  SB_ASSIGN_OR_RETURN(BufferRef bk, bind_in(ctx, n->k_cache.get(), &kc));
+  SB_ASSIGN_OR_RETURN(BufferRef bv, bind_in(ctx, n->v_cache.get(), &vc));
+  BufferRef bs = bq;  // never read without sinks
+  if (n->sinks) {
+    SB_ASSIGN_OR_RETURN(bs, bind_in(ctx, n->sinks.get(), &sinks));
+  }
+  SB_ASSIGN_OR_RETURN(int64_t pos, ctx.resolve(n->pos.get()));
+  SB_ASSIGN_OR_RETURN(ops::AttentionDims d, ops::attention_dims(q, kc, vc, n->sinks ? &sinks : nullptr, pos));
+  SB_CHECK_OR_RETURN(d.hd <= kMaxHeadDim && (dtype_size(q.dtype()) == 4 || d.hd % 2 == 0),
+                     StatusCode::kUnimplemented, "attention: head dim %lld (the GPU kernel takes up to %lld, even for 16-bit)",
+                     (long long)d.hd, (long long)kMaxHeadDim);
+  SB_RETURN_IF_ERROR(u32_count(d.hk * d.cache * d.hd, "attention cache").status());
+  SB_RETURN_IF_ERROR(u32_count(d.m * d.hq * (d.len + 1), "attention scores").status());
+  SB_CHECK_OR_RETURN(n->window >= 0 && n->window <= INT32_MAX, StatusCode::kUnimplemented, "attention: window %lld",
+                     (long long)n->window);
+  SB_ASSIGN_OR_RETURN(Tensor out, rt.alloc(q.dtype(), {d.m, d.hq * d.hd}));
+  SB_ASSIGN_OR_RETURN(BufferRef bo, rt.bind(out, false));
+  SB_ASSIGN_OR_RETURN(Tensor scratch, rt.alloc(DType::kF32, {d.m * d.hq * (d.len + 1)}));
+  SB_ASSIGN_OR_RETURN(BufferRef bt, rt.bind(scratch, false));
+  k::AttentionArgs args{static_cast<uint32_t>(d.m),     static_cast<uint32_t>(d.hq),     static_cast<uint32_t>(d.hk),
+                        static_cast<uint32_t>(d.hd),    static_cast<uint32_t>(d.cache),  static_cast<uint32_t>(d.pos),
+                        static_cast<uint32_t>(d.len),   static_cast<uint32_t>(q.dtype()), n->scale,
+                        n->mask_value,                  static_cast<uint32_t>(n->window), n->sinks ? 1u : 0u};
+  if (d.m * d.hq > 0)
+    SB_RETURN_IF_ERROR(rt.dispatch("attention", {bq, bk, bv, bs, bt, bo}, &args, sizeof(args),
+                                   static_cast<uint64_t>(d.m * d.hq) * 128));
+  return ctx.out(n->out.get(), std::move(out));
+}
+
+}  // namespace
+
+void register_attention(KernelRegistry& r) { r.add(fb::OpNode::AttentionNode, attention); }
+
+}  // namespace switchboard::gpu

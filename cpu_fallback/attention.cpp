@@ -1,0 +1,93 @@
+// Attention over a KV cache in one op (schema AttentionNode): the order and roundings of
+// the decomposed ops it replaces (BatchMatmul, Mul, mask Add, Softmax, BatchMatmul), so a
+// model gives the same bits either way (docs/numerics.md).
+#include <array>
+
+#include "cpu_common.h"
+#include "exact_math.h"
+#include "parallel.h"
+
+namespace switchboard::cpu {
+namespace {
+
+// Rows 0..len-1 of each cache head, widened to f32: [hk, len, hd].
+std::vector<float> widen_rows(const Tensor& cache, const AttentionDims& d) {
+  std::vector<float> out(static_cast<size_t>(d.hk * d.len * d.hd));
+  for (int64_t h = 0; h < d.hk; ++h)
+    for (int64_t e = 0; e < d.len * d.hd; ++e)
+      out[static_cast<size_t>(h * d.len * d.hd + e)] = load_f32(cache.data(), cache.dtype(), h * d.cache * d.hd + e);
+  return out;
+}
+
+struct Step {
+  const AttentionDims& d;
+  const fb::AttentionNodeT& n;
+  DType dt;
+  const float *q, *k, *v, *sinks;
+};
+
+// One query row of one head: scores, softmax, then out[0..hd) (each dot32 column keeps its
+// 32 partials over the keys, key j feeding partial j % 32).
+void attend(const Step& st, int64_t i, int64_t h, std::vector<float>& s, std::vector<float>& acc, float* out) {
+  const AttentionDims& d = st.d;
+  const int64_t kh = h / (d.hq / d.hk), at = d.pos + i;
+  const float* qv = st.q + (i * d.hq + h) * d.hd;
+  for (int64_t j = 0; j < d.len; ++j) {
+    float x = round_to(dot32(qv, st.k + (kh * d.len + j) * d.hd, d.hd), st.dt);
+    x = round_to(x * st.n.scale, st.dt);
+    if (j > at || (st.n.window > 0 && j <= at - st.n.window)) x = round_to(x + st.n.mask_value, st.dt);
+    s[static_cast<size_t>(j)] = x;
+  }
+  const int64_t cols = d.len + (st.sinks ? 1 : 0);
+  if (st.sinks) s[static_cast<size_t>(d.len)] = round_to(st.sinks[h] + 0.0f, st.dt);
+  float m = s[0];
+  for (int64_t j = 0; j < cols; ++j) m = max_f32(m, s[static_cast<size_t>(j)]);
+  float sum = 0.0f;
+  for (int64_t j = 0; j < cols; ++j) {
+    s[static_cast<size_t>(j)] = exact::exp(s[static_cast<size_t>(j)] - m);
+    sum = sum + s[static_cast<size_t>(j)];
+  }
+  const float r = exact::rcp(sum);
+  std::fill(acc.begin(), acc.end(), 0.0f);
+  for (int64_t j = 0; j < d.len; ++j) {
+    const float p = round_to(s[static_cast<size_t>(j)] * r, st.dt);
+    const float* vr = st.v + (kh * d.len + j) * d.hd;
+    float* a = acc.data() + (j % 32) * d.hd;
+    for (int64_t c = 0; c < d.hd; ++c) a[c] = a[c] + p * vr[c];
+  }
+  for (int64_t half = 16; half >= 1; half /= 2)
+    for (int64_t l = 0; l < half; ++l)
+      for (int64_t c = 0; c < d.hd; ++c) acc[l * d.hd + c] = acc[l * d.hd + c] + acc[(l + half) * d.hd + c];
+  for (int64_t c = 0; c < d.hd; ++c) out[c] = round_to(acc[c], st.dt);
+}
+
+Status attention(KernelContext& ctx, const fb::OpNodeUnion& op) {
+  const auto* n = op.AsAttentionNode();
+  SB_ASSIGN_OR_RETURN(Tensor q, ctx.in(n->q.get()));
+  SB_ASSIGN_OR_RETURN(Tensor k, ctx.in(n->k_cache.get()));
+  SB_ASSIGN_OR_RETURN(Tensor v, ctx.in(n->v_cache.get()));
+  Tensor sinks;
+  if (n->sinks) {
+    SB_ASSIGN_OR_RETURN(sinks, ctx.in(n->sinks.get()));
+  }
+  SB_ASSIGN_OR_RETURN(int64_t pos, ctx.resolve(n->pos.get()));
+  SB_ASSIGN_OR_RETURN(AttentionDims d, attention_dims(q, k, v, n->sinks ? &sinks : nullptr, pos));
+  const std::vector<float> qf = widen_f32(q), kf = widen_rows(k, d), vf = widen_rows(v, d);
+  const std::vector<float> sf = n->sinks ? widen_f32(sinks) : std::vector<float>{};
+  SB_ASSIGN_OR_RETURN(Tensor out, Tensor::uninitialized(q.dtype(), {d.m, d.hq * d.hd}));
+  const Step st{d, *n, q.dtype(), qf.data(), kf.data(), vf.data(), n->sinks ? sf.data() : nullptr};
+  parallel_for(d.m * d.hq, 1, [&](int64_t r0, int64_t r1) {
+    std::vector<float> s(static_cast<size_t>(d.len + 1)), acc(static_cast<size_t>(32 * d.hd)), o(static_cast<size_t>(d.hd));
+    for (int64_t r = r0; r < r1; ++r) {
+      attend(st, r / d.hq, r % d.hq, s, acc, o.data());
+      for (int64_t c = 0; c < d.hd; ++c) store_f32(out.mutable_data(), out.dtype(), r * d.hd + c, o[c]);
+    }
+  });
+  return ctx.out(n->out.get(), std::move(out));
+}
+
+}  // namespace
+
+void register_attention_kernels(KernelRegistry& r) { r.add(fb::OpNode::AttentionNode, attention); }
+
+}  // namespace switchboard::cpu

@@ -1,0 +1,123 @@
+// Kernel variants of this file, one line each (metal_shaders/README.md, "Variants"):
+// SB_KERNEL(attention, ATTENTION, "rrrrbw", AttentionArgs, SB_ATTENTION_ARGS, 128, 0)
+#version 450
+#extension GL_GOOGLE_include_directive : require
+#extension GL_EXT_control_flow_attributes : require
+// Attention over a KV cache (schema AttentionNode) in the order of docs/numerics.md; twin of
+// cpu_fallback/attention.cpp. Thread -> output: workgroup w computes query row i = w / hq of
+// head h = w % hq. Invocation t scores keys t, t + 128, ... (each a dot32 of its own: 32
+// partials over the head dims, then the halving tree), keeps the row's scores, then exps,
+// then probabilities in `scratch`; thread 0 alone adds the exps in key order; then t
+// computes output columns t, t + 128, ...: 32 partials over the keys (key j feeds partial
+// j % 32), the halving tree, one rounding. Every step rounds to the dtype as the
+// decomposed ops (BatchMatmul, Mul, Add, Softmax, BatchMatmul) store their results.
+#include "common.glsl"
+
+layout(local_size_x = 128) in;
+layout(std430, binding = 0) readonly buffer Q { uint q[]; };
+layout(std430, binding = 1) readonly buffer K { uint k[]; };
+layout(std430, binding = 2) readonly buffer V { uint v[]; };
+layout(std430, binding = 3) readonly buffer S { uint sinks[]; };
+layout(std430, binding = 4) buffer Scratch { float scratch[]; };
+layout(std430, binding = 5) writeonly buffer O { uint o[]; };
+layout(push_constant) uniform Args { SB_ATTENTION_ARGS } args;
+
+const uint kT = 128u;
+const uint kMaxHd = 256u;  // the host refuses larger heads
+shared float s_q[kMaxHd];
+shared float s_out[kMaxHd];
+shared float s_red[kT];
+shared float s_rcp;
+
+float rnd(float x) { return sb_round_to(x, args.dtype); }
+
+// Halving tree 16, 8, 4, 2, 1 over 32 partials.
+#define SB_TREE32(p)                                                   \
+  [[unroll]] for (uint h2 = 16u; h2 >= 1u; h2 >>= 1u) {                \
+    [[unroll]] for (uint l = 0u; l < h2; ++l) p[l] = p[l] + p[l + h2]; \
+  }
+
+void main() {
+  uint t = gl_LocalInvocationID.x;
+  uint w = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
+  if (w >= args.m * args.hq) return;  // uniform over the workgroup
+  uint i = w / args.hq, h = w % args.hq, kh = h / (args.hq / args.hk), hd = args.hd;
+  uint at = args.pos + i, cols = args.len + args.has_sinks, base = w * (args.len + 1u);
+  for (uint c = t; c < hd; c += kT) s_q[c] = SB_LOAD(q, args.dtype, w * hd + c);
+  barrier();
+
+  // Scores: s_j = round(round(dot32(q, k_j)) * scale), masked keys + mask_value, rounded.
+  for (uint j = t; j < args.len; j += kT) {
+    precise float p[32];
+    [[unroll]] for (uint l = 0u; l < 32u; ++l) p[l] = 0.0;
+    uint kb = (kh * args.cache + j) * hd;
+    for (uint e0 = 0u; e0 < hd; e0 += 32u) {
+      [[unroll]] for (uint l = 0u; l < 32u; ++l) {
+        if (e0 + l < hd) p[l] = p[l] + s_q[e0 + l] * SB_LOAD(k, args.dtype, kb + e0 + l);
+      }
+    }
+    SB_TREE32(p)
+    precise float x = rnd(p[0]);
+    x = rnd(x * args.scale);
+    bool masked = j > at || (args.window > 0u && j + args.window <= at);
+    if (masked) x = rnd(x + args.mask_value);
+    scratch[base + j] = x;
+  }
+  if (t == 0u && args.has_sinks != 0u) {
+    precise float sv = SB_LOAD(sinks, args.dtype, h) + 0.0;
+    scratch[base + args.len] = rnd(sv);
+  }
+  memoryBarrierBuffer();
+  barrier();
+
+  // Softmax: the running max is order-free; the exps are added in key order by one thread.
+  float mx = scratch[base];
+  for (uint j = t; j < cols; j += kT) mx = sb_max(mx, scratch[base + j]);
+  s_red[t] = mx;
+  barrier();
+  if (t == 0u) {
+    float m = s_red[0];
+    for (uint l = 1u; l < kT; ++l) m = sb_max(m, s_red[l]);
+    s_red[0] = m;
+  }
+  barrier();
+  float m = s_red[0];
+  for (uint j = t; j < cols; j += kT) {
+    precise float d = scratch[base + j] - m;
+    scratch[base + j] = sb_exp(d);
+  }
+  memoryBarrierBuffer();
+  barrier();
+  if (t == 0u) {
+    precise float sum = 0.0;
+    for (uint j = 0u; j < cols; ++j) sum = sum + scratch[base + j];
+    s_rcp = sb_rcp(sum);
+  }
+  barrier();
+  for (uint j = t; j < args.len; j += kT) {
+    precise float pj = scratch[base + j] * s_rcp;
+    scratch[base + j] = rnd(pj);
+  }
+  memoryBarrierBuffer();
+  barrier();
+
+  // Output columns: dot32 over the keys of p and v[:, c].
+  for (uint c = t; c < hd; c += kT) {
+    precise float a[32];
+    [[unroll]] for (uint l = 0u; l < 32u; ++l) a[l] = 0.0;
+    uint vb = kh * args.cache * hd + c;
+    for (uint j0 = 0u; j0 < args.len; j0 += 32u) {
+      [[unroll]] for (uint l = 0u; l < 32u; ++l) {
+        if (j0 + l < args.len) a[l] = a[l] + scratch[base + j0 + l] * SB_LOAD(v, args.dtype, vb + (j0 + l) * hd);
+      }
+    }
+    SB_TREE32(a)
+    s_out[c] = rnd(a[0]);
+  }
+  barrier();
+  uint per = sb_per_word(args.dtype), words = hd / per;
+  for (uint wd = t; wd < words; wd += kT) {
+    uint c = wd * per;
+    o[w * words + wd] = per == 1u ? floatBitsToUint(s_out[c]) : sb_encode_word(s_out[c], s_out[c + 1u], args.dtype);
+  }
+}
