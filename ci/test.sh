@@ -26,6 +26,11 @@ export SWITCHBOARD_TEST_DEVICES=vulkan SWITCHBOARD_REQUIRE_VULKAN=1
 export XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp} MESA_SHADER_CACHE_DIR=${MESA_SHADER_CACHE_DIR:-$PWD/build/mesa_cache}
 ctest --preset dev -j "$JOBS"
 
+# The CLI driven as an attacker or an unlucky user would (hostile configs, weights, programs,
+# prompts, output paths, concurrent exports) on the ASan/UBSan build: no crash, no hang, no
+# half-written or mismatched output (tests/probe/cli_probe.py; --scale full: ~9,000 inputs).
+python3 tests/probe/cli_probe.py --scale ci --bin build/dev/bin/switchboard --mem-limit-mb 0
+
 # Many sessions on one program at once (CPU and lavapipe) under ThreadSanitizer: any race fails.
 cmake --preset tsan -DSWITCHBOARD_WERROR=ON
 cmake --build --preset tsan -j "$JOBS" --target concurrency_test

@@ -65,7 +65,7 @@ static void restamp(std::vector<uint8_t>& bytes) {
   std::memcpy(&h, bytes.data(), sizeof h);
   if (h.format_version != 2 || h.flatbuffer_offset > bytes.size() || h.flatbuffer_size > bytes.size() - h.flatbuffer_offset)
     return;
-  h.flatbuffer_xxh3 = xxh3_64(bytes.data() + h.flatbuffer_offset, h.flatbuffer_size);
+  h.checksum_xxh3 = program_checksum(h, std::span<const uint8_t>(bytes).subspan(h.flatbuffer_offset, h.flatbuffer_size));
   std::memcpy(bytes.data(), &h, sizeof h);
 }
 

@@ -187,6 +187,33 @@ TEST(HostileExport, ConcurrentExportsNeverPairFilesOfTwoRuns) {
   EXPECT_TRUE(p.is_ok()) << p.status().to_string();
 }
 
+// OUT given as ".", as a symlink to a directory, or with a name too long for a sibling
+// staging directory: each lands (the probe of the CLI found all three refused).
+TEST(HostileExport, OutputsNamedAnyWayLand) {
+  auto loads = [](const std::string& out) {
+    return Program::load(out + "/program.sbp", LoadOptions{{out + "/weights.safetensors"}}).is_ok();
+  };
+  const std::string here = temp_dir() + "/here";
+  ASSERT_EQ(::mkdir(here.c_str(), 0700), 0);
+  char cwd[4096];
+  ASSERT_NE(::getcwd(cwd, sizeof cwd), nullptr);
+  ASSERT_EQ(::chdir(here.c_str()), 0);
+  Status dot = export_tiny(".", 4);
+  ASSERT_EQ(::chdir(cwd), 0);
+  EXPECT_TRUE(dot.is_ok()) << dot.to_string();
+  EXPECT_TRUE(loads(here));
+  const std::string target = temp_dir() + "/target", link = temp_dir() + "/link";
+  ASSERT_EQ(::mkdir(target.c_str(), 0700), 0);
+  ASSERT_EQ(::symlink(target.c_str(), link.c_str()), 0);
+  Status via_link = export_tiny(link, 4);
+  EXPECT_TRUE(via_link.is_ok()) << via_link.to_string();
+  EXPECT_TRUE(loads(target));
+  const std::string long_name = temp_dir() + "/" + std::string(250, 'n');
+  Status long_out = export_tiny(long_name, 4);
+  EXPECT_TRUE(long_out.is_ok()) << long_out.to_string();
+  EXPECT_TRUE(loads(long_name));
+}
+
 TEST(HostileExport, AnEmptyOutputPathIsAClearError) { expect_error(export_tiny("", 4), "output directory: empty path"); }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "file_io.h"
 #include "switchboard/model.h"
 
 namespace switchboard::cli {
@@ -40,7 +41,7 @@ Result<std::vector<int32_t>> parse_ids(const std::string& text) {
     char* end = nullptr;
     const long long v = std::strtoll(item.c_str(), &end, 10);
     if (item.empty() || *end != '\0' || v < 0 || v > INT32_MAX)
-      return make_error(StatusCode::kInvalidArgument, "--prompt-ids: '%s' is not a token id", item.c_str());
+      return make_error(StatusCode::kInvalidArgument, "--prompt-ids: '%s' is not a token id", clip(item).c_str());
     ids.push_back(static_cast<int32_t>(v));
   }
   if (ids.empty()) return make_error(StatusCode::kInvalidArgument, "--prompt-ids: no ids");

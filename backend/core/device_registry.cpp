@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "env.h"
+#include "file_io.h"
 #include "log.h"
 
 namespace switchboard {
@@ -66,11 +67,11 @@ Result<std::unique_ptr<Device>> open_device(const std::string& spec, bool cpu_fa
   Result<std::unique_ptr<Device>> dev =
       factory ? factory(name, options) : Result<std::unique_ptr<Device>>(Status(StatusCode::kNotFound, ""));
   if (!dev.is_ok() && dev.status().code() == StatusCode::kNotFound && dev.status().message().empty())
-    dev = make_error(StatusCode::kNotFound, "unknown device '%s' (known: %s)", name.c_str(), known.c_str());
+    dev = make_error(StatusCode::kNotFound, "unknown device '%s' (known: %s)", clip(name).c_str(), known.c_str());
   if (dev.is_ok() || !cpu_fallback || dev.status().code() == StatusCode::kInvalidArgument) return dev;
   static std::once_flag once;
   std::call_once(
-      once, [&] { log::warn("device '{}' is unavailable ({}); running on the CPU", name, dev.status().to_string()); });
+      once, [&] { log::warn("device '{}' is unavailable ({}); running on the CPU", clip(name), dev.status().to_string()); });
   return open_device("cpu", false, options);
 }
 

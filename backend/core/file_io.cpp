@@ -117,8 +117,15 @@ uint64_t host_memory_available() {
 }
 
 std::string clip(const std::string& text, size_t max) {
-  if (text.size() <= max) return text;
-  return text.substr(0, max) + strformat("... (%zu characters)", text.size());
+  std::string out;
+  for (size_t i = 0; i < text.size() && i < max; ++i) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if (c == '\n') out += "\\n";
+    else if (c < 0x20 || c == 0x7f) out += strformat("\\x%02x", c);  // one message stays one line
+    else out += static_cast<char>(c);
+  }
+  if (text.size() > max) out += strformat("... (%zu characters)", text.size());
+  return out;
 }
 
 }  // namespace switchboard

@@ -28,7 +28,8 @@ inline constexpr int kMaxJsonDepth = 64;
 // The host memory available now (MemAvailable of /proc/meminfo) in bytes; 0 when unknown.
 uint64_t host_memory_available();
 
-// `text` cut to ~`max` characters for an error message ("..." and the full length after).
+// `text` cut to ~`max` characters for an error message ("..." and the full length after),
+// control characters escaped (\n, \xNN) so the message stays on one line.
 std::string clip(const std::string& text, size_t max = 80);
 
 }  // namespace switchboard

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -492,12 +493,16 @@ Status check_out_dir(const fs::path& out) {
   return Status::ok();
 }
 
-// This run's own staging directory beside OUT (OUT.partial-XXXXXX): a directory another run
-// or the user left there is never touched.
+// This run's own staging directory: beside OUT (OUT.partial-XXXXXX) when OUT does not exist,
+// inside it (OUT/.partial-XXXXXX, same filesystem) when it is a directory already. A directory
+// another run or the user left there is never touched.
 Result<fs::path> private_dir(const fs::path& out) {
-  std::string tmpl = out.string() + ".partial-XXXXXX";
+  std::error_code ec;
+  std::string tmpl = fs::is_directory(out, ec) ? (out / ".partial-XXXXXX").string() : out.string() + ".partial-XXXXXX";
+  if (out.filename().string().size() + 15 > NAME_MAX && !fs::is_directory(out, ec))  // a long OUT name
+    tmpl = (out.parent_path() / ".partial-XXXXXX").string();
   if (!::mkdtemp(tmpl.data()))
-    return make_error(StatusCode::kIoError, "%s: cannot create a staging directory beside it: %s", out.c_str(),
+    return make_error(StatusCode::kIoError, "%s: cannot create a staging directory for it: %s", out.c_str(),
                       std::strerror(errno));
   return fs::path(tmpl);
 }
@@ -506,9 +511,13 @@ Result<fs::path> private_dir(const fs::path& out) {
 // directory. OUT present: its model files are replaced while this run holds OUT's lock, so
 // of concurrent exports one replaces both files and the others fail without touching them.
 Status place(const fs::path& tmp, const fs::path& out) {
-  if (::rename(tmp.c_str(), out.c_str()) == 0) return Status::ok();
-  if (errno != EEXIST && errno != ENOTEMPTY && errno != EISDIR)
-    return make_error(StatusCode::kIoError, "%s: cannot put the export in place: %s", out.c_str(), std::strerror(errno));
+  std::error_code ec;
+  if (!fs::is_directory(out, ec)) {
+    if (::rename(tmp.c_str(), out.c_str()) == 0) return Status::ok();
+    if (errno != EEXIST && errno != ENOTEMPTY && errno != EISDIR)  // not: another run made OUT meanwhile
+      return make_error(StatusCode::kIoError, "%s: cannot put the export in place: %s", out.c_str(),
+                        std::strerror(errno));
+  }
   const int fd = ::open(out.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return make_error(StatusCode::kIoError, "%s: cannot open: %s", out.c_str(), std::strerror(errno));
   Status st;
@@ -532,8 +541,10 @@ Status write_model_impl(const std::string& out_dir, const ModelConfig& c, const 
   SB_RETURN_IF_ERROR(build_decoder(c, f, b));
   std::vector<TensorSpec> specs;
   for (const WeightSpec& s : weight_specs(c, f)) specs.push_back({s.name, s.dtype, s.shape});
-  fs::path out = fs::path(out_dir).lexically_normal();
-  if (!out.has_filename()) out = out.parent_path();  // "dir/" names dir: the staging directory is its sibling
+  std::error_code ec;
+  fs::path out = fs::absolute(fs::path(out_dir), ec).lexically_normal();
+  if (ec) return make_error(StatusCode::kIoError, "%s: %s", out_dir.c_str(), ec.message().c_str());
+  if (!out.has_filename()) out = out.parent_path();  // "dir/" and "." name the directory itself
   SB_RETURN_IF_ERROR(check_out_dir(out));
   SB_ASSIGN_OR_RETURN(fs::path tmp, private_dir(out));
   const std::string program = (tmp / "program.sbp").string(), weights_file = (tmp / "weights.safetensors").string();

@@ -89,7 +89,7 @@ Status parse_rope(const Reader& r, int64_t max_pos, ModelConfig* c) {
   SB_RETURN_IF_ERROR(rp.number("rope_theta", &c->rope_theta));
   SB_RETURN_IF_ERROR(rp.number("partial_rotary_factor", &c->partial_rotary));
   if (type == "default") return Status::ok();
-  if (type != "yarn") return rp.error("rope_type", "'" + type + "' is not supported (default, yarn)");
+  if (type != "yarn") return rp.error("rope_type", "'" + clip(type) + "' is not supported (default, yarn)");
   c->yarn = true;
   SB_RETURN_IF_ERROR(rp.number("factor", &c->yarn_factor, true));
   SB_RETURN_IF_ERROR(rp.number("beta_fast", &c->yarn_beta_fast));
@@ -111,7 +111,7 @@ Status parse_activation(const Reader& r, ModelConfig* c) {
   SB_RETURN_IF_ERROR(r.string("hidden_act", &act));
   if (act == "silu" || act == "swish") c->activation = GluKind::kSwiGLU;
   else if (act == "gelu_pytorch_tanh" || act == "gelu_new" || act == "gelu_tanh") c->activation = GluKind::kGEGLU;
-  else return r.error("hidden_act", "'" + act + "' is not supported (silu, gelu_pytorch_tanh)");
+  else return r.error("hidden_act", "'" + clip(act) + "' is not supported (silu, gelu_pytorch_tanh)");
   return Status::ok();
 }
 
@@ -198,10 +198,10 @@ Status parse_family(const Reader& r, ModelConfig* c) {
         if ((*types)[i] == "sliding_attention") c->sliding_window[i] = window;
     }
   } else if (f == "deepseek_v3" || f == "deepseek_v2") {
-    return r.error("model_type", "'" + f +
+    return r.error("model_type", "'" + clip(f) +
                                      "': multi-head latent attention is not supported (its router is: see glm4_moe)");
   } else {
-    return r.error("model_type", "'" + f + "' is not supported (qwen3_moe, qwen2_moe, mixtral, olmoe, glm4_moe, gpt_oss)");
+    return r.error("model_type", "'" + clip(f) + "' is not supported (qwen3_moe, qwen2_moe, mixtral, olmoe, glm4_moe, gpt_oss)");
   }
   return Status::ok();
 }

@@ -29,7 +29,8 @@ void print_program(std::string& out, const FileHeader& h, size_t file_size, fb::
   out += strformat("header: magic SWBP, format_version %u, flatbuffer at %llu (%llu bytes), file %zu bytes\n",
                    h.format_version, (unsigned long long)h.flatbuffer_offset, (unsigned long long)h.flatbuffer_size,
                    file_size);
-  if (h.format_version >= 2) out += strformat("flatbuffer xxh3 %016llx (checked)\n", (unsigned long long)h.flatbuffer_xxh3);
+  if (h.format_version >= 2)
+    out += strformat("checksum xxh3 %016llx (header and FlatBuffer, checked)\n", (unsigned long long)h.checksum_xxh3);
   if (h.flags & kHeaderHasWeights)
     out += strformat("weights: exported with a file of %llu bytes, header xxh3 %016llx, content xxh3 %016llx\n",
                      (unsigned long long)h.weights_bytes, (unsigned long long)h.weights_header_xxh3,

@@ -33,11 +33,21 @@ std::vector<uint8_t> serialize_program(const fb::ProgramT& p) {
   h.format_version = kFormatVersion;
   h.flatbuffer_offset = sizeof(FileHeader);
   h.flatbuffer_size = fbb.GetSize();
-  h.flatbuffer_xxh3 = xxh3_64(fbb.GetBufferPointer(), fbb.GetSize());
   std::vector<uint8_t> out(sizeof(FileHeader) + fbb.GetSize());
   std::memcpy(out.data(), &h, sizeof h);
   std::memcpy(out.data() + sizeof h, fbb.GetBufferPointer(), fbb.GetSize());
+  h.checksum_xxh3 = program_checksum(h, std::span<const uint8_t>(out).subspan(sizeof h));
+  std::memcpy(out.data(), &h, sizeof h);
   return out;
+}
+
+uint64_t program_checksum(const FileHeader& h, std::span<const uint8_t> body) {
+  FileHeader zeroed = h;
+  zeroed.checksum_xxh3 = 0;
+  Xxh3Stream s;
+  s.update(&zeroed, sizeof zeroed);
+  s.update(body.data(), body.size());
+  return s.digest();
 }
 
 void stamp_weights(std::vector<uint8_t>& file, const WeightsStamp& w) {
@@ -47,6 +57,7 @@ void stamp_weights(std::vector<uint8_t>& file, const WeightsStamp& w) {
   h.weights_bytes = w.fingerprint.file_bytes;
   h.weights_header_xxh3 = w.fingerprint.header_xxh3;
   h.weights_xxh3 = w.content_xxh3;
+  h.checksum_xxh3 = program_checksum(h, std::span<const uint8_t>(file).subspan(h.flatbuffer_offset, h.flatbuffer_size));
   std::memcpy(file.data(), &h, sizeof h);
 }
 
@@ -83,11 +94,11 @@ static Result<std::span<const uint8_t>> check_header(std::span<const uint8_t> by
   if (h.format_version >= 2) {
     SB_CHECK_OR_RETURN(h.flags <= kHeaderHasWeights, StatusCode::kInvalidProgram, "header.flags: %#x has unknown bits",
                        h.flags);
-    const uint64_t sum = xxh3_64(body.data(), body.size());
-    SB_CHECK_OR_RETURN(sum == h.flatbuffer_xxh3, StatusCode::kInvalidProgram,
-                       "header.flatbuffer_xxh3: the FlatBuffer hashes to %016llx, the header records %016llx (the "
+    const uint64_t sum = program_checksum(h, body);
+    SB_CHECK_OR_RETURN(sum == h.checksum_xxh3, StatusCode::kInvalidProgram,
+                       "header.checksum_xxh3: the header and FlatBuffer hash to %016llx, the header records %016llx (the "
                        "file is corrupt)",
-                       static_cast<unsigned long long>(sum), static_cast<unsigned long long>(h.flatbuffer_xxh3));
+                       static_cast<unsigned long long>(sum), static_cast<unsigned long long>(h.checksum_xxh3));
   }
   if (out) *out = h;
   return body;

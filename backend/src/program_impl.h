@@ -31,7 +31,7 @@ struct FileHeader {
   uint64_t flatbuffer_offset;
   uint64_t flatbuffer_size;
   // Format 2 (zero when read from a format 1 file):
-  uint64_t flatbuffer_xxh3;      // of the FlatBuffer bytes, checked at every load
+  uint64_t checksum_xxh3;        // of the header (this field as 0) and the FlatBuffer; every load
   uint64_t weights_bytes;        // the weights file it was exported with: size,
   uint64_t weights_header_xxh3;  // hash of its header (checked at load),
   uint64_t weights_xxh3;         // hash of all of it (checked on request: inspect --verify)
@@ -70,7 +70,9 @@ Result<std::unique_ptr<fb::ProgramT>> parse_program(std::span<const uint8_t> byt
 Status validate_program(const fb::ProgramT& p);
 // Header + FlatBuffer bytes for `p` (not validated here), format 2.
 std::vector<uint8_t> serialize_program(const fb::ProgramT& p);
-// Records `w` in the header of a serialized program.
+// The format 2 checksum: XXH3-64 of the header with checksum_xxh3 = 0, then the FlatBuffer.
+uint64_t program_checksum(const FileHeader& h, std::span<const uint8_t> body);
+// Records `w` in the header of a serialized program (and the checksum again).
 void stamp_weights(std::vector<uint8_t>& file, const WeightsStamp& w);
 // The record of the weights file at `path` (its header, and every byte read and hashed).
 Result<WeightsStamp> weights_stamp(const std::string& path);
