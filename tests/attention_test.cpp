@@ -113,6 +113,8 @@ TEST(Attention, SameBitsAsTheDecomposedOps) {
   // Rows of more than 128 keys and head dims beyond 32 and 128 (the GPU's strides).
   check({DType::kBF16, 2, 200, 2, 1, 160, 256, 0, false});
   check({DType::kF32, 1, 300, 2, 2, 40, 320, 100, true});
+  // Past 4,096 scores a row leaves the GPU's shared memory for a scratch buffer.
+  check({DType::kBF16, 2, 4200, 2, 1, 32, 4224, 0, true});
 }
 
 TEST(Attention, PositionPastTheCacheIsAnError) {

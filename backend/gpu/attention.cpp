@@ -7,6 +7,7 @@ namespace switchboard::gpu {
 namespace {
 
 constexpr int64_t kMaxHeadDim = 256;  // attention.comp's shared arrays
+constexpr int64_t kRowMax = 4096;     // attention.comp's kRowMax
 
 Status attention(KernelContext& ctx, const fb::OpNodeUnion& op) {
   const auto* n = op.AsAttentionNode();
@@ -30,7 +31,9 @@ Status attention(KernelContext& ctx, const fb::OpNodeUnion& op) {
                      (long long)n->window);
   SB_ASSIGN_OR_RETURN(Tensor out, rt.alloc(q.dtype(), {d.m, d.hq * d.hd}));
   SB_ASSIGN_OR_RETURN(BufferRef bo, rt.bind(out, false));
-  SB_ASSIGN_OR_RETURN(Tensor scratch, rt.alloc(DType::kF32, {d.m * d.hq * (d.len + 1)}));
+  // Rows of more than kRowMax scores live in a scratch buffer instead of shared memory.
+  const bool in_shared = d.len + (n->sinks ? 1 : 0) <= kRowMax;
+  SB_ASSIGN_OR_RETURN(Tensor scratch, rt.alloc(DType::kF32, {in_shared ? 1 : d.m * d.hq * (d.len + 1)}));
   SB_ASSIGN_OR_RETURN(BufferRef bt, rt.bind(scratch, false));
   k::AttentionArgs args{static_cast<uint32_t>(d.m),     static_cast<uint32_t>(d.hq),     static_cast<uint32_t>(d.hk),
                         static_cast<uint32_t>(d.hd),    static_cast<uint32_t>(d.cache),  static_cast<uint32_t>(d.pos),
