@@ -9,6 +9,7 @@
 #include <random>
 
 #include "cli.h"
+#include "switchboard/builder.h"
 #include "switchboard/model.h"
 
 namespace switchboard::cli {
@@ -31,11 +32,40 @@ double peak_rss_mib() {
   return static_cast<double>(ru.ru_maxrss) / 1024.0;  // Linux reports KiB
 }
 
+// The synthetic shape's first o.layers layers, built and filled in memory: a per-layer
+// comparison needs no 17 GB export (the weights are the ones `export --synthetic` writes).
+Result<std::shared_ptr<const Program>> synthetic_model(const BenchModelOptions& o) {
+  SB_ASSIGN_OR_RETURN(models::ModelConfig c, models::synthetic_config(o.synthetic));
+  if (o.layers > 0 && o.layers < c.layers) {
+    c.layers = o.layers;
+    c.moe_layer.resize(static_cast<size_t>(c.layers));
+  }
+  c.max_seq = o.max_seq > 0 ? o.max_seq : o.prompt_len + o.gen;
+  models::ExportFormat f;
+  auto dtype = dtype_from_name(o.dtype);
+  if (!dtype) return make_error(StatusCode::kInvalidArgument, "--dtype %s: f32, f16 or bf16", o.dtype.c_str());
+  f.dtype = *dtype;
+  f.bits = o.bits;
+  f.group_size = o.group_size;
+  SB_RETURN_IF_ERROR(models::check_config(c));
+  SB_RETURN_IF_ERROR(models::check_format(c, f));
+  ProgramBuilder b;
+  SB_RETURN_IF_ERROR(models::build_decoder(c, f, b));
+  SB_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, b.serialize());
+  LoadOptions lo;
+  SB_ASSIGN_OR_RETURN(lo.constants, models::collect_weights([&](const models::WeightSink& sink) {
+    return models::synthetic_weights(c, f, 2026, nullptr, sink);
+  }));
+  return Program::from_bytes(std::move(bytes), strformat("synthetic %s, %lld layers", o.synthetic.c_str(),
+                                                         static_cast<long long>(c.layers)),
+                             lo);
+}
+
 }  // namespace
 
 int run_bench_model(const BenchModelOptions& o) {
   if (o.threads > 0) set_cpu_threads(o.threads);
-  auto program = load_model(o.program);
+  auto program = o.synthetic.empty() ? load_model(o.program) : synthetic_model(o);
   if (!program) return fail(program.status());
   const Program& p = **program;
   const int64_t vocab = attribute(p, "model.vocab"), max_seq = attribute(p, "model.max_seq");
@@ -66,7 +96,8 @@ int run_bench_model(const BenchModelOptions& o) {
   const double bytes_per_token = static_cast<double>(weight_bytes) + mean_pos * static_cast<double>(kv_bytes);
   const double roofline_tps = dram * 1e9 / bytes_per_token;
   nlohmann::json j = {{"benchmark", "model"},
-                      {"program", o.program},
+                      {"program", o.synthetic.empty() ? o.program : "synthetic " + o.synthetic},
+                      {"layers", attribute(p, "model.layers")},
                       {"device", (*session)->device_name()},
                       {"threads", cpu_threads()},
                       {"prompt_len", o.prompt_len},

@@ -52,6 +52,11 @@ int run_validate(const ValidateOptions& o);
 
 struct BenchModelOptions {
   std::string program, device = "cpu";
+  // Instead of --program: a benchmark shape built in memory (no export), its first `layers`
+  // layers (0: all), with random codes as `export --synthetic` writes them.
+  std::string synthetic, dtype = "bf16";
+  int64_t layers = 0, max_seq = 0;
+  int bits = 4, group_size = 64;
   int64_t prompt_len = 512, gen = 64;
   int threads = 0;
   bool json = false;

@@ -47,10 +47,24 @@ int main(int argc, char** argv) {
   switchboard::cli::BenchModelOptions bm;
   auto* bm_cmd = bench_cmd->add_subcommand(
       "model", "Whole-model prefill and decode: tok/s, peak RSS, decode roofline against measured DRAM bandwidth");
-  bm_cmd->add_option("--program", bm.program,
+  auto* bm_src = bm_cmd->add_option_group("model", "what to run");
+  bm_src->add_option("--program", bm.program,
                      "Exported model directory (or its program.sbp); a benchmark-shaped one comes from "
-                     "`export --synthetic qwen3-30b-a3b --bits 4`")
-      ->required();
+                     "`export --synthetic qwen3-30b-a3b --bits 4`");
+  bm_src->add_option("--synthetic", bm.synthetic,
+                     "A benchmark shape built in memory, no export (random codes): qwen3-30b-a3b")
+      ->check(CLI::IsMember({"qwen3-30b-a3b"}));
+  bm_src->require_option(1);
+  bm_cmd->add_option("--layers", bm.layers, "With --synthetic: only the first N layers (default: all)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1024}));
+  bm_cmd->add_option("--bits", bm.bits, "With --synthetic: bits of every linear (2, 3, 4, 5, 6, 8)")
+      ->check(CLI::IsMember({2, 3, 4, 5, 6, 8}));
+  bm_cmd->add_option("--group-size", bm.group_size, "With --synthetic: quantization group size")
+      ->check(CLI::IsMember({32, 64, 128}));
+  bm_cmd->add_option("--dtype", bm.dtype, "With --synthetic: float weights f32 | f16 | bf16")
+      ->check(CLI::IsMember({"f32", "f16", "bf16"}));
+  bm_cmd->add_option("--max-seq", bm.max_seq, "With --synthetic: KV cache length (default: prompt + gen)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   bm_cmd->add_option("--prompt-len", bm.prompt_len, "Prompt tokens (prefill)")->check(CLI::Range(1, 8192));
   bm_cmd->add_option("--gen", bm.gen, "Generated tokens (decode steps + 1)")->check(CLI::Range(1, 8192));
   bm_cmd->add_option("--device", bm.device, "cpu | vulkan | vulkan:N (no Vulkan: the CPU, with a message)");
