@@ -119,6 +119,10 @@ int run_bench_model(const BenchModelOptions& o) {
     j["device_gbps"] = gbps;
     j["prefill_gpu_tok_s"] = static_cast<double>(o.prompt_len) / (g->prefill_device_us * 1e-6);
     j["decode_gpu_tok_s"] = gpu_tps;
+    j["dispatches_per_decode_token"] = static_cast<double>(g->decode_dispatches) / static_cast<double>(steps);
+    j["prefill_dispatches"] = g->prefill_dispatches;
+    // Host time a decode token adds beyond its kernels (recording, submission, waits).
+    j["decode_host_us_per_token"] = (g->decode_seconds * 1e6 - g->decode_device_us) / static_cast<double>(steps);
     if (gbps > 0) j["gpu_decode_roofline_ratio"] = gpu_tps / (gbps * 1e9 / bytes_per_token);
   }
   std::printf("%s\n", o.json ? j.dump().c_str() : j.dump(2).c_str());

@@ -53,9 +53,24 @@ class GpuRuntime {
   // declare specialization constants (the Vulkan-only *_dot4 row kernels). `handoff`: bit
   // i set where the kernel itself waits for binding i's values from an earlier dispatch
   // (only where cross_dispatch_handoff()): no barrier for that binding.
-  virtual Status dispatch(const char* kernel, const std::vector<BufferRef>& bindings, const void* args,
-                          size_t args_size, uint64_t invocations, const SpecConstants& spec = {},
-                          uint32_t handoff = 0) = 0;
+  Status dispatch(const char* kernel, const std::vector<BufferRef>& bindings, const void* args, size_t args_size,
+                  uint64_t invocations, const SpecConstants& spec = {}, uint32_t handoff = 0) {
+    ++dispatches_;
+    return record_dispatch(kernel, bindings, args, args_size, invocations, spec, handoff);
+  }
+  // Dispatches recorded since the runtime opened (`bench model`: dispatches per token).
+  uint64_t dispatches() const { return dispatches_; }
+
+ protected:
+  // The device's own recording of one dispatch (dispatch() above counts, then calls it).
+  virtual Status record_dispatch(const char* kernel, const std::vector<BufferRef>& bindings, const void* args,
+                                 size_t args_size, uint64_t invocations, const SpecConstants& spec,
+                                 uint32_t handoff) = 0;
+
+ private:
+  uint64_t dispatches_ = 0;
+
+ public:
   // Runs what was recorded and waits; errors name the SB_ERR_* bits raised.
   virtual Status sync() = 0;
   // Memory the heap tensors live in has free now (Vulkan: VK_EXT_memory_budget, else the

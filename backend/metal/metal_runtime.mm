@@ -61,8 +61,9 @@ class MetalRuntime final : public gpu::MappedRuntime {
   const std::string& description() const override { return description_; }
   // `spec` is ignored: only the Vulkan-only *_dot4 kernels declare specialization constants;
   // so is `handoff` (cross_dispatch_handoff() is false: every dependency takes a barrier).
-  Status dispatch(const char* kernel, const std::vector<gpu::BufferRef>& bindings, const void* args, size_t args_size,
-                  uint64_t invocations, const gpu::SpecConstants& spec = {}, uint32_t handoff = 0) override;
+  Status record_dispatch(const char* kernel, const std::vector<gpu::BufferRef>& bindings, const void* args,
+                         size_t args_size, uint64_t invocations, const gpu::SpecConstants& spec,
+                         uint32_t handoff) override;
   Status sync() override;
   double last_gpu_us() const override { return last_gpu_us_; }
 
@@ -144,8 +145,9 @@ Result<Pipeline*> MetalRuntime::compile_pipeline(const char* name) {
   return &pipelines_.emplace(name, Pipeline{state, info}).first->second;
 }
 
-Status MetalRuntime::dispatch(const char* kernel, const std::vector<gpu::BufferRef>& bindings, const void* args,
-                              size_t args_size, uint64_t invocations, const gpu::SpecConstants&, uint32_t) {
+Status MetalRuntime::record_dispatch(const char* kernel, const std::vector<gpu::BufferRef>& bindings,
+                                     const void* args, size_t args_size, uint64_t invocations,
+                                     const gpu::SpecConstants&, uint32_t) {
   @autoreleasepool {
     return record(kernel, bindings, args, args_size, invocations);
   }

@@ -17,6 +17,7 @@ Result<Generation> generate(Session& session, const std::vector<int32_t>& prompt
   int64_t pos = 0;
   for (int64_t step = 0; step < new_tokens; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
+    const uint64_t d0 = session.device_dispatches();
     SB_ASSIGN_OR_RETURN(Tensor tokens, Tensor::from_vector(DType::kI32, {static_cast<int64_t>(feed.size())}, feed));
     SB_RETURN_IF_ERROR(session.set_input("tokens", tokens));
     SB_RETURN_IF_ERROR(session.set_input_value("pos", pos));
@@ -31,6 +32,7 @@ Result<Generation> generate(Session& session, const std::vector<int32_t>& prompt
     const double us = session.last_device_time_us();
     double& dev = step == 0 ? g.prefill_device_us : g.decode_device_us;
     dev = us < 0 || dev < 0 ? -1 : dev + us;
+    (step == 0 ? g.prefill_dispatches : g.decode_dispatches) += session.device_dispatches() - d0;
     g.tokens.push_back(next.data_as<int32_t>()[0]);
     pos += static_cast<int64_t>(feed.size());
     feed.assign(1, forced ? (*forced)[static_cast<size_t>(step)] : g.tokens.back());

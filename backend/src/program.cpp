@@ -266,5 +266,6 @@ Status Session::reset() { return interp_->reset(); }
 const std::string& Session::device_name() const { return interp_->device_name(); }
 const std::string& Session::device_description() const { return interp_->device_description(); }
 double Session::last_device_time_us() const { return interp_->last_device_us(); }
+uint64_t Session::device_dispatches() const { return interp_->device_dispatches(); }
 
 }  // namespace switchboard

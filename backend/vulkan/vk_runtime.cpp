@@ -629,7 +629,7 @@ Status VulkanRuntime::submit_slice() {
   return Status::ok();
 }
 
-Status VulkanRuntime::dispatch(const char* kernel, const std::vector<gpu::BufferRef>& bindings, const void* args,
+Status VulkanRuntime::record_dispatch(const char* kernel, const std::vector<gpu::BufferRef>& bindings, const void* args,
                                size_t args_size, uint64_t invocations, const gpu::SpecConstants& spec,
                                uint32_t handoff) {
   if (invocations == 0) return Status::ok();

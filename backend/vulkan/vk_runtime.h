@@ -27,8 +27,9 @@ class VulkanRuntime final : public gpu::MappedRuntime {
   ~VulkanRuntime() override;
 
   const std::string& description() const override { return description_; }
-  Status dispatch(const char* kernel, const std::vector<gpu::BufferRef>& bindings, const void* args, size_t args_size,
-                  uint64_t invocations, const gpu::SpecConstants& spec = {}, uint32_t handoff = 0) override;
+  Status record_dispatch(const char* kernel, const std::vector<gpu::BufferRef>& bindings, const void* args,
+                         size_t args_size, uint64_t invocations, const gpu::SpecConstants& spec,
+                         uint32_t handoff) override;
   Status sync() override;
   double last_gpu_us() const override { return last_gpu_us_; }
   uint64_t memory_bytes() const override;

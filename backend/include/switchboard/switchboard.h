@@ -145,6 +145,8 @@ class Session {
   // GPU time of the last execute() (first kernel start to last kernel end, from device
   // timestamps) in microseconds; -1 on the CPU or without timestamps.
   double last_device_time_us() const;
+  // Kernel dispatches the session's GPU device has recorded so far (0 on the CPU).
+  uint64_t device_dispatches() const;
   ~Session();
 
  private:
