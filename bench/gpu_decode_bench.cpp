@@ -133,6 +133,42 @@ std::vector<Case> cases() {
                [](ProgramBuilder& b, int r, const In& in, std::map<std::string, Tensor>& c) {
                  return b.gather_qmm(in.x, experts(b, c, "q", r, 1, 4096, 2048));
                }});
+  // Qwen3-30B-A3B attention at decode (32 query heads, 4 KV heads of 128, bf16, 576 keys of a
+  // 640-key cache), as the Attention op and as the decoder's decomposed ops (the mask, made
+  // once per step and shared by the layers, is a constant here). Distinct caches per copy.
+  for (DType dt : {DType::kBF16, DType::kF32})
+  for (int64_t m : {int64_t{1}, int64_t{64}}) {
+    const int64_t pos = 576 - m;
+    auto operands = [m, dt](ProgramBuilder& b, int r, std::map<std::string, Tensor>& c, TensorRef* q, TensorRef* kc,
+                        TensorRef* vc) {
+      const std::string id = std::to_string(r);
+      c["aq" + id] = filled(dt, {m, 32, 128}, 31 + r, 1.f);
+      c["ak" + id] = filled(dt, {4, 640, 128}, 37 + r, 1.f);
+      c["av" + id] = filled(dt, {4, 640, 128}, 41 + r, 1.f);
+      *q = b.constant("aq" + id, dt, {m, 32, 128});
+      *kc = b.constant("ak" + id, dt, {4, 640, 128});
+      *vc = b.constant("av" + id, dt, {4, 640, 128});
+    };
+    const std::string shape = "_m" + std::to_string(m) + "_len576_q32_kv4_" + dtype_name(dt);
+    v.push_back({"attention_op" + shape, 2.0 * 4 * 576 * 128 * 2,
+                 [operands, pos](ProgramBuilder& b, int r, const In&, std::map<std::string, Tensor>& c) {
+                   TensorRef q, kc, vc;
+                   operands(b, r, c, &q, &kc, &vc);
+                   return b.attention(q, kc, vc, pos, 0.08837890625f, -1.0e30f);
+                 }});
+    v.push_back({"attention_decomposed" + shape, 2.0 * 4 * 576 * 128 * 2,
+                 [operands, pos, m, dt](ProgramBuilder& b, int r, const In&, std::map<std::string, Tensor>& c) {
+                   TensorRef q, kc, vc;
+                   operands(b, r, c, &q, &kc, &vc);
+                   c["am" + std::to_string(r)] = Tensor::zeros(dt, {m, 576}).value();
+                   TensorRef mask = b.constant("am" + std::to_string(r), dt, {m, 576});
+                   TensorRef keys = b.slice(kc, 1, 0, pos + m), values = b.slice(vc, 1, 0, pos + m);
+                   TensorRef sc = b.batch_matmul(b.transpose(q, {1, 0, 2}), keys);
+                   sc = b.add(b.mul(sc, b.full({1}, dt, 0.08837890625)), mask);
+                   TensorRef o = b.batch_matmul(b.softmax(sc), values, false);
+                   return b.reshape(b.transpose(o, {1, 0, 2}), {m, 32 * 128});
+                 }});
+  }
   return v;
 }
 
