@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "op_harness.h"
+#include "test_util.h"
 #include "switchboard/model.h"
 #include "switchboard/switchboard.h"
 
@@ -24,13 +25,7 @@ std::shared_ptr<const Program> tiny_program() {
     std::string tmpl = ::testing::TempDir() + "/sb_concurrency_XXXXXX";
     EXPECT_NE(mkdtemp(tmpl.data()), nullptr);
     const fs::path out = fs::path(tmpl) / "tiny";
-    models::ExportFormat f;
-    f.bits = 4;
-    f.group_size = 64;
-    const models::ModelConfig c = models::tiny_test_config();
-    Status st = models::write_model(out.string(), c, f, [&](const models::WeightSink& sink) {
-      return models::random_weights(c, f, 2026, sink);
-    });
+    Status st = testing::export_tiny_model(out.string());
     EXPECT_TRUE(st.is_ok()) << st.to_string();
     auto p = Program::load((out / "program.sbp").string(), LoadOptions{{(out / "weights.safetensors").string()}});
     EXPECT_TRUE(p.is_ok()) << p.status().to_string();

@@ -16,6 +16,7 @@
 #include "file_io.h"
 #include "no_throw.h"
 #include "safetensors.h"
+#include "test_util.h"
 #include "switchboard/builder.h"
 #include "switchboard/model.h"
 #include "switchboard/switchboard.h"
@@ -137,14 +138,7 @@ TEST(HostileInput, BufferClaimsBeyondTheMachinesMemoryFailBeforeAllocating) {
 
 // --- exports: atomic per OUT, never deleting what the run did not create ----------------
 
-Status export_tiny(const std::string& out, int bits) {
-  models::ModelConfig c = models::tiny_test_config();
-  models::ExportFormat f;
-  f.bits = bits;
-  f.group_size = 64;
-  auto w = models::random_weights(c, f, 2026);
-  return w ? models::write_model(out, c, f, *w) : w.status();
-}
+Status export_tiny(const std::string& out, int bits) { return testing::export_tiny_model(out, bits); }
 
 std::string slurp(const std::string& path) {
   auto text = read_text_file(path, 1 << 30, "test");

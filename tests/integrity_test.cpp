@@ -13,6 +13,7 @@
 
 #include "op_harness.h"
 #include "safetensors.h"
+#include "test_util.h"
 #include "switchboard/builder.h"
 #include "switchboard/model.h"
 #include "switchboard/switchboard.h"
@@ -34,13 +35,7 @@ fs::path scratch(const std::string& name) {
 // The tiny test model exported to `out` (4-bit; the seed fixes the weights).
 fs::path export_tiny(const std::string& name, uint64_t seed = 2026) {
   const fs::path out = scratch(name);
-  models::ExportFormat f;
-  f.bits = 4;
-  f.group_size = 64;
-  const models::ModelConfig c = models::tiny_test_config();
-  Status st = models::write_model(out.string(), c, f, [&](const models::WeightSink& sink) {
-    return models::random_weights(c, f, seed, sink);
-  });
+  Status st = testing::export_tiny_model(out.string(), 4, seed);
   EXPECT_TRUE(st.is_ok()) << st.to_string();
   return out;
 }
@@ -187,13 +182,7 @@ TEST(Integrity, ReexportDoesNotDisturbARunningSession) {
   const std::vector<int32_t> want = tokens(*p);
   auto s = Session::create(*p, SessionOptions{"cpu"});
   ASSERT_TRUE(s.is_ok());
-  models::ExportFormat f;
-  f.bits = 8;
-  f.group_size = 64;
-  const models::ModelConfig c = models::tiny_test_config();
-  ASSERT_TRUE(models::write_model(out.string(), c, f, [&](const models::WeightSink& sink) {
-                return models::random_weights(c, f, 99, sink);
-              }).is_ok());
+  ASSERT_TRUE(testing::export_tiny_model(out.string(), 8, 99).is_ok());
   auto g = models::generate(**s, {3, 1, 4, 1}, 5, false);
   ASSERT_TRUE(g.is_ok()) << g.status().to_string();
   EXPECT_EQ(g->tokens, want);

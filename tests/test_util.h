@@ -10,6 +10,7 @@
 #include "op_info.h"
 #include "program_impl.h"
 #include "switchboard/builder.h"
+#include "switchboard/model.h"
 #include "switchboard/switchboard.h"
 
 namespace switchboard::testing {
@@ -52,6 +53,17 @@ inline std::shared_ptr<const Program> load(const std::vector<uint8_t>& bytes) {
   auto p = Program::from_bytes(bytes, "test");
   EXPECT_TRUE(p.is_ok()) << p.status().to_string();
   return p.is_ok() ? *p : nullptr;
+}
+
+// The tiny test model (group 64, `bits`-bit linears, weights from `seed`) exported to `out`.
+inline Status export_tiny_model(const std::string& out, int bits = 4, uint64_t seed = 2026) {
+  const models::ModelConfig c = models::tiny_test_config();
+  models::ExportFormat f;
+  f.bits = bits;
+  f.group_size = 64;
+  return models::write_model(out, c, f, [&](const models::WeightSink& sink) {
+    return models::random_weights(c, f, seed, sink);
+  });
 }
 
 }  // namespace switchboard::testing

@@ -61,16 +61,6 @@ class GpuRuntime {
   // Dispatches recorded since the runtime opened (`bench model`: dispatches per token).
   uint64_t dispatches() const { return dispatches_; }
 
- protected:
-  // The device's own recording of one dispatch (dispatch() above counts, then calls it).
-  virtual Status record_dispatch(const char* kernel, const std::vector<BufferRef>& bindings, const void* args,
-                                 size_t args_size, uint64_t invocations, const SpecConstants& spec,
-                                 uint32_t handoff) = 0;
-
- private:
-  uint64_t dispatches_ = 0;
-
- public:
   // Runs what was recorded and waits; errors name the SB_ERR_* bits raised.
   virtual Status sync() = 0;
   // Memory the heap tensors live in has free now (Vulkan: VK_EXT_memory_budget, else the
@@ -110,6 +100,13 @@ class GpuRuntime {
   bool cross_workgroup_handoff_ = false;
   bool cross_dispatch_handoff_ = false;
   uint64_t submissions_ = 0;
+  // The device's own recording of one dispatch (dispatch() counts, then calls it).
+  virtual Status record_dispatch(const char* kernel, const std::vector<BufferRef>& bindings, const void* args,
+                                 size_t args_size, uint64_t invocations, const SpecConstants& spec,
+                                 uint32_t handoff) = 0;
+
+ private:
+  uint64_t dispatches_ = 0;
 };
 
 inline bool same_ref(const BufferRef& a, const BufferRef& b) {

@@ -498,9 +498,10 @@ Status check_out_dir(const fs::path& out) {
 // another run or the user left there is never touched.
 Result<fs::path> private_dir(const fs::path& out) {
   std::error_code ec;
-  std::string tmpl = fs::is_directory(out, ec) ? (out / ".partial-XXXXXX").string() : out.string() + ".partial-XXXXXX";
-  if (out.filename().string().size() + 15 > NAME_MAX && !fs::is_directory(out, ec))  // a long OUT name
-    tmpl = (out.parent_path() / ".partial-XXXXXX").string();
+  std::string tmpl = (out / ".partial-XXXXXX").string();
+  if (!fs::is_directory(out, ec))  // beside OUT, or in its parent when OUT's name leaves no room
+    tmpl = out.filename().string().size() + 15 > NAME_MAX ? (out.parent_path() / ".partial-XXXXXX").string()
+                                                           : out.string() + ".partial-XXXXXX";
   if (!::mkdtemp(tmpl.data()))
     return make_error(StatusCode::kIoError, "%s: cannot create a staging directory for it: %s", out.c_str(),
                       std::strerror(errno));
