@@ -1,7 +1,9 @@
 // Per-op cost of the decode-step kernels on a device: a program of R copies of one op
 // (distinct weights per copy, so weights are not cache-resident across copies), device
 // time from the device's timestamps divided by R. That is the op's kernel time plus
-// its share of launch and barrier cost, which is what a decode step pays per op.
+// its share of launch and barrier cost, which is what a decode step pays per op. Copies
+// that do not chain (`chained` false) run side by side on the GPU, so their figure is a
+// throughput: `--reps 1` gives one op's latency, what a model's decode step waits for.
 // Run: build/release/bin/gpu_decode_bench --device vulkan [--reps 16] [--iters 20] [--case NAME-PART]
 // Prints one JSON object per case.
 #include <algorithm>
@@ -154,7 +156,13 @@ std::vector<Case> cases() {
                  [operands, pos](ProgramBuilder& b, int r, const In&, std::map<std::string, Tensor>& c) {
                    TensorRef q, kc, vc;
                    operands(b, r, c, &q, &kc, &vc);
-                   return b.attention(q, kc, vc, pos, 0.08837890625f, -1.0e30f);
+                   return b.attention(q, kc, vc, pos, 0.08837890625f);
+                 }});
+    v.push_back({"attention_op_decomposed_order" + shape, 2.0 * 4 * 576 * 128 * 2,
+                 [operands, pos](ProgramBuilder& b, int r, const In&, std::map<std::string, Tensor>& c) {
+                   TensorRef q, kc, vc;
+                   operands(b, r, c, &q, &kc, &vc);
+                   return b.attention_decomposed_order(q, kc, vc, pos, 0.08837890625f, -1.0e30f);
                  }});
     v.push_back({"attention_decomposed" + shape, 2.0 * 4 * 576 * 128 * 2,
                  [operands, pos, m, dt](ProgramBuilder& b, int r, const In&, std::map<std::string, Tensor>& c) {

@@ -1,6 +1,8 @@
-// Attention over a KV cache in one op (schema AttentionNode): the order and roundings of
-// the decomposed ops it replaces (BatchMatmul, Mul, mask Add, Softmax, BatchMatmul), so a
-// model gives the same bits either way (docs/numerics.md).
+// Attention over a KV cache in one op (schema AttentionNode), in either order of
+// docs/numerics.md: Blocked32 (key blocks of 32, merged with a running max: the order every
+// device splits the same way) or Decomposed (the bits of BatchMatmul, Mul, mask Add,
+// Softmax, BatchMatmul, schema v5's only order).
+#include <algorithm>
 #include <array>
 
 #include "cpu_common.h"
@@ -61,6 +63,86 @@ void attend(const Step& st, int64_t i, int64_t h, std::vector<float>& s, std::ve
   for (int64_t c = 0; c < d.hd; ++c) out[c] = round_to(acc[c], st.dt);
 }
 
+// Blocked32's caches as f32 rows: the cache itself when it is f32, else its first len rows
+// of each head widened.
+struct Rows {
+  std::vector<float> widened;
+  const float* base = nullptr;
+  int64_t head_stride = 0;
+  const float* row(int64_t kh, int64_t j, int64_t hd) const { return base + kh * head_stride + j * hd; }
+};
+Rows f32_rows(const Tensor& cache, const AttentionDims& d) {
+  Rows r;
+  if (cache.dtype() == DType::kF32) {
+    r.base = cache.data_as<float>();
+    r.head_stride = d.cache * d.hd;
+  } else {
+    r.widened = widen_rows(cache, d);
+    r.base = r.widened.data();
+    r.head_stride = d.len * d.hd;
+  }
+  return r;
+}
+
+struct BlockedStep {
+  const AttentionDims& d;
+  const fb::AttentionNodeT& n;
+  DType dt;
+  const float *q, *sinks;
+  const Rows &k, &v;
+};
+
+// The running state (m, l, o) takes in one more block (mb, lb, ob): exps against the new max.
+void merge(float& m, float& l, float* o, float mb, float lb, const float* ob, int64_t hd) {
+  const float mn = max_f32(m, mb), a = exact::exp(m - mn), c = exact::exp(mb - mn);
+  l = l * a + lb * c;
+  for (int64_t x = 0; x < hd; ++x) o[x] = o[x] * a + ob[x] * c;
+  m = mn;
+}
+
+// One query row of one head in Blocked32 order into out[0..hd).
+void attend_blocked(const BlockedStep& st, int64_t i, int64_t h, std::vector<float>& o, std::vector<float>& ob,
+                    float* out) {
+  const AttentionDims& d = st.d;
+  const int64_t kh = h / (d.hq / d.hk), hd = d.hd;
+  const float* qv = st.q + (i * d.hq + h) * hd;
+  const KeyRange keys = visible_keys(d.pos + i, st.n.window);
+  float s[kAttentionBlock], m = 0.0f, l = 0.0f;
+  for (int64_t b0 = keys.lo - keys.lo % kAttentionBlock; b0 < keys.hi; b0 += kAttentionBlock) {
+    const int64_t j0 = std::max(keys.lo, b0), j1 = std::min(keys.hi, b0 + kAttentionBlock);
+    float mb = 0.0f;
+    for (int64_t j = j0; j < j1; ++j) {
+      float x = round_to(dot32(qv, st.k.row(kh, j, hd), hd), st.dt);
+      x = round_to(x * st.n.scale, st.dt);
+      s[j - b0] = x;
+      mb = j == j0 ? x : max_f32(mb, x);
+    }
+    float lb = 0.0f;
+    std::fill(ob.begin(), ob.end(), 0.0f);
+    for (int64_t j = j0; j < j1; ++j) {
+      const float e = exact::exp(s[j - b0] - mb);
+      lb = lb + e;
+      const float* vr = st.v.row(kh, j, hd);
+      for (int64_t x = 0; x < hd; ++x) ob[x] = ob[x] + e * vr[x];
+    }
+    if (j0 == keys.lo) {
+      m = mb, l = lb;
+      o = ob;
+    } else {
+      merge(m, l, o.data(), mb, lb, ob.data(), hd);
+    }
+  }
+  if (st.sinks) {  // a block of one key with l = 1 and no values
+    const float sv = round_to(st.sinks[h] + 0.0f, st.dt);
+    const float mn = max_f32(m, sv), a = exact::exp(m - mn), c = exact::exp(sv - mn);
+    l = l * a + c;
+    for (int64_t x = 0; x < hd; ++x) o[x] = o[x] * a;
+    m = mn;
+  }
+  const float r = exact::rcp(l);
+  for (int64_t x = 0; x < hd; ++x) out[x] = round_to(o[x] * r, st.dt);
+}
+
 Status attention(KernelContext& ctx, const fb::OpNodeUnion& op) {
   const auto* n = op.AsAttentionNode();
   SB_ASSIGN_OR_RETURN(Tensor q, ctx.in(n->q.get()));
@@ -72,9 +154,22 @@ Status attention(KernelContext& ctx, const fb::OpNodeUnion& op) {
   }
   SB_ASSIGN_OR_RETURN(int64_t pos, ctx.resolve(n->pos.get()));
   SB_ASSIGN_OR_RETURN(AttentionDims d, attention_dims(q, k, v, n->sinks ? &sinks : nullptr, pos));
-  const std::vector<float> qf = widen_f32(q), kf = widen_rows(k, d), vf = widen_rows(v, d);
+  const std::vector<float> qf = widen_f32(q);
   const std::vector<float> sf = n->sinks ? widen_f32(sinks) : std::vector<float>{};
   SB_ASSIGN_OR_RETURN(Tensor out, Tensor::uninitialized(q.dtype(), {d.m, d.hq * d.hd}));
+  if (n->order == fb::AttentionOrder::Blocked32) {
+    const Rows kr = f32_rows(k, d), vr = f32_rows(v, d);
+    const BlockedStep st{d, *n, q.dtype(), qf.data(), n->sinks ? sf.data() : nullptr, kr, vr};
+    parallel_for(d.m * d.hq, 1, [&](int64_t r0, int64_t r1) {
+      std::vector<float> o(static_cast<size_t>(d.hd)), ob(static_cast<size_t>(d.hd)), res(static_cast<size_t>(d.hd));
+      for (int64_t r = r0; r < r1; ++r) {
+        attend_blocked(st, r / d.hq, r % d.hq, o, ob, res.data());
+        for (int64_t c = 0; c < d.hd; ++c) store_f32(out.mutable_data(), out.dtype(), r * d.hd + c, res[c]);
+      }
+    });
+    return ctx.out(n->out.get(), std::move(out));
+  }
+  const std::vector<float> kf = widen_rows(k, d), vf = widen_rows(v, d);
   const Step st{d, *n, q.dtype(), qf.data(), kf.data(), vf.data(), n->sinks ? sf.data() : nullptr};
   parallel_for(d.m * d.hq, 1, [&](int64_t r0, int64_t r1) {
     std::vector<float> s(static_cast<size_t>(d.len + 1)), acc(static_cast<size_t>(32 * d.hd)), o(static_cast<size_t>(d.hd));

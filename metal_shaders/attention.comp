@@ -1,10 +1,13 @@
 // Kernel variants of this file, one line each (metal_shaders/README.md, "Variants"):
 // SB_KERNEL(attention, ATTENTION, "rrrrbw", AttentionArgs, SB_ATTENTION_ARGS, 128, 0)
+// SB_KERNEL(attention_blocks, ATTENTION_BLOCKS, "rrrw", AttentionArgs, SB_ATTENTION_ARGS, 128, 0)
+// SB_KERNEL(attention_merge, ATTENTION_MERGE, "rrw", AttentionArgs, SB_ATTENTION_ARGS, 128, 0)
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
-// Attention over a KV cache (schema AttentionNode) in the order of docs/numerics.md; twin of
-// cpu_fallback/attention.cpp. Thread -> output: workgroup w computes query row i = w / hq of
+// Attention over a KV cache (schema AttentionNode) in the orders of docs/numerics.md; twin of
+// cpu_fallback/attention.cpp.
+// ATTENTION (order Decomposed). Thread -> output: workgroup w computes query row i = w / hq of
 // head h = w % hq. Invocation t scores keys t, t + 128, ... (each a dot32 of its own: 32
 // partials over the head dims, then the halving tree), keeps the row's scores, then exps,
 // then probabilities (in shared memory up to 4096 keys, else in `scratch`); thread 0 alone
@@ -12,25 +15,18 @@
 // computes output columns t, t + 128, ...: 32 partials over the keys (key j feeds partial
 // j % 32), the halving tree, one rounding. Every step rounds to the dtype as the
 // decomposed ops (BatchMatmul, Mul, Add, Softmax, BatchMatmul) store their results.
+// ATTENTION_BLOCKS (order Blocked32). Thread -> output: workgroup w is key block b = w % nb of
+// pair r = w / nb (row row0 + r / hq, head r % hq); thread t holds partials 8 (t % 4) .. +7 of
+// key t / 4's dot32, threads 0..31 finish key t's score and exp, thread t sums o_b columns
+// t, t + 128; thread 0 writes (m_b, l_b). Blocks without a visible key write nothing.
+// ATTENTION_MERGE (order Blocked32). Thread -> output: workgroup w is pair w; thread t merges
+// the blocks of output words t, t + 128, ... (one or two columns a word) in block order.
 #include "common.glsl"
 
 layout(local_size_x = 128) in;
-layout(std430, binding = 0) readonly buffer Q { uint q[]; };
-layout(std430, binding = 1) readonly buffer K { uint k[]; };
-layout(std430, binding = 2) readonly buffer V { uint v[]; };
-layout(std430, binding = 3) readonly buffer S { uint sinks[]; };
-layout(std430, binding = 4) buffer Scratch { float scratch[]; };
-layout(std430, binding = 5) writeonly buffer O { uint o[]; };
 layout(push_constant) uniform Args { SB_ATTENTION_ARGS } args;
-
 const uint kT = 128u;
-const uint kMaxHd = 256u;    // the host refuses larger heads
-const uint kRowMax = 4096u;  // rows of up to this many scores stay in shared memory
-shared float s_q[kMaxHd];
-shared float s_out[kMaxHd];
-shared float s_red[kT];
-shared float s_row[kRowMax];
-shared float s_rcp;
+const uint kMaxHd = 256u;  // the host refuses larger heads
 
 float rnd(float x) { return sb_round_to(x, args.dtype); }
 
@@ -39,6 +35,21 @@ float rnd(float x) { return sb_round_to(x, args.dtype); }
   [[unroll]] for (uint h2 = 16u; h2 >= 1u; h2 >>= 1u) {                \
     [[unroll]] for (uint l = 0u; l < h2; ++l) p[l] = p[l] + p[l + h2]; \
   }
+
+#ifdef ATTENTION
+layout(std430, binding = 0) readonly buffer Q { uint q[]; };
+layout(std430, binding = 1) readonly buffer K { uint k[]; };
+layout(std430, binding = 2) readonly buffer V { uint v[]; };
+layout(std430, binding = 3) readonly buffer S { uint sinks[]; };
+layout(std430, binding = 4) buffer Scratch { float scratch[]; };
+layout(std430, binding = 5) writeonly buffer O { uint o[]; };
+
+const uint kRowMax = 4096u;  // rows of up to this many scores stay in shared memory
+shared float s_q[kMaxHd];
+shared float s_out[kMaxHd];
+shared float s_red[kT];
+shared float s_row[kRowMax];
+shared float s_rcp;
 
 // The row's scores, then exps, then probabilities: in shared memory when they fit, else in
 // this workgroup's part of `scratch` (the same values either way).
@@ -151,3 +162,137 @@ void main() {
     o[w * words + wd] = per == 1u ? floatBitsToUint(s_out[c]) : sb_encode_word(s_out[c], s_out[c + 1u], args.dtype);
   }
 }
+#endif  // ATTENTION
+
+#if defined(ATTENTION_BLOCKS) || defined(ATTENTION_MERGE)
+const uint kBlock = 32u;  // op_shapes.h kAttentionBlock
+
+// Pair r of this dispatch: its query row's visible keys [lo, hi) (op_shapes.h visible_keys).
+void visible(uint r, out uint lo, out uint hi) {
+  uint at = args.pos + args.row0 + r / args.hq;
+  lo = args.window > 0u && at + 1u > args.window ? at + 1u - args.window : 0u;
+  hi = at + 1u;
+}
+uint ml_at(uint r, uint b) { return (r * args.nb + b) * 2u; }
+uint ob_at(uint r, uint b) { return args.rows * args.hq * args.nb * 2u + (r * args.nb + b) * args.hd; }
+#endif
+
+#ifdef ATTENTION_BLOCKS
+layout(std430, binding = 0) readonly buffer Q { uint q[]; };
+layout(std430, binding = 1) readonly buffer K { uint k[]; };
+layout(std430, binding = 2) readonly buffer V { uint v[]; };
+layout(std430, binding = 3) writeonly buffer Scratch { float scratch[]; };
+
+shared float s_q[kMaxHd];
+shared float s_part[kBlock * 33u];  // key kk's 32 partials at kk * 33 (padded against bank clashes)
+shared float s_s[kBlock];
+shared float s_e[kBlock];
+
+void main() {
+  uint t = gl_LocalInvocationID.x;
+  uint w = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
+  if (w >= args.rows * args.hq * args.nb) return;  // uniform over the workgroup
+  uint b = w % args.nb, r = w / args.nb, hd = args.hd;
+  uint i = args.row0 + r / args.hq, h = r % args.hq, kh = h / (args.hq / args.hk);
+  uint lo, hi;
+  visible(r, lo, hi);
+  uint b0 = b * kBlock;
+  if (b0 >= hi || b0 + kBlock <= lo) return;
+  uint j0 = max(lo, b0), j1 = min(hi, b0 + kBlock);
+  for (uint c = t; c < hd; c += kT) s_q[c] = SB_LOAD(q, args.dtype, (i * args.hq + h) * hd + c);
+  barrier();
+
+  // dot32(q, k_j): this thread's 8 partials l = g8 .. g8 + 7 over dims e = l, l + 32, ...
+  uint kk = t >> 2u, g8 = (t & 3u) * 8u, j = b0 + kk;
+  if (j >= j0 && j < j1) {
+    precise float p[8];
+    [[unroll]] for (uint l = 0u; l < 8u; ++l) p[l] = 0.0;
+    uint kb = (kh * args.cache + j) * hd;
+    for (uint e0 = 0u; e0 < hd; e0 += 32u) {
+      [[unroll]] for (uint l = 0u; l < 8u; ++l) {
+        uint e = e0 + g8 + l;
+        if (e < hd) p[l] = p[l] + s_q[e] * SB_LOAD(k, args.dtype, kb + e);
+      }
+    }
+    [[unroll]] for (uint l = 0u; l < 8u; ++l) s_part[kk * 33u + g8 + l] = p[l];
+  }
+  barrier();
+  if (t < kBlock && b0 + t >= j0 && b0 + t < j1) {
+    precise float p[32];
+    [[unroll]] for (uint l = 0u; l < 32u; ++l) p[l] = s_part[t * 33u + l];
+    SB_TREE32(p)
+    precise float x = rnd(p[0]);
+    s_s[t] = rnd(x * args.scale);
+  }
+  barrier();
+
+  // m_b (order-free), e_j = exp(s_j - m_b), then l_b and o_b in key order.
+  float mb = s_s[j0 - b0];
+  for (uint jj = j0 + 1u; jj < j1; ++jj) mb = sb_max(mb, s_s[jj - b0]);
+  if (t < kBlock && b0 + t >= j0 && b0 + t < j1) {
+    precise float d = s_s[t] - mb;
+    s_e[t] = sb_exp(d);
+  }
+  barrier();
+  uint obase = ob_at(r, b);
+  for (uint c = t; c < hd; c += kT) {
+    precise float acc = 0.0;
+    uint vb = kh * args.cache * hd + c;
+    for (uint jj = j0; jj < j1; ++jj) acc = acc + s_e[jj - b0] * SB_LOAD(v, args.dtype, vb + jj * hd);
+    scratch[obase + c] = acc;
+  }
+  if (t == 0u) {
+    precise float lb = 0.0;
+    for (uint jj = j0; jj < j1; ++jj) lb = lb + s_e[jj - b0];
+    scratch[ml_at(r, b)] = mb;
+    scratch[ml_at(r, b) + 1u] = lb;
+  }
+}
+#endif  // ATTENTION_BLOCKS
+
+#ifdef ATTENTION_MERGE
+layout(std430, binding = 0) readonly buffer S { uint sinks[]; };
+layout(std430, binding = 1) readonly buffer Scratch { float scratch[]; };
+layout(std430, binding = 2) writeonly buffer O { uint o[]; };
+
+void main() {
+  uint t = gl_LocalInvocationID.x;
+  uint r = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
+  if (r >= args.rows * args.hq) return;  // uniform over the workgroup
+  uint i = args.row0 + r / args.hq, h = r % args.hq, hd = args.hd;
+  uint lo, hi;
+  visible(r, lo, hi);
+  uint first = lo / kBlock, last = (hi - 1u) / kBlock;
+  uint per = sb_per_word(args.dtype), words = hd / per;
+  for (uint wd = t; wd < words; wd += kT) {
+    uint c = wd * per;
+    // The state (m, l, o) starts as the first block's and takes in each later one.
+    precise float m = scratch[ml_at(r, first)], l = scratch[ml_at(r, first) + 1u];
+    precise float o0 = scratch[ob_at(r, first) + c];
+    precise float o1 = per == 2u ? scratch[ob_at(r, first) + c + 1u] : 0.0;
+    for (uint b = first + 1u; b <= last; ++b) {
+      float mb = scratch[ml_at(r, b)];
+      float mn = sb_max(m, mb);
+      precise float da = m - mn, dc = mb - mn;
+      float a = sb_exp(da), cc = sb_exp(dc);
+      l = l * a + scratch[ml_at(r, b) + 1u] * cc;
+      o0 = o0 * a + scratch[ob_at(r, b) + c] * cc;
+      if (per == 2u) o1 = o1 * a + scratch[ob_at(r, b) + c + 1u] * cc;
+      m = mn;
+    }
+    if (args.has_sinks != 0u) {  // a block of one key with l = 1 and no values
+      precise float sv = SB_LOAD(sinks, args.dtype, h) + 0.0;
+      sv = rnd(sv);
+      float mn = sb_max(m, sv);
+      precise float da = m - mn, dc = sv - mn;
+      float a = sb_exp(da);
+      l = l * a + sb_exp(dc);
+      o0 = o0 * a;
+      o1 = o1 * a;
+    }
+    float rc = sb_rcp(l);
+    precise float y0 = o0 * rc, y1 = o1 * rc;
+    o[(i * args.hq + h) * words + wd] = per == 1u ? floatBitsToUint(rnd(y0)) : sb_encode_word(y0, y1, args.dtype);
+  }
+}
+#endif  // ATTENTION_MERGE

@@ -113,9 +113,11 @@
 // norm.comp: x viewed as [rows, d] (SOFTMAX; RMS_NORM with weight [d], inv_d = f32(1/d)).
 #define SB_NORM_ROW_MAX 4096  // longest row the workgroup-per-row variants stage in shared memory
 #define SB_NORM_ARGS uint rows; uint d; uint dtype; float inv_d; float eps; uint out_dtype; uint pad0; uint pad1;
-// attention.comp: one workgroup per (query row, head); scratch holds each row's len + 1 floats.
+// attention.comp: ATTENTION (order Decomposed): one workgroup per (query row, head), scratch
+// holds each row's len + 1 floats. Blocked32: rows row0 .. row0 + rows - 1 in this dispatch,
+// nb key blocks a row; scratch holds (m_b, l_b) per (row, head, block), then o_b [hd] each.
 #define SB_ATTENTION_ARGS uint m; uint hq; uint hk; uint hd; uint cache; uint pos; uint len; uint dtype; \
-  float scale; float mask_value; uint window; uint has_sinks;
+  float scale; float mask_value; uint window; uint has_sinks; uint row0; uint rows; uint nb; uint pad0;
 
 // probe.comp: the start-up check of a device's arithmetic against the contract.
 #define SB_PROBE_ARGS uint n; uint pad0; uint pad1; uint pad2;

@@ -1,5 +1,8 @@
-// Attention over a KV cache on the GPU (metal_shaders/attention.comp): one workgroup per
-// (query row, head), each row's scores kept in a scratch buffer.
+// Attention over a KV cache on the GPU (metal_shaders/attention.comp). Order Blocked32: one
+// workgroup per (row, head, key block of 32), then one per (row, head) merging the blocks;
+// order Decomposed: one workgroup per (row, head).
+#include <algorithm>
+
 #include "gpu_ops.h"
 #include "op_shapes.h"
 
@@ -8,6 +11,31 @@ namespace {
 
 constexpr int64_t kMaxHeadDim = 256;  // attention.comp's shared arrays
 constexpr int64_t kRowMax = 4096;     // attention.comp's kRowMax
+
+// Scratch a Blocked32 dispatch pair may hold; longer prefills go in chunks of rows (a row's
+// bits do not depend on its chunk).
+constexpr uint64_t kBlockedScratchBytes = 64ull << 20;
+
+// Blocked32 in chunks of rows: bindings q, k, v, sinks, out.
+Status blocked(Runtime& rt, const ops::AttentionDims& d, k::AttentionArgs args, const std::vector<BufferRef>& b) {
+  if (d.m == 0 || d.hq == 0) return Status::ok();
+  const uint64_t nb = static_cast<uint64_t>((d.len + ops::kAttentionBlock - 1) / ops::kAttentionBlock);
+  const uint64_t row_floats = static_cast<uint64_t>(d.hq) * nb * static_cast<uint64_t>(d.hd + 2);
+  const uint64_t chunk = std::clamp<uint64_t>(kBlockedScratchBytes / 4 / row_floats, 1, static_cast<uint64_t>(d.m));
+  SB_RETURN_IF_ERROR(u32_count(static_cast<int64_t>(chunk * row_floats), "attention block scratch").status());
+  SB_ASSIGN_OR_RETURN(Tensor scratch, rt.alloc(DType::kF32, {static_cast<int64_t>(chunk * row_floats)}));
+  SB_ASSIGN_OR_RETURN(BufferRef bt, rt.bind(scratch, false));
+  args.nb = static_cast<uint32_t>(nb);
+  for (uint64_t row0 = 0; row0 < static_cast<uint64_t>(d.m); row0 += chunk) {
+    const uint64_t rows = std::min<uint64_t>(chunk, static_cast<uint64_t>(d.m) - row0);
+    args.row0 = static_cast<uint32_t>(row0);
+    args.rows = static_cast<uint32_t>(rows);
+    const uint64_t pairs = rows * static_cast<uint64_t>(d.hq);
+    SB_RETURN_IF_ERROR(rt.dispatch("attention_blocks", {b[0], b[1], b[2], bt}, &args, sizeof(args), pairs * nb * 128));
+    SB_RETURN_IF_ERROR(rt.dispatch("attention_merge", {b[3], bt, b[4]}, &args, sizeof(args), pairs * 128));
+  }
+  return Status::ok();
+}
 
 Status attention(KernelContext& ctx, const fb::OpNodeUnion& op) {
   const auto* n = op.AsAttentionNode();
@@ -26,19 +54,25 @@ Status attention(KernelContext& ctx, const fb::OpNodeUnion& op) {
                      StatusCode::kUnimplemented, "attention: head dim %lld (the GPU kernel takes up to %lld, even for 16-bit)",
                      (long long)d.hd, (long long)kMaxHeadDim);
   SB_RETURN_IF_ERROR(u32_count(d.hk * d.cache * d.hd, "attention cache").status());
-  SB_RETURN_IF_ERROR(u32_count(d.m * d.hq * (d.len + 1), "attention scores").status());
   SB_CHECK_OR_RETURN(n->window >= 0 && n->window <= INT32_MAX, StatusCode::kUnimplemented, "attention: window %lld",
                      (long long)n->window);
   SB_ASSIGN_OR_RETURN(Tensor out, rt.alloc(q.dtype(), {d.m, d.hq * d.hd}));
   SB_ASSIGN_OR_RETURN(BufferRef bo, rt.bind(out, false));
+  k::AttentionArgs args{static_cast<uint32_t>(d.m),     static_cast<uint32_t>(d.hq),     static_cast<uint32_t>(d.hk),
+                        static_cast<uint32_t>(d.hd),    static_cast<uint32_t>(d.cache),  static_cast<uint32_t>(d.pos),
+                        static_cast<uint32_t>(d.len),   static_cast<uint32_t>(q.dtype()), n->scale,
+                        n->mask_value,                  static_cast<uint32_t>(n->window), n->sinks ? 1u : 0u,
+                        0,                              static_cast<uint32_t>(d.m),      0,
+                        0};
+  if (n->order == fb::AttentionOrder::Blocked32) {
+    SB_RETURN_IF_ERROR(blocked(rt, d, args, {bq, bk, bv, bs, bo}));
+    return ctx.out(n->out.get(), std::move(out));
+  }
+  SB_RETURN_IF_ERROR(u32_count(d.m * d.hq * (d.len + 1), "attention scores").status());
   // Rows of more than kRowMax scores live in a scratch buffer instead of shared memory.
   const bool in_shared = d.len + (n->sinks ? 1 : 0) <= kRowMax;
   SB_ASSIGN_OR_RETURN(Tensor scratch, rt.alloc(DType::kF32, {in_shared ? 1 : d.m * d.hq * (d.len + 1)}));
   SB_ASSIGN_OR_RETURN(BufferRef bt, rt.bind(scratch, false));
-  k::AttentionArgs args{static_cast<uint32_t>(d.m),     static_cast<uint32_t>(d.hq),     static_cast<uint32_t>(d.hk),
-                        static_cast<uint32_t>(d.hd),    static_cast<uint32_t>(d.cache),  static_cast<uint32_t>(d.pos),
-                        static_cast<uint32_t>(d.len),   static_cast<uint32_t>(q.dtype()), n->scale,
-                        n->mask_value,                  static_cast<uint32_t>(n->window), n->sinks ? 1u : 0u};
   if (d.m * d.hq > 0)
     SB_RETURN_IF_ERROR(rt.dispatch("attention", {bq, bk, bv, bs, bt, bo}, &args, sizeof(args),
                                    static_cast<uint64_t>(d.m * d.hq) * 128));

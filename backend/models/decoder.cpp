@@ -83,8 +83,6 @@ struct Step {
   TensorRef tokens;
   IntOrValue m = 0, pos = 0, len = 0;  // len = pos + m: keys visible to the last query
   TensorRef cos, sin;      // [m, 1, rotary/2] in the activation dtype
-  TensorRef positions;     // f32 [max_seq]: 0, 1, 2, ...
-  std::map<int64_t, TensorRef> masks;  // by sliding window (0: none), shared by the layers
 };
 
 // HF's rotate_half form on the first rotary dims of x [m, h, head_dim]:
@@ -99,25 +97,13 @@ TensorRef rope(Emit& e, const Step& s, TensorRef x) {
   return b.concat({r1, r2, b.slice(x, 2, 2 * half, hd)}, 2);
 }
 
-// Additive mask [m, len]: 0 where query i (position pos + i) may see key j, else
-// -big: j > pos + i, or j <= pos + i - window. Computed in f32 (positions are exact
-// there) as clamp(j - q, 0, 1) + clamp(1 - window - (j - q), 0, 1), times -big.
-TensorRef causal_mask(Emit& e, const Step& s, int64_t window) {
-  ProgramBuilder& b = e.b;
-  const DType f32 = DType::kF32;
-  TensorRef q = b.reshape(b.slice(s.positions, 0, s.pos, s.len), {s.m, 1});
-  TensorRef k = b.reshape(b.slice(s.positions, 0, 0, s.len), {1, s.len});
-  TensorRef d = b.sub(k, q);
-  TensorRef zero = e.scalar(f32, 0.0), one = e.scalar(f32, 1.0);
-  TensorRef blocked = b.minimum(b.maximum(d, zero), one);
-  if (window > 0) {
-    TensorRef old = b.sub(e.scalar(f32, static_cast<double>(1 - window)), d);
-    blocked = b.add(blocked, b.minimum(b.maximum(old, zero), one));
-  }
-  // The largest finite magnitude of the activation dtype keeps -big * 1 finite and * 0 = -0.
-  const double big = e.act == DType::kF16 ? 65504.0 : 1e30;
-  TensorRef mask = b.mul(blocked, e.scalar(f32, -big));
-  return e.act == f32 ? mask : b.cast(mask, e.act);
+// v as a Full of dtype t stores it: the f32 nearest, then rounded to t (the decoder's former
+// scale operand, kept so the scores' bits stay).
+float as_dtype(double v, DType t) {
+  const float f = static_cast<float>(v);
+  if (t == DType::kBF16) return bf16_to_f32(f32_to_bf16(f));
+  if (t == DType::kF16) return f16_to_f32(f32_to_f16(f));
+  return f;
 }
 
 TensorRef attention(Emit& e, const Step& s, int64_t layer, TensorRef h) {
@@ -146,21 +132,11 @@ TensorRef attention(Emit& e, const Step& s, int64_t layer, TensorRef h) {
   TensorRef vc = b.mutable_buffer(layer_name(layer, "v_cache"), e.act, {hk, c.max_seq, hd});
   b.slice_update(kc, b.transpose(k, {1, 0, 2}), 1, s.pos);
   b.slice_update(vc, b.transpose(v, {1, 0, 2}), 1, s.pos);
-  TensorRef keys = b.slice(kc, 1, 0, s.len), values = b.slice(vc, 1, 0, s.len);
-  TensorRef scores = b.batch_matmul(b.transpose(q, {1, 0, 2}), keys);  // [hq, m, len]
-  scores = b.mul(scores, e.scalar(e.act, 1.0 / std::sqrt(static_cast<double>(hd))));
+  // One op: causal (and sliding-window) masking, sinks, softmax and the weighted values, in
+  // key blocks of 32 (order Blocked32, docs/numerics.md).
   const int64_t window = c.sliding_window.empty() ? 0 : c.sliding_window[static_cast<size_t>(layer)];
-  scores = b.add(scores, s.masks.at(window));
-  TensorRef probs;
-  if (c.attn_sinks) {  // softmax over [scores, sink], then the sink's column dropped
-    TensorRef sink = e.constant(layer_name(layer, "attn.sinks"), e.act, {hq});
-    TensorRef column = b.add(b.reshape(sink, {hq, 1, 1}), b.full({1, s.m, 1}, e.act, 0.0));
-    probs = b.slice(b.softmax(b.concat({scores, column}, 2)), 2, 0, s.len);
-  } else {
-    probs = b.softmax(scores);
-  }
-  TensorRef o = b.batch_matmul(probs, values, false);  // [hq, m, hd]
-  o = b.reshape(b.transpose(o, {1, 0, 2}), {s.m, hq * hd});
+  TensorRef sinks = c.attn_sinks ? e.constant(layer_name(layer, "attn.sinks"), e.act, {hq}) : TensorRef{};
+  TensorRef o = b.attention(q, kc, vc, s.pos, as_dtype(1.0 / std::sqrt(static_cast<double>(hd)), e.act), window, sinks);
   return e.apply(e.linear(layer_name(layer, "attn.o"), c.hidden, hq * hd, c.o_bias), o);
 }
 
@@ -218,7 +194,6 @@ Status emit_decoder(const ModelConfig& c, const ExportFormat& f, ProgramBuilder&
   s.len = b.add_int(s.pos, s.m);
   // Tables the exporter computes (rope_tables): one row per position, read by slicing.
   const int64_t half = c.rotary_dims() / 2;
-  s.positions = e.constant("rope.positions", DType::kF32, {c.max_seq}, 0.0);
   TensorRef cos = b.slice(e.constant("rope.cos", DType::kF32, {c.max_seq, half}, 0.0), 0, s.pos, s.len);
   TensorRef sin = b.slice(e.constant("rope.sin", DType::kF32, {c.max_seq, half}, 0.0), 0, s.pos, s.len);
   if (e.act != DType::kF32) {
@@ -227,10 +202,6 @@ Status emit_decoder(const ModelConfig& c, const ExportFormat& f, ProgramBuilder&
   }
   s.cos = b.reshape(cos, {s.m, 1, half});
   s.sin = b.reshape(sin, {s.m, 1, half});
-
-  s.masks[0] = causal_mask(e, s, 0);
-  for (int64_t w : c.sliding_window)
-    if (!s.masks.count(w)) s.masks[w] = causal_mask(e, s, w);
 
   TensorRef embed = e.constant("embed", f.dtype, {c.vocab, c.hidden}, 0.0);
   e.decode_bytes += static_cast<double>(c.hidden * static_cast<int64_t>(dtype_size(f.dtype)));  // one row

@@ -400,12 +400,10 @@ Result<std::vector<std::pair<std::string, Tensor>>> rope_tables(const ModelConfi
     }
     inv[static_cast<size_t>(i)] = f;
   }
-  SB_ASSIGN_OR_RETURN(Tensor positions, Tensor::zeros(DType::kF32, {c.max_seq}));
   SB_ASSIGN_OR_RETURN(Tensor cos, Tensor::zeros(DType::kF32, {c.max_seq, half}));
   SB_ASSIGN_OR_RETURN(Tensor sin, Tensor::zeros(DType::kF32, {c.max_seq, half}));
   const float scale = c.yarn ? static_cast<float>(c.yarn_attention_factor) : 1.0f;
   for (int64_t p = 0; p < c.max_seq; ++p) {
-    positions.mutable_data_as<float>()[p] = static_cast<float>(p);
     for (int64_t i = 0; i < half; ++i) {
       const float freq = inv[static_cast<size_t>(i)] * static_cast<float>(p);
       cos.mutable_data_as<float>()[p * half + i] = static_cast<float>(std::cos(static_cast<double>(freq))) * scale;
@@ -413,7 +411,7 @@ Result<std::vector<std::pair<std::string, Tensor>>> rope_tables(const ModelConfi
     }
   }
   return std::vector<std::pair<std::string, Tensor>>{
-      {"rope.positions", positions}, {"rope.cos", cos}, {"rope.sin", sin}};
+      {"rope.cos", cos}, {"rope.sin", sin}};
 }
 
 }  // namespace switchboard::models

@@ -77,6 +77,8 @@ Status Rules::check_attention(const fb::AttentionNodeT& n, const std::string& pa
                               path + ".sinks", "must be [hq]"));
   }
   if (rank(n.out.get()) != 2) return error(path + ".out", "must have rank 2 [m, hq * hd]");
+  SB_RETURN_IF_ERROR(expect(n.order == fb::AttentionOrder::Decomposed || n.order == fb::AttentionOrder::Blocked32,
+                            path + ".order", strformat("%d is not an AttentionOrder", static_cast<int>(n.order))));
   return expect(n.window >= 0, path + ".window", strformat("%lld is negative", (long long)n.window));
 }
 

@@ -59,6 +59,15 @@ struct AttentionDims {
 };
 Result<AttentionDims> attention_dims(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor* sinks,
                                      int64_t pos);
+// AttentionOrder Blocked32's key blocks: keys [32 b, 32 b + 32) by position.
+inline constexpr int64_t kAttentionBlock = 32;
+// The keys query position `at` sees, [lo, hi): causal, and with window > 0 the last `window`.
+struct KeyRange {
+  int64_t lo = 0, hi = 0;
+};
+inline KeyRange visible_keys(int64_t at, int64_t window) {
+  return {window > 0 && at + 1 > window ? at + 1 - window : 0, at + 1};
+}
 
 // SliceUpdate's shape rules: update matches dst outside `axis`, and fits at `start`.
 Status check_slice_update(const Tensor& u, const Tensor& dst, int64_t axis, int64_t start);

@@ -167,15 +167,14 @@ TensorRef ProgramBuilder::rms_norm(TensorRef x, TensorRef weight, float eps) {
   return o;
 }
 
-TensorRef ProgramBuilder::attention(TensorRef q, TensorRef k_cache, TensorRef v_cache, IntOrValue pos, float scale,
-                                     float mask_value, int64_t window, TensorRef sinks) {
+static TensorRef emit_attention(BuilderState& s, TensorRef q, TensorRef k_cache, TensorRef v_cache, IntOrValue pos,
+                         float scale, float mask_value, int64_t window, TensorRef sinks, fb::AttentionOrder order) {
   for (TensorRef t : {q, k_cache, v_cache})
-    if (!s_->ok(t, "attention")) return {};
-  if (sinks.valid() && !s_->ok(sinks, "attention")) return {};
-  const std::vector<Dim>& qd = s_->slots[q.id].shape;
+    if (!s.ok(t, "attention")) return {};
+  if (sinks.valid() && !s.ok(sinks, "attention")) return {};
+  const std::vector<Dim>& qd = s.slots[q.id].shape;
   Dim width = qd.size() == 3 && qd[1].is_static() && qd[2].is_static() ? Dim(qd[1].size * qd[2].size) : Dim::dynamic();
-  TensorRef o = s_->new_slot(SlotRole::kTemp, s_->slots[q.id].dtype,
-                             {qd.empty() ? Dim::dynamic() : qd[0], width});
+  TensorRef o = s.new_slot(SlotRole::kTemp, s.slots[q.id].dtype, {qd.empty() ? Dim::dynamic() : qd[0], width});
   auto n = std::make_unique<fb::AttentionNodeT>();
   n->q = tid(q);
   n->k_cache = tid(k_cache);
@@ -186,8 +185,21 @@ TensorRef ProgramBuilder::attention(TensorRef q, TensorRef k_cache, TensorRef v_
   n->scale = scale;
   n->mask_value = mask_value;
   n->window = window;
-  s_->emit(make_op(std::move(n)));
+  n->order = order;
+  s.emit(make_op(std::move(n)));
   return o;
+}
+
+TensorRef ProgramBuilder::attention(TensorRef q, TensorRef k_cache, TensorRef v_cache, IntOrValue pos, float scale,
+                                     int64_t window, TensorRef sinks) {
+  return emit_attention(*s_, q, k_cache, v_cache, pos, scale, 0.0f, window, sinks, fb::AttentionOrder::Blocked32);
+}
+
+TensorRef ProgramBuilder::attention_decomposed_order(TensorRef q, TensorRef k_cache, TensorRef v_cache,
+                                                     IntOrValue pos, float scale, float mask_value, int64_t window,
+                                                     TensorRef sinks) {
+  return emit_attention(*s_, q, k_cache, v_cache, pos, scale, mask_value, window, sinks,
+                        fb::AttentionOrder::Decomposed);
 }
 
 TensorRef ProgramBuilder::cast(TensorRef x, DType dtype) {

@@ -152,12 +152,15 @@ class ProgramBuilder {
   TensorRef softmax(TensorRef x);
   // x * rsqrt(mean(x^2) + eps) * weight along the last axis (weight: [d]).
   TensorRef rms_norm(TensorRef x, TensorRef weight, float eps = 1e-6f);
-  // Attention over a KV cache (schema AttentionNode): q [m, hq, hd] against keys 0..pos+m-1
-  // of k_cache / v_cache [hk, S, hd] -> [m, hq * hd]. scale and mask_value are used as given
-  // (rounded to q's dtype they give the bits of the decomposed ops); window 0: causal only;
-  // sinks [hq] optional.
+  // Attention over a KV cache (schema AttentionNode, order Blocked32): q [m, hq, hd] against
+  // keys 0..pos+m-1 of k_cache / v_cache [hk, S, hd] -> [m, hq * hd]; query i sees keys up to
+  // pos + i (and, window > 0, the last `window` of them); sinks [hq] optional.
   TensorRef attention(TensorRef q, TensorRef k_cache, TensorRef v_cache, IntOrValue pos, float scale,
-                      float mask_value, int64_t window = 0, TensorRef sinks = {});
+                      int64_t window = 0, TensorRef sinks = {});
+  // The same in the decomposed ops' order (schema v5's only order): scale and mask_value as
+  // given (rounded to q's dtype they give the bits of BatchMatmul, Mul, Add, Softmax, ...).
+  TensorRef attention_decomposed_order(TensorRef q, TensorRef k_cache, TensorRef v_cache, IntOrValue pos, float scale,
+                                       float mask_value, int64_t window = 0, TensorRef sinks = {});
   TensorRef cast(TensorRef x, DType dtype);
   TensorRef reshape(TensorRef x, const std::vector<IntOrValue>& shape);
   TensorRef slice(TensorRef x, int axis, IntOrValue start, IntOrValue stop);

@@ -116,8 +116,8 @@ struct WeightSpec {
 // Every constant build_decoder declares, in declaration order.
 std::vector<WeightSpec> weight_specs(const ModelConfig& c, const ExportFormat& f);
 
-// The RoPE tables the program reads: "rope.positions" f32 [max_seq] (0, 1, ...),
-// "rope.cos" / "rope.sin" f32 [max_seq, rotary/2] (HF's frequencies, incl. YaRN).
+// The RoPE tables the program reads: "rope.cos" / "rope.sin" f32 [max_seq, rotary/2]
+// (HF's frequencies, incl. YaRN).
 Result<std::vector<std::pair<std::string, Tensor>>> rope_tables(const ModelConfig& c);
 
 // --- export ---------------------------------------------------------------------------
