@@ -119,6 +119,9 @@
 #define SB_ATTENTION_ARGS uint m; uint hq; uint hk; uint hd; uint cache; uint pos; uint len; uint dtype; \
   float scale; float mask_value; uint window; uint has_sinks; uint row0; uint rows; uint nb; uint pad0;
 
+// rope.comp: x [m, h, hd] of n elements, tables [S, half] f32, row 0 at position pos.
+#define SB_ROPE_ARGS uint m; uint h; uint hd; uint half_dims; uint pos; uint dtype; uint n; uint pad0;
+
 // probe.comp: the start-up check of a device's arithmetic against the contract.
 #define SB_PROBE_ARGS uint n; uint pad0; uint pad1; uint pad2;
 // probe.comp STREAM_READ: reads n 16-byte words; stores only where their XOR is magic.
@@ -149,6 +152,7 @@ struct TransposeArgs { SB_TRANSPOSE_ARGS };
 struct MatmulArgs { SB_MATMUL_ARGS };
 struct NormArgs { SB_NORM_ARGS };
 struct AttentionArgs { SB_ATTENTION_ARGS };
+struct RopeArgs { SB_ROPE_ARGS };
 struct RouterArgs { SB_ROUTER_ARGS };
 struct ArgsortArgs { SB_ARGSORT_ARGS };
 }  // namespace switchboard::kernels

@@ -53,6 +53,7 @@ void register_gather_mm(KernelRegistry& r);
 void register_matmul(KernelRegistry& r);
 void register_norm(KernelRegistry& r);
 void register_attention(KernelRegistry& r);
+void register_rope(KernelRegistry& r);
 void register_reduce(KernelRegistry& r);
 
 // --- kernels other families call ----------------------------------------------------

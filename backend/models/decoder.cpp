@@ -82,20 +82,8 @@ struct Emit {
 struct Step {
   TensorRef tokens;
   IntOrValue m = 0, pos = 0, len = 0;  // len = pos + m: keys visible to the last query
-  TensorRef cos, sin;      // [m, 1, rotary/2] in the activation dtype
+  TensorRef cos, sin;      // f32 [max_seq, rotary/2]: the exporter's RoPE tables (rope_tables)
 };
-
-// HF's rotate_half form on the first rotary dims of x [m, h, head_dim]:
-// (x1 * cos - x2 * sin, x2 * cos + x1 * sin), the remaining dims passed through.
-TensorRef rope(Emit& e, const Step& s, TensorRef x) {
-  ProgramBuilder& b = e.b;
-  const int64_t half = e.c.rotary_dims() / 2, hd = e.c.head_dim;
-  TensorRef x1 = b.slice(x, 2, 0, half), x2 = b.slice(x, 2, half, 2 * half);
-  TensorRef r1 = b.sub(b.mul(x1, s.cos), b.mul(x2, s.sin));
-  TensorRef r2 = b.add(b.mul(x2, s.cos), b.mul(x1, s.sin));
-  if (2 * half == hd) return b.concat({r1, r2}, 2);
-  return b.concat({r1, r2, b.slice(x, 2, 2 * half, hd)}, 2);
-}
 
 // v as a Full of dtype t stores it: the f32 nearest, then rounded to t (the decoder's former
 // scale operand, kept so the scores' bits stay).
@@ -125,8 +113,8 @@ TensorRef attention(Emit& e, const Step& s, int64_t layer, TensorRef h) {
     q = e.norm(q, layer_name(layer, "attn.q_norm"), hd);
     k = e.norm(k, layer_name(layer, "attn.k_norm"), hd);
   }
-  q = rope(e, s, q);
-  k = rope(e, s, k);
+  q = b.rope(q, s.cos, s.sin, s.pos);  // HF's rotate_half form (schema RopeNode)
+  k = b.rope(k, s.cos, s.sin, s.pos);
   // The cache is [kv_heads, max_seq, head_dim]: each head's keys are one contiguous block.
   TensorRef kc = b.mutable_buffer(layer_name(layer, "k_cache"), e.act, {hk, c.max_seq, hd});
   TensorRef vc = b.mutable_buffer(layer_name(layer, "v_cache"), e.act, {hk, c.max_seq, hd});
@@ -192,16 +180,9 @@ Status emit_decoder(const ModelConfig& c, const ExportFormat& f, ProgramBuilder&
   s.m = b.size(s.tokens, 0);
   s.pos = b.input_value("pos");
   s.len = b.add_int(s.pos, s.m);
-  // Tables the exporter computes (rope_tables): one row per position, read by slicing.
   const int64_t half = c.rotary_dims() / 2;
-  TensorRef cos = b.slice(e.constant("rope.cos", DType::kF32, {c.max_seq, half}, 0.0), 0, s.pos, s.len);
-  TensorRef sin = b.slice(e.constant("rope.sin", DType::kF32, {c.max_seq, half}, 0.0), 0, s.pos, s.len);
-  if (e.act != DType::kF32) {
-    cos = b.cast(cos, e.act);
-    sin = b.cast(sin, e.act);
-  }
-  s.cos = b.reshape(cos, {s.m, 1, half});
-  s.sin = b.reshape(sin, {s.m, 1, half});
+  s.cos = e.constant("rope.cos", DType::kF32, {c.max_seq, half}, 0.0);
+  s.sin = e.constant("rope.sin", DType::kF32, {c.max_seq, half}, 0.0);
 
   TensorRef embed = e.constant("embed", f.dtype, {c.vocab, c.hidden}, 0.0);
   e.decode_bytes += static_cast<double>(c.hidden * static_cast<int64_t>(dtype_size(f.dtype)));  // one row

@@ -130,6 +130,19 @@ Result<AttentionDims> attention_dims(const Tensor& q, const Tensor& k, const Ten
   return d;
 }
 
+Result<RopeDims> rope_dims(const Tensor& x, const Tensor& cos, const Tensor& sin, int64_t pos) {
+  SB_CHECK_OR_RETURN(x.rank() == 3 && cos.rank() == 2 && cos.shape() == sin.shape(), StatusCode::kInvalidArgument,
+                     "x %s, cos %s, sin %s: need x [m, h, hd] and equal tables [S, half]", shape_str(x.shape()).c_str(),
+                     shape_str(cos.shape()).c_str(), shape_str(sin.shape()).c_str());
+  RopeDims d{x.dim(0), x.dim(1), x.dim(2), cos.dim(1), cos.dim(0), pos};
+  SB_CHECK_OR_RETURN(2 * d.half <= d.hd, StatusCode::kInvalidArgument, "tables of %lld frequencies for a head of %lld",
+                     (long long)d.half, (long long)d.hd);
+  SB_CHECK_OR_RETURN(pos >= 0 && pos <= d.table_rows - d.m, StatusCode::kOutOfRange,
+                     "pos %lld + %lld rows exceeds the tables' %lld positions", (long long)pos, (long long)d.m,
+                     (long long)d.table_rows);
+  return d;
+}
+
 Status check_slice_update(const Tensor& u, const Tensor& dst, int64_t axis, int64_t start) {
   SB_CHECK_OR_RETURN(u.rank() == dst.rank(), StatusCode::kInvalidArgument, "update rank differs from dst");
   for (int64_t k = 0; k < dst.rank(); ++k)

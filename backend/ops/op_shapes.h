@@ -59,6 +59,12 @@ struct AttentionDims {
 };
 Result<AttentionDims> attention_dims(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor* sinks,
                                      int64_t pos);
+// Rope's sizes: x [m, h, hd], tables [S, half]; checks pos + m <= S and 2 * half <= hd.
+struct RopeDims {
+  int64_t m = 0, h = 0, hd = 0, half = 0, table_rows = 0, pos = 0;
+};
+Result<RopeDims> rope_dims(const Tensor& x, const Tensor& cos, const Tensor& sin, int64_t pos);
+
 // AttentionOrder Blocked32's key blocks: keys [32 b, 32 b + 32) by position.
 inline constexpr int64_t kAttentionBlock = 32;
 // The keys query position `at` sees, [lo, hi): causal, and with window > 0 the last `window`.

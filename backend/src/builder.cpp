@@ -202,6 +202,20 @@ TensorRef ProgramBuilder::attention_decomposed_order(TensorRef q, TensorRef k_ca
                         fb::AttentionOrder::Decomposed);
 }
 
+TensorRef ProgramBuilder::rope(TensorRef x, TensorRef cos, TensorRef sin, IntOrValue pos) {
+  for (TensorRef t : {x, cos, sin})
+    if (!s_->ok(t, "rope")) return {};
+  TensorRef o = s_->new_slot(SlotRole::kTemp, s_->slots[x.id].dtype, s_->slots[x.id].shape);
+  auto n = std::make_unique<fb::RopeNodeT>();
+  n->x = tid(x);
+  n->cos = tid(cos);
+  n->sin = tid(sin);
+  n->pos = iov(pos);
+  n->out = tid(o);
+  s_->emit(make_op(std::move(n)));
+  return o;
+}
+
 TensorRef ProgramBuilder::cast(TensorRef x, DType dtype) {
   if (!s_->ok(x, "cast")) return {};
   TensorRef o = s_->new_slot(SlotRole::kTemp, dtype, s_->slots[x.id].shape);

@@ -161,6 +161,9 @@ class ProgramBuilder {
   // given (rounded to q's dtype they give the bits of BatchMatmul, Mul, Add, Softmax, ...).
   TensorRef attention_decomposed_order(TensorRef q, TensorRef k_cache, TensorRef v_cache, IntOrValue pos, float scale,
                                        float mask_value, int64_t window = 0, TensorRef sinks = {});
+  // Rotary embedding (schema RopeNode) of x [m, h, hd] at positions pos .. pos + m - 1 from f32
+  // tables cos / sin [S, half]: the first 2 * half dims of each head rotated, the rest kept.
+  TensorRef rope(TensorRef x, TensorRef cos, TensorRef sin, IntOrValue pos);
   TensorRef cast(TensorRef x, DType dtype);
   TensorRef reshape(TensorRef x, const std::vector<IntOrValue>& shape);
   TensorRef slice(TensorRef x, int axis, IntOrValue start, IntOrValue stop);

@@ -1,0 +1,109 @@
+// The Rope op (schema RopeNode) against the decoder's former rotary embedding spelled out in
+// Slice, Cast, Mul, Sub, Add and Concat: the same bits on every device, for every float dtype,
+// full and partial rotary (odd numbers of frequencies too), one row and many, any position.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "op_harness.h"
+
+namespace switchboard {
+namespace {
+
+using optest::Inputs;
+
+struct Case {
+  DType dt;
+  int64_t m, pos, h, hd, half, table_rows;
+};
+
+TensorRef decomposed(ProgramBuilder& b, const Case& c, TensorRef x, TensorRef cos_t, TensorRef sin_t) {
+  TensorRef cos = b.slice(cos_t, 0, c.pos, c.pos + c.m), sin = b.slice(sin_t, 0, c.pos, c.pos + c.m);
+  if (c.dt != DType::kF32) cos = b.cast(cos, c.dt), sin = b.cast(sin, c.dt);
+  cos = b.reshape(cos, {c.m, 1, c.half});
+  sin = b.reshape(sin, {c.m, 1, c.half});
+  TensorRef x1 = b.slice(x, 2, 0, c.half), x2 = b.slice(x, 2, c.half, 2 * c.half);
+  TensorRef r1 = b.sub(b.mul(x1, cos), b.mul(x2, sin));
+  TensorRef r2 = b.add(b.mul(x2, cos), b.mul(x1, sin));
+  if (2 * c.half == c.hd) return b.concat({r1, r2}, 2);
+  return b.concat({r1, r2, b.slice(x, 2, 2 * c.half, c.hd)}, 2);
+}
+
+Tensor random(DType t, const Shape& shape, std::mt19937& rng, double lo, double hi) {
+  std::uniform_real_distribution<double> dist(lo, hi);
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  std::vector<double> v(static_cast<size_t>(n));
+  for (double& x : v) x = dist(rng);
+  return optest::make(t, shape, v);
+}
+
+void check(const Case& c) {
+  SCOPED_TRACE(::testing::Message() << dtype_name(c.dt) << " m=" << c.m << " pos=" << c.pos << " h=" << c.h
+                                    << " hd=" << c.hd << " half=" << c.half);
+  ProgramBuilder b;
+  TensorRef x = b.input("x", c.dt, {c.m, c.h, c.hd});
+  TensorRef cos_t = b.input("cos", DType::kF32, {c.table_rows, c.half});
+  TensorRef sin_t = b.input("sin", DType::kF32, {c.table_rows, c.half});
+  b.output("fused", b.rope(x, cos_t, sin_t, c.pos));
+  b.output("reference", decomposed(b, c, x, cos_t, sin_t));
+  std::mt19937 rng(static_cast<uint32_t>(c.m * 31 + c.pos * 7 + c.hd + c.half));
+  Inputs in{{"x", random(c.dt, {c.m, c.h, c.hd}, rng, -4.0, 4.0)},
+            {"cos", random(DType::kF32, {c.table_rows, c.half}, rng, -1.0, 1.0)},
+            {"sin", random(DType::kF32, {c.table_rows, c.half}, rng, -1.0, 1.0)}};
+  Tensor first;
+  bool have_first = false;
+  optest::detail::for_each_device(b, in, [&](const Program&, Session& s, const std::string& dev) {
+    Status st = s.execute();
+    ASSERT_TRUE(st.is_ok()) << dev << ": " << st.to_string();
+    auto fused = s.output("fused"), ref = s.output("reference");
+    ASSERT_TRUE(fused.is_ok() && ref.is_ok());
+    ASSERT_EQ(fused->shape(), ref->shape()) << dev;
+    EXPECT_EQ(std::memcmp(fused->data(), ref->data(), ref->nbytes()), 0) << dev << ": not the decomposed ops' bits";
+    if (!have_first) {
+      first = *fused;
+      have_first = true;
+    } else {
+      EXPECT_EQ(std::memcmp(fused->data(), first.data(), first.nbytes()), 0) << dev << ": differs from the CPU";
+    }
+  });
+}
+
+TEST(Rope, SameBitsAsTheDecomposedOps) {
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
+    check({dt, 1, 9, 4, 16, 8, 12});    // decode, full rotary
+    check({dt, 5, 0, 3, 16, 8, 8});     // prefill from 0
+    check({dt, 3, 4, 2, 16, 4, 10});    // partial rotary
+    check({dt, 2, 1, 3, 10, 3, 6});     // an odd number of frequencies
+    check({dt, 4, 20, 32, 128, 64, 30}); // Qwen3's heads
+  }
+}
+
+TEST(Rope, PositionPastTheTablesIsAnError) {
+  ProgramBuilder b;
+  TensorRef x = b.input("x", DType::kF32, {2, 1, 4});
+  TensorRef t = b.input("t", DType::kF32, {3, 2});
+  b.output("o", b.rope(x, t, t, 2));
+  optest::check_op_error(b,
+                         {{"x", optest::make(DType::kF32, {2, 1, 4}, std::vector<double>(8, 0.5))},
+                          {"t", optest::make(DType::kF32, {3, 2}, std::vector<double>(6, 0.25))}},
+                         "pos 2 + 2 rows exceeds the tables' 3 positions");
+}
+
+TEST(Rope, RulesNameTheField) {
+  ProgramBuilder b;
+  TensorRef x = b.input("x", DType::kF32, {2, 1, 4});
+  TensorRef t = b.input("t", DType::kF32, {8, 3});
+  b.output("o", b.rope(x, t, t, 0));
+  EXPECT_NE(b.status().message().find("rotates 2 * 3 dims of a head of 4"), std::string::npos) << b.status().to_string();
+  ProgramBuilder b2;
+  TensorRef x2 = b2.input("x", DType::kF32, {2, 1, 4});
+  TensorRef t2 = b2.input("t", DType::kBF16, {8, 2});
+  b2.output("o", b2.rope(x2, t2, t2, 0));
+  EXPECT_NE(b2.status().message().find("must be a 2-D f32 table"), std::string::npos) << b2.status().to_string();
+}
+
+}  // namespace
+}  // namespace switchboard
