@@ -16,8 +16,10 @@ namespace {
 std::vector<float> widen_rows(const Tensor& cache, const AttentionDims& d) {
   std::vector<float> out(static_cast<size_t>(d.hk * d.len * d.hd));
   for (int64_t h = 0; h < d.hk; ++h)
-    for (int64_t e = 0; e < d.len * d.hd; ++e)
-      out[static_cast<size_t>(h * d.len * d.hd + e)] = load_f32(cache.data(), cache.dtype(), h * d.cache * d.hd + e);
+    for (int64_t j = 0; j < d.len; ++j)
+      for (int64_t e = 0; e < d.hd; ++e)
+        out[static_cast<size_t>((h * d.len + j) * d.hd + e)] =
+            load_f32(cache.data(), cache.dtype(), h * d.head_stride + j * d.key_stride + e);
   return out;
 }
 
@@ -68,18 +70,20 @@ void attend(const Step& st, int64_t i, int64_t h, std::vector<float>& s, std::ve
 struct Rows {
   std::vector<float> widened;
   const float* base = nullptr;
-  int64_t head_stride = 0;
-  const float* row(int64_t kh, int64_t j, int64_t hd) const { return base + kh * head_stride + j * hd; }
+  int64_t head_stride = 0, key_stride = 0;
+  const float* row(int64_t kh, int64_t j) const { return base + kh * head_stride + j * key_stride; }
 };
 Rows f32_rows(const Tensor& cache, const AttentionDims& d) {
   Rows r;
   if (cache.dtype() == DType::kF32) {
     r.base = cache.data_as<float>();
-    r.head_stride = d.cache * d.hd;
+    r.head_stride = d.head_stride;
+    r.key_stride = d.key_stride;
   } else {
     r.widened = widen_rows(cache, d);
     r.base = r.widened.data();
     r.head_stride = d.len * d.hd;
+    r.key_stride = d.hd;
   }
   return r;
 }
@@ -112,7 +116,7 @@ void attend_blocked(const BlockedStep& st, int64_t i, int64_t h, std::vector<flo
     const int64_t j0 = std::max(keys.lo, b0), j1 = std::min(keys.hi, b0 + kAttentionBlock);
     float mb = 0.0f;
     for (int64_t j = j0; j < j1; ++j) {
-      float x = round_to(dot32(qv, st.k.row(kh, j, hd), hd), st.dt);
+      float x = round_to(dot32(qv, st.k.row(kh, j), hd), st.dt);
       x = round_to(x * st.n.scale, st.dt);
       s[j - b0] = x;
       mb = j == j0 ? x : max_f32(mb, x);
@@ -122,7 +126,7 @@ void attend_blocked(const BlockedStep& st, int64_t i, int64_t h, std::vector<flo
     for (int64_t j = j0; j < j1; ++j) {
       const float e = exact::exp(s[j - b0] - mb);
       lb = lb + e;
-      const float* vr = st.v.row(kh, j, hd);
+      const float* vr = st.v.row(kh, j);
       for (int64_t x = 0; x < hd; ++x) ob[x] = ob[x] + e * vr[x];
     }
     if (j0 == keys.lo) {
@@ -153,7 +157,7 @@ Status attention(KernelContext& ctx, const fb::OpNodeUnion& op) {
     SB_ASSIGN_OR_RETURN(sinks, ctx.in(n->sinks.get()));
   }
   SB_ASSIGN_OR_RETURN(int64_t pos, ctx.resolve(n->pos.get()));
-  SB_ASSIGN_OR_RETURN(AttentionDims d, attention_dims(q, k, v, n->sinks ? &sinks : nullptr, pos));
+  SB_ASSIGN_OR_RETURN(AttentionDims d, attention_dims(q, k, v, n->sinks ? &sinks : nullptr, pos, n->seq_major));
   const std::vector<float> qf = widen_f32(q);
   const std::vector<float> sf = n->sinks ? widen_f32(sinks) : std::vector<float>{};
   SB_ASSIGN_OR_RETURN(Tensor out, Tensor::uninitialized(q.dtype(), {d.m, d.hq * d.hd}));

@@ -173,6 +173,10 @@ void visible(uint r, out uint lo, out uint hi) {
   lo = args.window > 0u && at + 1u > args.window ? at + 1u - args.window : 0u;
   hi = at + 1u;
 }
+// Element 0 of key j of cache head kh.
+uint key_at(uint kh, uint j) {
+  return args.seq_major != 0u ? (j * args.hk + kh) * args.hd : (kh * args.cache + j) * args.hd;
+}
 uint ml_at(uint r, uint b) { return (r * args.nb + b) * 2u; }
 uint ob_at(uint r, uint b) { return args.rows * args.hq * args.nb * 2u + (r * args.nb + b) * args.hd; }
 #endif
@@ -207,7 +211,7 @@ void main() {
   if (j >= j0 && j < j1) {
     precise float p[8];
     [[unroll]] for (uint l = 0u; l < 8u; ++l) p[l] = 0.0;
-    uint kb = (kh * args.cache + j) * hd;
+    uint kb = key_at(kh, j);
     for (uint e0 = 0u; e0 < hd; e0 += 32u) {
       [[unroll]] for (uint l = 0u; l < 8u; ++l) {
         uint e = e0 + g8 + l;
@@ -237,8 +241,7 @@ void main() {
   uint obase = ob_at(r, b);
   for (uint c = t; c < hd; c += kT) {
     precise float acc = 0.0;
-    uint vb = kh * args.cache * hd + c;
-    for (uint jj = j0; jj < j1; ++jj) acc = acc + s_e[jj - b0] * SB_LOAD(v, args.dtype, vb + jj * hd);
+    for (uint jj = j0; jj < j1; ++jj) acc = acc + s_e[jj - b0] * SB_LOAD(v, args.dtype, key_at(kh, jj) + c);
     scratch[obase + c] = acc;
   }
   if (t == 0u) {

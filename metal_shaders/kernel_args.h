@@ -115,9 +115,10 @@
 #define SB_NORM_ARGS uint rows; uint d; uint dtype; float inv_d; float eps; uint out_dtype; uint pad0; uint pad1;
 // attention.comp: ATTENTION (order Decomposed): one workgroup per (query row, head), scratch
 // holds each row's len + 1 floats. Blocked32: rows row0 .. row0 + rows - 1 in this dispatch,
-// nb key blocks a row; scratch holds (m_b, l_b) per (row, head, block), then o_b [hd] each.
+// nb key blocks a row; scratch holds (m_b, l_b) per (row, head, block), then o_b [hd] each;
+// seq_major: caches [cache, hk, hd] instead of [hk, cache, hd].
 #define SB_ATTENTION_ARGS uint m; uint hq; uint hk; uint hd; uint cache; uint pos; uint len; uint dtype; \
-  float scale; float mask_value; uint window; uint has_sinks; uint row0; uint rows; uint nb; uint pad0;
+  float scale; float mask_value; uint window; uint has_sinks; uint row0; uint rows; uint nb; uint seq_major;
 
 // rope.comp: x [m, h, hd] of n elements, tables [S, half] f32, row 0 at position pos.
 #define SB_ROPE_ARGS uint m; uint h; uint hd; uint half_dims; uint pos; uint dtype; uint n; uint pad0;

@@ -149,8 +149,10 @@ void check_blocked(const Case& c, double tol) {
   TensorRef sinks = c.sinks ? b.input("sinks", c.dt, {c.hq}) : TensorRef{};
   const float scale = as_dtype(1.0 / std::sqrt(static_cast<double>(c.hd)), c.dt);
   b.output("rows", b.attention(q, kc, vc, c.pos, scale, c.window, sinks));
-  // The last row alone, as a decode step would compute it.
+  // The last row alone, as a decode step would compute it; the caches seq-major.
   b.output("last", b.attention(q1, kc, vc, c.pos + c.m - 1, scale, c.window, sinks));
+  TensorRef ks = b.input("ks", c.dt, {c.cache, c.hk, c.hd}), vs = b.input("vs", c.dt, {c.cache, c.hk, c.hd});
+  b.output("seq_major", b.attention(q, ks, vs, c.pos, scale, c.window, sinks, true));
   std::mt19937 rng(static_cast<uint32_t>(c.m * 131 + c.pos * 17 + c.hd + c.window + 7));
   Inputs in{{"q", random(c.dt, {c.m, c.hq, c.hd}, rng, 1.0)},
             {"k", random(c.dt, {c.hk, c.cache, c.hd}, rng, 1.0)},
@@ -159,6 +161,17 @@ void check_blocked(const Case& c, double tol) {
   Tensor q1v = optest::make(c.dt, {1, c.hq, c.hd}, std::vector<double>(static_cast<size_t>(c.hq * c.hd), 0.0));
   std::memcpy(q1v.mutable_data(), static_cast<const uint8_t*>(in["q"].data()) + (c.m - 1) * row_bytes, row_bytes);
   in["q1"] = q1v;
+  // [hk, S, hd] -> [S, hk, hd], element by element.
+  const size_t el = dtype_size(c.dt);
+  for (const char* name : {"k", "v"}) {
+    Tensor t = optest::make(c.dt, {c.cache, c.hk, c.hd}, std::vector<double>(static_cast<size_t>(c.cache * c.hk * c.hd), 0.0));
+    for (int64_t h = 0; h < c.hk; ++h)
+      for (int64_t j = 0; j < c.cache; ++j)
+        std::memcpy(static_cast<uint8_t*>(t.mutable_data()) + static_cast<size_t>((j * c.hk + h) * c.hd) * el,
+                    static_cast<const uint8_t*>(in[name].data()) + static_cast<size_t>((h * c.cache + j) * c.hd) * el,
+                    static_cast<size_t>(c.hd) * el);
+    in[std::string(name) + "s"] = t;
+  }
   if (c.sinks) in["sinks"] = random(c.dt, {c.hq}, rng, 1.0);
   const std::vector<double> want = exact_attention(c, in["q"], in["k"], in["v"], c.sinks ? &in["sinks"] : nullptr, scale);
   Tensor first;
@@ -166,8 +179,9 @@ void check_blocked(const Case& c, double tol) {
   optest::detail::for_each_device(b, in, [&](const Program&, Session& s, const std::string& dev) {
     Status st = s.execute();
     ASSERT_TRUE(st.is_ok()) << dev << ": " << st.to_string();
-    auto rows = s.output("rows"), last = s.output("last");
-    ASSERT_TRUE(rows.is_ok() && last.is_ok());
+    auto rows = s.output("rows"), last = s.output("last"), seq_major = s.output("seq_major");
+    ASSERT_TRUE(rows.is_ok() && last.is_ok() && seq_major.is_ok());
+    EXPECT_EQ(std::memcmp(rows->data(), seq_major->data(), rows->nbytes()), 0) << dev << ": seq-major caches differ";
     const std::vector<double> got = rows->to_doubles();
     double worst = 0;
     for (size_t e = 0; e < got.size(); ++e) worst = std::max(worst, std::fabs(got[e] - want[e]));
@@ -245,6 +259,11 @@ TEST(Attention, RulesNameTheField) {
   b2.output("o", b2.attention(q2, k2, k2, 0, 0.5f));
   EXPECT_NE(b2.status().message().find("dtype of q (f32) differs from k_cache (bf16)"), std::string::npos)
       << b2.status().to_string();
+  ProgramBuilder b3;
+  TensorRef q3 = b3.input("q", DType::kF32, {2, 2, 4});
+  TensorRef k3 = b3.input("k", DType::kF32, {6, 1, 4});
+  b3.output("o", b3.attention(q3, k3, k3, 0, 0.5f, 0, {}, true));
+  EXPECT_TRUE(b3.status().is_ok()) << b3.status().to_string();
 }
 
 }  // namespace

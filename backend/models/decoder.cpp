@@ -115,16 +115,17 @@ TensorRef attention(Emit& e, const Step& s, int64_t layer, TensorRef h) {
   }
   q = b.rope(q, s.cos, s.sin, s.pos);  // HF's rotate_half form (schema RopeNode)
   k = b.rope(k, s.cos, s.sin, s.pos);
-  // The cache is [kv_heads, max_seq, head_dim]: each head's keys are one contiguous block.
-  TensorRef kc = b.mutable_buffer(layer_name(layer, "k_cache"), e.act, {hk, c.max_seq, hd});
-  TensorRef vc = b.mutable_buffer(layer_name(layer, "v_cache"), e.act, {hk, c.max_seq, hd});
-  b.slice_update(kc, b.transpose(k, {1, 0, 2}), 1, s.pos);
-  b.slice_update(vc, b.transpose(v, {1, 0, 2}), 1, s.pos);
+  // The caches are [max_seq, kv_heads, head_dim]: a step's keys and values append as one slice each.
+  TensorRef kc = b.mutable_buffer(layer_name(layer, "k_cache"), e.act, {c.max_seq, hk, hd});
+  TensorRef vc = b.mutable_buffer(layer_name(layer, "v_cache"), e.act, {c.max_seq, hk, hd});
+  b.slice_update(kc, k, 0, s.pos);
+  b.slice_update(vc, v, 0, s.pos);
   // One op: causal (and sliding-window) masking, sinks, softmax and the weighted values, in
   // key blocks of 32 (order Blocked32, docs/numerics.md).
   const int64_t window = c.sliding_window.empty() ? 0 : c.sliding_window[static_cast<size_t>(layer)];
   TensorRef sinks = c.attn_sinks ? e.constant(layer_name(layer, "attn.sinks"), e.act, {hq}) : TensorRef{};
-  TensorRef o = b.attention(q, kc, vc, s.pos, as_dtype(1.0 / std::sqrt(static_cast<double>(hd)), e.act), window, sinks);
+  TensorRef o = b.attention(q, kc, vc, s.pos, as_dtype(1.0 / std::sqrt(static_cast<double>(hd)), e.act), window, sinks,
+                            true);
   return e.apply(e.linear(layer_name(layer, "attn.o"), c.hidden, hq * hd, c.o_bias), o);
 }
 

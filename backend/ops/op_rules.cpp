@@ -65,7 +65,9 @@ Status Rules::check_attention(const fb::AttentionNodeT& n, const std::string& pa
     if (dim(kc, i) >= 0 && dim(vc, i) >= 0 && dim(kc, i) != dim(vc, i))
       return error(path + ".v_cache", strformat("dim %zu is %lld, k_cache's is %lld", i, (long long)dim(vc, i),
                                                 (long long)dim(kc, i)));
-  const int64_t hq = dim(q, 1), hd = dim(q, 2), hk = dim(kc, 0);
+  const int64_t hq = dim(q, 1), hd = dim(q, 2), hk = dim(kc, n.seq_major ? 1 : 0);
+  if (n.seq_major && n.order != fb::AttentionOrder::Blocked32)
+    return error(path + ".seq_major", "needs order Blocked32");
   if (hd >= 0 && dim(kc, 2) >= 0 && hd != dim(kc, 2))
     return error(path + ".k_cache", strformat("head dim %lld differs from q's %lld", (long long)dim(kc, 2), (long long)hd));
   if (hq >= 0 && hk > 0 && hq % hk != 0)

@@ -113,11 +113,13 @@ Result<MatmulDims> batch_matmul_dims(const Tensor& a, const Tensor& b, bool tran
 }
 
 Result<AttentionDims> attention_dims(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor* sinks,
-                                     int64_t pos) {
+                                     int64_t pos, bool seq_major) {
   SB_CHECK_OR_RETURN(q.rank() == 3 && k.rank() == 3 && k.shape() == v.shape(), StatusCode::kInvalidArgument,
                      "q %s, k_cache %s, v_cache %s: need q [m, hq, hd] and equal caches [hk, S, hd]",
                      shape_str(q.shape()).c_str(), shape_str(k.shape()).c_str(), shape_str(v.shape()).c_str());
-  AttentionDims d{q.dim(0), q.dim(1), k.dim(0), q.dim(2), k.dim(1), pos, 0};
+  AttentionDims d{q.dim(0), q.dim(1), k.dim(seq_major ? 1 : 0), q.dim(2), k.dim(seq_major ? 0 : 1), pos, 0};
+  d.key_stride = seq_major ? d.hk * d.hd : d.hd;
+  d.head_stride = seq_major ? d.hd : d.cache * d.hd;
   SB_CHECK_OR_RETURN(d.hk > 0 && d.hq % d.hk == 0 && k.dim(2) == d.hd, StatusCode::kInvalidArgument,
                      "q %s does not fit caches %s (heads a multiple of the cache's, same head dim)",
                      shape_str(q.shape()).c_str(), shape_str(k.shape()).c_str());

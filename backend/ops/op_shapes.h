@@ -56,9 +56,11 @@ Result<TransposePlan> transpose_plan(const Tensor& x, const std::vector<int32_t>
 // 0..len-1 with len = pos + m <= S, sinks [hq] when given.
 struct AttentionDims {
   int64_t m = 0, hq = 0, hk = 0, hd = 0, cache = 0, pos = 0, len = 0;
+  // Elements between a head's consecutive keys and between heads: [hk, S, hd] or (seq_major) [S, hk, hd].
+  int64_t key_stride = 0, head_stride = 0;
 };
 Result<AttentionDims> attention_dims(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor* sinks,
-                                     int64_t pos);
+                                     int64_t pos, bool seq_major = false);
 // Rope's sizes: x [m, h, hd], tables [S, half]; checks pos + m <= S and 2 * half <= hd.
 struct RopeDims {
   int64_t m = 0, h = 0, hd = 0, half = 0, table_rows = 0, pos = 0;

@@ -168,7 +168,8 @@ TensorRef ProgramBuilder::rms_norm(TensorRef x, TensorRef weight, float eps) {
 }
 
 static TensorRef emit_attention(BuilderState& s, TensorRef q, TensorRef k_cache, TensorRef v_cache, IntOrValue pos,
-                         float scale, float mask_value, int64_t window, TensorRef sinks, fb::AttentionOrder order) {
+                         float scale, float mask_value, int64_t window, TensorRef sinks, fb::AttentionOrder order,
+                         bool seq_major) {
   for (TensorRef t : {q, k_cache, v_cache})
     if (!s.ok(t, "attention")) return {};
   if (sinks.valid() && !s.ok(sinks, "attention")) return {};
@@ -186,20 +187,22 @@ static TensorRef emit_attention(BuilderState& s, TensorRef q, TensorRef k_cache,
   n->mask_value = mask_value;
   n->window = window;
   n->order = order;
+  n->seq_major = seq_major;
   s.emit(make_op(std::move(n)));
   return o;
 }
 
 TensorRef ProgramBuilder::attention(TensorRef q, TensorRef k_cache, TensorRef v_cache, IntOrValue pos, float scale,
-                                     int64_t window, TensorRef sinks) {
-  return emit_attention(*s_, q, k_cache, v_cache, pos, scale, 0.0f, window, sinks, fb::AttentionOrder::Blocked32);
+                                     int64_t window, TensorRef sinks, bool seq_major) {
+  return emit_attention(*s_, q, k_cache, v_cache, pos, scale, 0.0f, window, sinks, fb::AttentionOrder::Blocked32,
+                        seq_major);
 }
 
 TensorRef ProgramBuilder::attention_decomposed_order(TensorRef q, TensorRef k_cache, TensorRef v_cache,
                                                      IntOrValue pos, float scale, float mask_value, int64_t window,
                                                      TensorRef sinks) {
   return emit_attention(*s_, q, k_cache, v_cache, pos, scale, mask_value, window, sinks,
-                        fb::AttentionOrder::Decomposed);
+                        fb::AttentionOrder::Decomposed, false);
 }
 
 TensorRef ProgramBuilder::rope(TensorRef x, TensorRef cos, TensorRef sin, IntOrValue pos) {

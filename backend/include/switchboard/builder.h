@@ -154,9 +154,10 @@ class ProgramBuilder {
   TensorRef rms_norm(TensorRef x, TensorRef weight, float eps = 1e-6f);
   // Attention over a KV cache (schema AttentionNode, order Blocked32): q [m, hq, hd] against
   // keys 0..pos+m-1 of k_cache / v_cache [hk, S, hd] -> [m, hq * hd]; query i sees keys up to
-  // pos + i (and, window > 0, the last `window` of them); sinks [hq] optional.
+  // pos + i (and, window > 0, the last `window` of them); sinks [hq] optional; seq_major:
+  // caches [S, hk, hd] (a step's keys are one contiguous slice).
   TensorRef attention(TensorRef q, TensorRef k_cache, TensorRef v_cache, IntOrValue pos, float scale,
-                      int64_t window = 0, TensorRef sinks = {});
+                      int64_t window = 0, TensorRef sinks = {}, bool seq_major = false);
   // The same in the decomposed ops' order (schema v5's only order): scale and mask_value as
   // given (rounded to q's dtype they give the bits of BatchMatmul, Mul, Add, Softmax, ...).
   TensorRef attention_decomposed_order(TensorRef q, TensorRef k_cache, TensorRef v_cache, IntOrValue pos, float scale,
