@@ -3,6 +3,7 @@
 // SB_KERNEL(rms_norm, RMS_NORM, "rrb", NormArgs, SB_NORM_ARGS, 64, 0)
 // SB_KERNEL(softmax_row, SOFTMAX_ROW, "rb", NormArgs, SB_NORM_ARGS, 256, 0)
 // SB_KERNEL(rms_norm_row, RMS_NORM_ROW, "rrb", NormArgs, SB_NORM_ARGS, 256, 0)
+// SB_KERNEL(rms_norm_tree, RMS_NORM_TREE, "rrrww", NormArgs, SB_NORM_ARGS, 256, 0)
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
@@ -17,6 +18,66 @@
 // kept in registers); thread 0 alone adds the terms, in index order, so the bits are the
 // sequential kernel's; softmax's running max is an order-free reduction (row_max).
 #include "common.glsl"
+
+#ifdef RMS_NORM_TREE
+// RMS_NORM_TREE (RmsNorm order Tree32; pad0 = 1: with a residual). Thread -> output: workgroup
+// g computes row g; s_i = round(x_i + residual_i) (or x_i), recomputed where needed; threads
+// 0..31 hold dot32's partials (thread l adds s_i * s_i for i = l, l + 32, ... in order),
+// thread 0 the halving tree and rsqrt; thread t writes output (and sum) words t, t + 256, ...
+layout(local_size_x = 256) in;
+layout(std430, binding = 0) readonly buffer X { uint x[]; };
+layout(std430, binding = 1) readonly buffer R { uint res[]; };
+layout(std430, binding = 2) readonly buffer W { uint w[]; };
+layout(std430, binding = 3) writeonly buffer O { uint o[]; };
+layout(std430, binding = 4) writeonly buffer Sum { uint sum_o[]; };
+layout(push_constant) uniform Args { SB_NORM_ARGS } args;
+shared float s_part[32];
+shared float s_inv;
+
+float s_at(uint g) {
+  float v = SB_LOAD(x, args.dtype, g);
+  if (args.pad0 != 0u) {
+    precise float a = v + SB_LOAD(res, args.dtype, g);
+    v = sb_round_to(a, args.dtype);
+  }
+  return v;
+}
+
+void main() {
+  uint r = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
+  if (r >= args.rows) return;  // uniform across the workgroup
+  uint t = gl_LocalInvocationID.x, base = r * args.d;
+  if (t < 32u) {
+    precise float p = 0.0;
+    for (uint i = t; i < args.d; i += 32u) {
+      float v = s_at(base + i);
+      p = p + v * v;
+    }
+    s_part[t] = p;
+  }
+  barrier();
+  if (t == 0u) {
+    precise float p[32];
+    [[unroll]] for (uint l = 0u; l < 32u; ++l) p[l] = s_part[l];
+    [[unroll]] for (uint h = 16u; h >= 1u; h >>= 1u) {
+      [[unroll]] for (uint l = 0u; l < h; ++l) p[l] = p[l] + p[l + h];
+    }
+    precise float ms = p[0] * args.inv_d + args.eps;
+    s_inv = sb_rsqrt(ms);
+  }
+  barrier();
+  float inv = s_inv;
+  uint per = sb_per_word(args.dtype), words = args.d / per;  // 16-bit rows have even d (host)
+  for (uint k = t; k < words; k += 256u) {
+    uint i = k * per;
+    float a = s_at(base + i), b = per == 2u ? s_at(base + i + 1u) : 0.0;
+    precise float lo = (a * inv) * SB_LOAD(w, args.dtype, i);
+    precise float hi = per == 2u ? (b * inv) * SB_LOAD(w, args.dtype, i + 1u) : 0.0;
+    o[r * words + k] = sb_encode_word(lo, hi, args.dtype);
+    if (args.pad0 != 0u) sum_o[r * words + k] = sb_encode_word(a, b, args.dtype);
+  }
+}
+#else
 #ifdef SOFTMAX_ROW
 #define SOFTMAX
 #define SB_ROW
@@ -240,3 +301,4 @@ void main() {
 #endif
 }
 #endif
+#endif  // RMS_NORM_TREE

@@ -175,6 +175,56 @@ TEST(RmsNorm, RowsOfEveryLengthAndDtype) {
     }
 }
 
+// Order Tree32 (the sum of squares as dot32), with and without a residual added first: the
+// sum is Binary Add's bits exactly, the output within the same bounds as the sequential order.
+TEST(RmsNorm, Tree32WithAndWithoutAResidual) {
+  for (DType dt : {kF32, kF16, kBF16})
+    for (int64_t d : {2, 30, 128, 254, 2048, 4100, 8200})
+      for (bool with_residual : {false, true}) {
+        SCOPED_TRACE(std::string(dtype_name(dt)) + " d=" + std::to_string(d) + (with_residual ? " residual" : ""));
+        const int64_t rows = 3;
+        const float eps = 1e-6f;
+        ProgramBuilder b;
+        TensorRef x = b.input("x", dt, {rows, d}), w = b.input("w", dt, {d});
+        TensorRef res = with_residual ? b.input("r", dt, {rows, d}) : TensorRef{};
+        ProgramBuilder::AddNorm an = b.add_rms_norm(x, res, w, eps);
+        b.output("y", an.out);
+        if (with_residual) b.output("sum", an.sum);
+        Inputs in{{"x", make(dt, {rows, d}, uniform(static_cast<size_t>(rows * d), -3, 3, static_cast<uint32_t>(d) + 5))},
+                  {"w", make(dt, {d}, uniform(static_cast<size_t>(d), 0.5, 1.5, static_cast<uint32_t>(d) + 6))}};
+        if (with_residual)
+          in["r"] = make(dt, {rows, d}, uniform(static_cast<size_t>(rows * d), -2, 2, static_cast<uint32_t>(d) + 7));
+        auto ref = [&](const Inputs& in) {
+          std::vector<double> sv = in.at("x").to_doubles();
+          const std::vector<double> wv = in.at("w").to_doubles();
+          RefTensor y{{rows, d}, {}, {}}, sum{{rows, d}, {}, {}};
+          if (with_residual) {
+            const std::vector<double> rv = in.at("r").to_doubles();
+            for (size_t i = 0; i < sv.size(); ++i) sum.values.push_back(sv[i] = round_to(dt, sv[i] + rv[i]));
+          }
+          for (int64_t row = 0; row < rows; ++row) {
+            double ss = 0;
+            for (int64_t i = 0; i < d; ++i) ss += sv[row * d + i] * sv[row * d + i];
+            const double inv = 1.0 / std::sqrt(ss / static_cast<double>(d) + static_cast<double>(eps));
+            for (int64_t i = 0; i < d; ++i) y.values.push_back(round_to(dt, sv[row * d + i] * inv * wv[i]));
+          }
+          Expected e{{"y", y}};
+          if (with_residual) e["sum"] = sum;
+          return e;
+        };
+        const Tolerance tol = dt == kF32 ? Tolerance::rel(4e-5) : Tolerance::rel(dt == kF16 ? 0x1p-10 : 0x1p-7);
+        check_op(b, in, ref, tol);
+      }
+}
+
+TEST(RmsNorm, Tree32RulesNameTheField) {
+  ProgramBuilder b;
+  TensorRef x = b.input("x", kF32, {2, 4});
+  b.add_rms_norm(x, b.input("r", kBF16, {2, 4}), b.input("w", kF32, {4}), 1e-6f);
+  EXPECT_NE(b.status().message().find("dtype of x (f32) differs from residual (bf16)"), std::string::npos)
+      << b.status().to_string();
+}
+
 TEST(RmsNorm, WeightOfTheWrongLengthFails) {
   ProgramBuilder b;
   b.output("y", b.rms_norm(b.input("x", kF32, {2, 4}), b.input("w", kF32, {Dim::dynamic(0, 8)})));

@@ -50,8 +50,45 @@ Status softmax(KernelContext& ctx, const fb::OpNodeUnion& op) {
   return norm_rows(ctx, "softmax", n->x.get(), nullptr, 0.0f, n->out.get());
 }
 
+// RmsNorm order Tree32, with or without a residual: one workgroup a row (rms_norm_tree).
+Status rms_norm_tree(KernelContext& ctx, const fb::RmsNormNodeT& n) {
+  Runtime& rt = rt_of(ctx);
+  Tensor x, w, res;
+  SB_ASSIGN_OR_RETURN(BufferRef bx, bind_in(ctx, n.x.get(), &x));
+  SB_ASSIGN_OR_RETURN(BufferRef bw, bind_in(ctx, n.weight.get(), &w));
+  BufferRef br = bx;  // never read without a residual
+  if (n.residual) {
+    SB_ASSIGN_OR_RETURN(br, bind_in(ctx, n.residual.get(), &res));
+    SB_CHECK_OR_RETURN(res.shape() == x.shape(), StatusCode::kInvalidArgument, "residual %s does not match x %s",
+                       shape_str(res.shape()).c_str(), shape_str(x.shape()).c_str());
+  }
+  const int64_t d = x.dim(x.rank() - 1), rows = d ? x.numel() / d : 0;
+  SB_CHECK_OR_RETURN(w.numel() == d, StatusCode::kInvalidArgument, "weight %s does not match the last dim %lld",
+                     shape_str(w.shape()).c_str(), (long long)d);
+  SB_CHECK_OR_RETURN(dtype_size(x.dtype()) == 4 || d % 2 == 0, StatusCode::kUnimplemented,
+                     "RmsNorm Tree32 on the GPU: 16-bit rows of odd length %lld", (long long)d);
+  SB_RETURN_IF_ERROR(u32_count(x.numel(), "rms_norm_tree").status());
+  SB_ASSIGN_OR_RETURN(Tensor out, rt.alloc(x.dtype(), x.shape()));
+  SB_ASSIGN_OR_RETURN(BufferRef bo, rt.bind(out, false));
+  Tensor sum;
+  BufferRef bs = bo;  // never written without a residual
+  if (n.residual) {
+    SB_ASSIGN_OR_RETURN(sum, rt.alloc(x.dtype(), x.shape()));
+    SB_ASSIGN_OR_RETURN(bs, rt.bind(sum, false));
+  }
+  k::NormArgs args{static_cast<uint32_t>(rows), static_cast<uint32_t>(d), static_cast<uint32_t>(x.dtype()),
+                   d ? static_cast<float>(1.0 / static_cast<double>(d)) : 0.0f, n.eps, static_cast<uint32_t>(x.dtype()),
+                   n.residual ? 1u : 0u, 0};
+  if (rows > 0)
+    SB_RETURN_IF_ERROR(rt.dispatch("rms_norm_tree", {bx, br, bw, bo, bs}, &args, sizeof(args),
+                                   static_cast<uint64_t>(rows) * 256));
+  if (n.residual) SB_RETURN_IF_ERROR(ctx.out(n.sum.get(), std::move(sum)));
+  return ctx.out(n.out.get(), std::move(out));
+}
+
 Status rms_norm(KernelContext& ctx, const fb::OpNodeUnion& op) {
   const auto* n = op.AsRmsNormNode();
+  if (n->order == fb::NormOrder::Tree32) return rms_norm_tree(ctx, *n);
   return norm_rows(ctx, "rms_norm", n->x.get(), n->weight.get(), n->eps, n->out.get());
 }
 

@@ -73,9 +73,11 @@ struct Emit {
                             constant(name + ".biases", f.scale_dtype, {c.experts, n, k / gs}, read), width, gs, bits};
   }
 
-  TensorRef norm(TensorRef x, const std::string& name, int64_t d) {
-    return b.rms_norm(x, constant(name, act, {d}), c.rms_eps);
+  // RMSNorm (order Tree32) of x, or of x + residual: {the sum, the normalized sum}.
+  ProgramBuilder::AddNorm add_norm(TensorRef x, TensorRef residual, const std::string& name, int64_t d) {
+    return b.add_rms_norm(x, residual, constant(name, act, {d}), c.rms_eps);
   }
+  TensorRef norm(TensorRef x, const std::string& name, int64_t d) { return add_norm(x, {}, name, d).out; }
   TensorRef scalar(DType t, double v) { return b.full({1}, t, v); }
 };
 
@@ -189,16 +191,19 @@ Status emit_decoder(const ModelConfig& c, const ExportFormat& f, ProgramBuilder&
   e.decode_bytes += static_cast<double>(c.hidden * static_cast<int64_t>(dtype_size(f.dtype)));  // one row
   TensorRef x = b.gather_rows(embed, s.tokens);
   if (f.dtype != e.act) x = b.cast(x, e.act);
+  // Each residual add is fused with the norm after it (the next layer's, or the final norm,
+  // which normalizes every row: a row's bits do not depend on the others).
+  TensorRef h = e.norm(x, layer_name(0, "attn_norm"), c.hidden);
   for (int64_t i = 0; i < c.layers; ++i) {
     auto scope = b.tmp_scope();
-    TensorRef h = e.norm(x, layer_name(i, "attn_norm"), c.hidden);
-    x = b.add(x, attention(e, s, i, h));
-    h = e.norm(x, layer_name(i, "ffn_norm"), c.hidden);
-    TensorRef y = c.moe_layer[static_cast<size_t>(i)] ? moe_ffn(e, i, h) : dense_ffn(e, layer_name(i, "mlp"), c.dense_ffn, h);
-    x = scope.keep(b.add(x, y));
+    ProgramBuilder::AddNorm an = e.add_norm(x, attention(e, s, i, h), layer_name(i, "ffn_norm"), c.hidden);
+    TensorRef y = c.moe_layer[static_cast<size_t>(i)] ? moe_ffn(e, i, an.out)
+                                                        : dense_ffn(e, layer_name(i, "mlp"), c.dense_ffn, an.out);
+    an = e.add_norm(an.sum, y, i + 1 < c.layers ? layer_name(i + 1, "attn_norm") : "final_norm", c.hidden);
+    x = scope.keep(an.sum);
+    h = scope.keep(an.out);
   }
-  TensorRef last = b.slice(x, 0, b.sub_int(s.m, 1), s.m);
-  last = e.norm(last, "final_norm", c.hidden);
+  TensorRef last = b.slice(h, 0, b.sub_int(s.m, 1), s.m);
   TensorRef logits;
   if (c.tie_embeddings && !f.quantized() && f.dtype == e.act) {
     logits = b.matmul(last, embed);

@@ -381,6 +381,15 @@ Status Rules::check_moe_op(const fb::OpNodeUnion& op, const std::string& path) c
                                 "must be a float tensor of rank >= 1"));
       SB_RETURN_IF_ERROR(expect(rank(n.weight.get()) == 1, path + ".weight", "must be 1-D"));
       SB_RETURN_IF_ERROR(same_dtype(n.x.get(), n.weight.get(), path, "x", "weight"));
+      SB_RETURN_IF_ERROR(expect(n.order == fb::NormOrder::Sequential || n.order == fb::NormOrder::Tree32,
+                                path + ".order", strformat("%d is not a NormOrder", static_cast<int>(n.order))));
+      SB_RETURN_IF_ERROR(expect(!n.residual == !n.sum, path + ".sum", "is given exactly when residual is"));
+      if (n.residual) {
+        SB_RETURN_IF_ERROR(expect(n.order == fb::NormOrder::Tree32, path + ".residual", "needs order Tree32"));
+        SB_RETURN_IF_ERROR(same_dtype(n.x.get(), n.residual.get(), path, "x", "residual"));
+        SB_RETURN_IF_ERROR(same_dtype(n.x.get(), n.sum.get(), path, "x", "sum"));
+        SB_RETURN_IF_ERROR(expect(rank(n.residual.get()) == rank(n.x.get()), path + ".residual", "must have x's rank"));
+      }
       return same_dtype(n.x.get(), n.out.get(), path, "x", "out");
     }
     case fb::OpNode::AttentionNode: return check_attention(*op.AsAttentionNode(), path);

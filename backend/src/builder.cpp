@@ -167,6 +167,26 @@ TensorRef ProgramBuilder::rms_norm(TensorRef x, TensorRef weight, float eps) {
   return o;
 }
 
+ProgramBuilder::AddNorm ProgramBuilder::add_rms_norm(TensorRef x, TensorRef residual, TensorRef weight, float eps) {
+  if (!s_->ok(x, "add_rms_norm") || !s_->ok(weight, "add_rms_norm")) return {};
+  if (residual.valid() && !s_->ok(residual, "add_rms_norm")) return {};
+  AddNorm r;
+  r.sum = residual.valid() ? s_->new_slot(SlotRole::kTemp, s_->slots[x.id].dtype, s_->slots[x.id].shape) : x;
+  r.out = s_->new_slot(SlotRole::kTemp, s_->slots[x.id].dtype, s_->slots[x.id].shape);
+  auto n = std::make_unique<fb::RmsNormNodeT>();
+  n->x = tid(x);
+  n->weight = tid(weight);
+  n->out = tid(r.out);
+  n->eps = eps;
+  n->order = fb::NormOrder::Tree32;
+  if (residual.valid()) {
+    n->residual = tid(residual);
+    n->sum = tid(r.sum);
+  }
+  s_->emit(make_op(std::move(n)));
+  return r;
+}
+
 static TensorRef emit_attention(BuilderState& s, TensorRef q, TensorRef k_cache, TensorRef v_cache, IntOrValue pos,
                          float scale, float mask_value, int64_t window, TensorRef sinks, fb::AttentionOrder order,
                          bool seq_major) {

@@ -152,6 +152,12 @@ class ProgramBuilder {
   TensorRef softmax(TensorRef x);
   // x * rsqrt(mean(x^2) + eps) * weight along the last axis (weight: [d]).
   TensorRef rms_norm(TensorRef x, TensorRef weight, float eps = 1e-6f);
+  // RMSNorm in order Tree32 (the sum of squares as dot32) of s = x + residual, or of x when
+  // residual is not given: {s, normalized s}. One kernel for a residual add and the next norm.
+  struct AddNorm {
+    TensorRef sum, out;
+  };
+  AddNorm add_rms_norm(TensorRef x, TensorRef residual, TensorRef weight, float eps);
   // Attention over a KV cache (schema AttentionNode, order Blocked32): q [m, hq, hd] against
   // keys 0..pos+m-1 of k_cache / v_cache [hk, S, hd] -> [m, hq * hd]; query i sees keys up to
   // pos + i (and, window > 0, the last `window` of them); sinks [hq] optional; seq_major:
