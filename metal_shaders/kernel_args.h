@@ -120,8 +120,11 @@
 #define SB_ATTENTION_ARGS uint m; uint hq; uint hk; uint hd; uint cache; uint pos; uint len; uint dtype; \
   float scale; float mask_value; uint window; uint has_sinks; uint row0; uint rows; uint nb; uint seq_major;
 
-// rope.comp: x [m, h, hd] of n elements, tables [S, half] f32, row 0 at position pos.
-#define SB_ROPE_ARGS uint m; uint h; uint hd; uint half_dims; uint pos; uint dtype; uint n; uint pad0;
+// rope.comp: x [m, h, hd] of n elements, tables [S, half] f32, row 0 at position pos; ROPE_NORM:
+// each head RMSNorm'd first (eps, inv_d = the f32 nearest 1 / hd); has_cache: the output also
+// written to a [S, h, hd] cache from row pos.
+#define SB_ROPE_ARGS uint m; uint h; uint hd; uint half_dims; uint pos; uint dtype; uint n; uint has_cache; \
+  float eps; float inv_d; uint pad0; uint pad1;
 
 // probe.comp: the start-up check of a device's arithmetic against the contract.
 #define SB_PROBE_ARGS uint n; uint pad0; uint pad1; uint pad2;

@@ -1,27 +1,53 @@
 // Kernel variants of this file, one line each (metal_shaders/README.md, "Variants"):
-// SB_KERNEL(rope, ROPE, "rrrw", RopeArgs, SB_ROPE_ARGS, 256, 0)
+// SB_KERNEL(rope, ROPE, "rrrww", RopeArgs, SB_ROPE_ARGS, 256, 0)
+// SB_KERNEL(rope_norm, ROPE_NORM, "rrrwwr", RopeArgs, SB_ROPE_ARGS, 64, 0)
 #version 450
 #extension GL_GOOGLE_include_directive : require
+#extension GL_EXT_control_flow_attributes : require
 // Rotary embedding (schema RopeNode), HF's rotate_half form; twin of cpu_fallback/rope.cpp.
-// Thread -> output: invocation w writes output word w (1 or 2 elements, each computed alone).
+// ROPE. Thread -> output: invocation w writes output word w (1 or 2 elements, each computed
+// alone), and the cache's word at the same place from row pos when has_cache.
+// ROPE_NORM (with norm_weight). Thread -> output: workgroup g is head row g (row g / h, head
+// g % h); threads 0..31 hold dot32's partials of its squares, thread 0 the halving tree and
+// rsqrt; thread t writes the head's words t, t + 64, ... (and the cache's).
 #include "common.glsl"
 
+#ifdef ROPE_NORM
+layout(local_size_x = 64) in;
+#else
 layout(local_size_x = 256) in;
+#endif
 layout(std430, binding = 0) readonly buffer X { uint x[]; };
 layout(std430, binding = 1) readonly buffer C { float cos_t[]; };
 layout(std430, binding = 2) readonly buffer S { float sin_t[]; };
 layout(std430, binding = 3) writeonly buffer O { uint o[]; };
+layout(std430, binding = 4) writeonly buffer K { uint cache[]; };
+#ifdef ROPE_NORM
+layout(std430, binding = 5) readonly buffer W { uint w[]; };
+#endif
 layout(push_constant) uniform Args { SB_ROPE_ARGS } args;
 
 float rnd(float v) { return sb_round_to(v, args.dtype); }
 
+#ifdef ROPE_NORM
+shared float s_part[32];
+shared float s_inv;
+// Element i of x after its head's RMSNorm, rounded as RmsNorm stores it.
+float xin(uint i) {
+  precise float v = (SB_LOAD(x, args.dtype, i) * s_inv) * SB_LOAD(w, args.dtype, i % args.hd);
+  return rnd(v);
+}
+#else
+float xin(uint i) { return SB_LOAD(x, args.dtype, i); }
+#endif
+
 // Element i of the output: a rotated pair member, or x itself past the rotated dims.
 float element(uint i) {
   uint r = i / args.hd, e = i % args.hd, base = r * args.hd, half_dims = args.half_dims;
-  if (e >= 2u * half_dims) return SB_LOAD(x, args.dtype, i);
+  if (e >= 2u * half_dims) return xin(i);
   uint f = e < half_dims ? e : e - half_dims, t = (args.pos + r / args.h) * half_dims + f;
   float c = rnd(cos_t[t]), s = rnd(sin_t[t]);
-  float x1 = SB_LOAD(x, args.dtype, base + f), x2 = SB_LOAD(x, args.dtype, base + half_dims + f);
+  float x1 = xin(base + f), x2 = xin(base + half_dims + f);
   precise float v;
   if (e < half_dims) {
     precise float a = x1 * c, b = x2 * s;
@@ -33,12 +59,46 @@ float element(uint i) {
   return v;
 }
 
-void main() {
-  uint w = sb_linear_id();
-  uint per = sb_per_word(args.dtype);
-  uint i = w * per;
-  if (i >= args.n) return;
+// Output word wd (and the cache's: rows from pos, contiguous in a [S, h, hd] cache).
+void put(uint wd, uint per) {
+  uint i = wd * per;
   float lo = element(i);
   float hi = (per == 2u && i + 1u < args.n) ? element(i + 1u) : 0.0;
-  o[w] = sb_encode_word(lo, hi, args.dtype);
+  uint word = sb_encode_word(lo, hi, args.dtype);
+  o[wd] = word;
+  if (args.has_cache != 0u) cache[(args.pos * args.h * args.hd) / per + wd] = word;
+}
+
+void main() {
+  uint per = sb_per_word(args.dtype);
+#ifdef ROPE_NORM
+  uint g = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x, t = gl_LocalInvocationID.x;
+  if (g >= args.m * args.h) return;  // uniform over the workgroup
+  uint base = g * args.hd;
+  if (t < 32u) {
+    precise float p = 0.0;
+    for (uint e = t; e < args.hd; e += 32u) {
+      float v = SB_LOAD(x, args.dtype, base + e);
+      p = p + v * v;
+    }
+    s_part[t] = p;
+  }
+  barrier();
+  if (t == 0u) {
+    precise float p[32];
+    [[unroll]] for (uint l = 0u; l < 32u; ++l) p[l] = s_part[l];
+    [[unroll]] for (uint hh = 16u; hh >= 1u; hh >>= 1u) {
+      [[unroll]] for (uint l = 0u; l < hh; ++l) p[l] = p[l] + p[l + hh];
+    }
+    precise float ms = p[0] * args.inv_d + args.eps;
+    s_inv = sb_rsqrt(ms);
+  }
+  barrier();
+  uint words = args.hd / per;  // 16-bit heads have even hd (host)
+  for (uint k = t; k < words; k += 64u) put(base / per + k, per);
+#else
+  uint wd = sb_linear_id();
+  if (wd * per >= args.n) return;
+  put(wd, per);
+#endif
 }

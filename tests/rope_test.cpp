@@ -81,6 +81,52 @@ TEST(Rope, SameBitsAsTheDecomposedOps) {
   }
 }
 
+// With norm_weight and a cache: the bits of RmsNorm (Tree32), Rope, then SliceUpdate into the cache.
+void check_fused(const Case& c, bool norm, bool cache) {
+  SCOPED_TRACE(::testing::Message() << dtype_name(c.dt) << " m=" << c.m << " pos=" << c.pos << " h=" << c.h
+                                    << " hd=" << c.hd << " half=" << c.half << " norm=" << norm << " cache=" << cache);
+  ProgramBuilder b;
+  TensorRef x = b.input("x", c.dt, {c.m, c.h, c.hd});
+  TensorRef cos_t = b.input("cos", DType::kF32, {c.table_rows, c.half});
+  TensorRef sin_t = b.input("sin", DType::kF32, {c.table_rows, c.half});
+  TensorRef w = norm ? b.input("w", c.dt, {c.hd}) : TensorRef{};
+  TensorRef fused_cache = cache ? b.mutable_buffer("fused_cache", c.dt, {c.table_rows, c.h, c.hd}) : TensorRef{};
+  TensorRef ref_cache = cache ? b.mutable_buffer("ref_cache", c.dt, {c.table_rows, c.h, c.hd}) : TensorRef{};
+  b.output("fused", b.rope(x, cos_t, sin_t, c.pos, w, 1e-5f, fused_cache));
+  TensorRef r = b.rope(norm ? b.add_rms_norm(x, {}, w, 1e-5f).out : x, cos_t, sin_t, c.pos);
+  if (cache) b.slice_update(ref_cache, r, 0, c.pos);
+  b.output("reference", r);
+  std::mt19937 rng(static_cast<uint32_t>(c.m * 37 + c.pos * 5 + c.hd + c.half + norm + 2 * cache));
+  Inputs in{{"x", random(c.dt, {c.m, c.h, c.hd}, rng, -4.0, 4.0)},
+            {"cos", random(DType::kF32, {c.table_rows, c.half}, rng, -1.0, 1.0)},
+            {"sin", random(DType::kF32, {c.table_rows, c.half}, rng, -1.0, 1.0)}};
+  if (norm) in["w"] = random(c.dt, {c.hd}, rng, 0.5, 1.5);
+  std::vector<Tensor> first;
+  optest::detail::for_each_device(b, in, [&](const Program&, Session& s, const std::string& dev) {
+    Status st = s.execute();
+    ASSERT_TRUE(st.is_ok()) << dev << ": " << st.to_string();
+    std::vector<Tensor> got = {*s.output("fused"), *s.output("reference")};
+    if (cache) got.push_back(*s.mutable_buffer("fused_cache")), got.push_back(*s.mutable_buffer("ref_cache"));
+    EXPECT_EQ(std::memcmp(got[0].data(), got[1].data(), got[1].nbytes()), 0) << dev << ": output bits";
+    if (cache) {
+      EXPECT_EQ(std::memcmp(got[2].data(), got[3].data(), got[3].nbytes()), 0) << dev << ": cache bits";
+    }
+    if (first.empty()) first = got;
+    for (size_t i = 0; i < got.size(); ++i)
+      EXPECT_EQ(std::memcmp(got[i].data(), first[i].data(), got[i].nbytes()), 0) << dev << ": differs from the CPU";
+  });
+}
+
+TEST(Rope, NormAndCacheAppendGiveTheSeparateOpsBits) {
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16})
+    for (bool norm : {false, true})
+      for (bool cache : {false, true}) {
+        check_fused({dt, 1, 9, 4, 16, 8, 12}, norm, cache);      // decode
+        check_fused({dt, 5, 2, 3, 40, 4, 8}, norm, cache);       // prefill, partial rotary, hd past 32
+        check_fused({dt, 2, 20, 8, 128, 64, 30}, norm, cache);   // Qwen3's heads
+      }
+}
+
 TEST(Rope, PositionPastTheTablesIsAnError) {
   ProgramBuilder b;
   TensorRef x = b.input("x", DType::kF32, {2, 1, 4});

@@ -1,4 +1,5 @@
-// Rotary embedding on the GPU (metal_shaders/rope.comp): one thread per output word.
+// Rotary embedding on the GPU (metal_shaders/rope.comp): one thread per output word, or with a
+// per-head RMSNorm one workgroup per head row; optionally appending to a [S, h, hd] cache.
 #include "gpu_ops.h"
 #include "op_shapes.h"
 
@@ -8,15 +9,32 @@ namespace {
 Status rope(KernelContext& ctx, const fb::OpNodeUnion& op) {
   const auto* n = op.AsRopeNode();
   Runtime& rt = rt_of(ctx);
-  Tensor x, cos, sin;
+  Tensor x, cos, sin, w, host_cache, cache;
   SB_ASSIGN_OR_RETURN(BufferRef bx, bind_in(ctx, n->x.get(), &x));
   SB_ASSIGN_OR_RETURN(BufferRef bc, bind_in(ctx, n->cos.get(), &cos));
   SB_ASSIGN_OR_RETURN(BufferRef bs, bind_in(ctx, n->sin.get(), &sin));
+  BufferRef bw = bx;  // never read without norm_weight
+  if (n->norm_weight) {
+    SB_ASSIGN_OR_RETURN(bw, bind_in(ctx, n->norm_weight.get(), &w));
+  }
+  if (n->cache) {
+    SB_ASSIGN_OR_RETURN(host_cache, ctx.inplace(n->cache.get()));
+    SB_ASSIGN_OR_RETURN(cache, rt.device_tensor(host_cache));
+  }
   SB_ASSIGN_OR_RETURN(int64_t pos, ctx.resolve(n->pos.get()));
-  SB_ASSIGN_OR_RETURN(ops::RopeDims d, ops::rope_dims(x, cos, sin, pos));
+  SB_ASSIGN_OR_RETURN(ops::RopeDims d, ops::rope_dims(x, cos, sin, pos, n->norm_weight ? &w : nullptr,
+                                                      n->cache ? &cache : nullptr));
+  const bool by16 = dtype_size(x.dtype()) == 2;
+  SB_CHECK_OR_RETURN(!by16 || !(n->norm_weight || n->cache) || d.hd % 2 == 0, StatusCode::kUnimplemented,
+                     "Rope with a norm or a cache on the GPU: 16-bit heads of odd size %lld", (long long)d.hd);
   SB_RETURN_IF_ERROR(u32_count(d.table_rows * d.half, "rope tables").status());
   SB_ASSIGN_OR_RETURN(Tensor out, rt.alloc(x.dtype(), x.shape()));
   SB_ASSIGN_OR_RETURN(BufferRef bo, rt.bind(out, false));
+  BufferRef bk = bo;  // never written without a cache
+  if (n->cache) {
+    SB_RETURN_IF_ERROR(u32_count(cache.numel(), "rope cache").status());
+    SB_ASSIGN_OR_RETURN(bk, rt.bind(cache, false));
+  }
   k::RopeArgs args{};
   SB_ASSIGN_OR_RETURN(args.n, u32_count(x.numel(), "rope"));
   args.m = static_cast<uint32_t>(d.m);
@@ -25,8 +43,18 @@ Status rope(KernelContext& ctx, const fb::OpNodeUnion& op) {
   args.half_dims = static_cast<uint32_t>(d.half);
   args.pos = static_cast<uint32_t>(d.pos);
   args.dtype = static_cast<uint32_t>(x.dtype());
-  if (x.numel() > 0)
-    SB_RETURN_IF_ERROR(rt.dispatch("rope", {bx, bc, bs, bo}, &args, sizeof(args), words_of(x.dtype(), x.numel())));
+  args.has_cache = n->cache ? 1u : 0u;
+  args.eps = n->eps;
+  args.inv_d = d.hd ? static_cast<float>(1.0 / static_cast<double>(d.hd)) : 0.0f;
+  if (x.numel() > 0) {
+    if (n->norm_weight)
+      SB_RETURN_IF_ERROR(rt.dispatch("rope_norm", {bx, bc, bs, bo, bk, bw}, &args, sizeof(args),
+                                     static_cast<uint64_t>(d.m * d.h) * 64));
+    else
+      SB_RETURN_IF_ERROR(rt.dispatch("rope", {bx, bc, bs, bo, bk}, &args, sizeof(args), words_of(x.dtype(), x.numel())));
+  }
+  // A host buffer was copied to the device: the device copy is the cache from now on.
+  if (n->cache && cache.data() != host_cache.data()) SB_RETURN_IF_ERROR(ctx.out(n->cache.get(), std::move(cache)));
   return ctx.out(n->out.get(), std::move(out));
 }
 

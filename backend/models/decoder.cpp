@@ -111,16 +111,17 @@ TensorRef attention(Emit& e, const Step& s, int64_t layer, TensorRef h) {
   q = b.reshape(q, {s.m, hq, hd});
   k = b.reshape(k, {s.m, hk, hd});
   v = b.reshape(v, {s.m, hk, hd});
-  if (c.qk_norm == QkNorm::kPerHead) {
-    q = e.norm(q, layer_name(layer, "attn.q_norm"), hd);
-    k = e.norm(k, layer_name(layer, "attn.k_norm"), hd);
-  }
-  q = b.rope(q, s.cos, s.sin, s.pos);  // HF's rotate_half form (schema RopeNode)
-  k = b.rope(k, s.cos, s.sin, s.pos);
-  // The caches are [max_seq, kv_heads, head_dim]: a step's keys and values append as one slice each.
+  // The caches are [max_seq, kv_heads, head_dim]: a step's keys and values append as one slice
+  // each. Per-head q/k norms, RoPE (HF's rotate_half) and the key append are one Rope op each.
   TensorRef kc = b.mutable_buffer(layer_name(layer, "k_cache"), e.act, {c.max_seq, hk, hd});
   TensorRef vc = b.mutable_buffer(layer_name(layer, "v_cache"), e.act, {c.max_seq, hk, hd});
-  b.slice_update(kc, k, 0, s.pos);
+  TensorRef qw, kw;
+  if (c.qk_norm == QkNorm::kPerHead) {
+    qw = e.constant(layer_name(layer, "attn.q_norm"), e.act, {hd});
+    kw = e.constant(layer_name(layer, "attn.k_norm"), e.act, {hd});
+  }
+  q = b.rope(q, s.cos, s.sin, s.pos, qw, c.rms_eps);
+  b.rope(k, s.cos, s.sin, s.pos, kw, c.rms_eps, kc);
   b.slice_update(vc, v, 0, s.pos);
   // One op: causal (and sliding-window) masking, sinks, softmax and the weighted values, in
   // key blocks of 32 (order Blocked32, docs/numerics.md).

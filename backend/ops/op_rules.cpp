@@ -404,6 +404,14 @@ Status Rules::check_moe_op(const fb::OpNodeUnion& op, const std::string& path) c
           return error(path + ".sin", strformat("dim %zu is %lld, cos's is %lld", i, (long long)dim(s, i), (long long)dim(c, i)));
       if (dim(x, 2) >= 0 && dim(c, 1) >= 0 && 2 * dim(c, 1) > dim(x, 2))
         return error(path + ".cos", strformat("rotates 2 * %lld dims of a head of %lld", (long long)dim(c, 1), (long long)dim(x, 2)));
+      if (const fb::Tid* w = n.norm_weight.get()) {
+        SB_RETURN_IF_ERROR(same_dtype(x, w, path, "x", "norm_weight"));
+        SB_RETURN_IF_ERROR(expect(rank(w) == 1, path + ".norm_weight", "must be 1-D [hd]"));
+      }
+      if (const fb::Tid* k = n.cache.get()) {
+        SB_RETURN_IF_ERROR(same_dtype(x, k, path, "x", "cache"));
+        SB_RETURN_IF_ERROR(expect(rank(k) == 3, path + ".cache", "must have rank 3 [S, h, hd]"));
+      }
       return same_dtype(x, n.out.get(), path, "x", "out");
     }
     default: break;

@@ -65,7 +65,9 @@ Result<AttentionDims> attention_dims(const Tensor& q, const Tensor& k, const Ten
 struct RopeDims {
   int64_t m = 0, h = 0, hd = 0, half = 0, table_rows = 0, pos = 0;
 };
-Result<RopeDims> rope_dims(const Tensor& x, const Tensor& cos, const Tensor& sin, int64_t pos);
+// With norm_weight, it is [hd]; with a cache, it is [S, h, hd] with pos + m <= S.
+Result<RopeDims> rope_dims(const Tensor& x, const Tensor& cos, const Tensor& sin, int64_t pos,
+                           const Tensor* norm_weight = nullptr, const Tensor* cache = nullptr);
 
 // AttentionOrder Blocked32's key blocks: keys [32 b, 32 b + 32) by position.
 inline constexpr int64_t kAttentionBlock = 32;

@@ -225,9 +225,12 @@ TensorRef ProgramBuilder::attention_decomposed_order(TensorRef q, TensorRef k_ca
                         fb::AttentionOrder::Decomposed, false);
 }
 
-TensorRef ProgramBuilder::rope(TensorRef x, TensorRef cos, TensorRef sin, IntOrValue pos) {
+TensorRef ProgramBuilder::rope(TensorRef x, TensorRef cos, TensorRef sin, IntOrValue pos, TensorRef norm_weight,
+                               float eps, TensorRef cache) {
   for (TensorRef t : {x, cos, sin})
     if (!s_->ok(t, "rope")) return {};
+  for (TensorRef t : {norm_weight, cache})
+    if (t.valid() && !s_->ok(t, "rope")) return {};
   TensorRef o = s_->new_slot(SlotRole::kTemp, s_->slots[x.id].dtype, s_->slots[x.id].shape);
   auto n = std::make_unique<fb::RopeNodeT>();
   n->x = tid(x);
@@ -235,6 +238,9 @@ TensorRef ProgramBuilder::rope(TensorRef x, TensorRef cos, TensorRef sin, IntOrV
   n->sin = tid(sin);
   n->pos = iov(pos);
   n->out = tid(o);
+  if (norm_weight.valid()) n->norm_weight = tid(norm_weight);
+  n->eps = eps;
+  if (cache.valid()) n->cache = tid(cache);
   s_->emit(make_op(std::move(n)));
   return o;
 }

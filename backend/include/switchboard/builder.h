@@ -170,7 +170,10 @@ class ProgramBuilder {
                                        float mask_value, int64_t window = 0, TensorRef sinks = {});
   // Rotary embedding (schema RopeNode) of x [m, h, hd] at positions pos .. pos + m - 1 from f32
   // tables cos / sin [S, half]: the first 2 * half dims of each head rotated, the rest kept.
-  TensorRef rope(TensorRef x, TensorRef cos, TensorRef sin, IntOrValue pos);
+  // norm_weight [hd]: each head RMSNorm'd (order Tree32, eps) first; cache [S, h, hd]: the
+  // result also written to its rows pos .. pos + m - 1.
+  TensorRef rope(TensorRef x, TensorRef cos, TensorRef sin, IntOrValue pos, TensorRef norm_weight = {},
+                 float eps = 1e-6f, TensorRef cache = {});
   TensorRef cast(TensorRef x, DType dtype);
   TensorRef reshape(TensorRef x, const std::vector<IntOrValue>& shape);
   TensorRef slice(TensorRef x, int axis, IntOrValue start, IntOrValue stop);
