@@ -19,8 +19,11 @@
 // pair r = w / nb (row row0 + r / hq, head r % hq); thread t holds partials 8 (t % 4) .. +7 of
 // key t / 4's dot32, threads 0..31 finish key t's score and exp, thread t sums o_b columns
 // t, t + 128; thread 0 writes (m_b, l_b). Blocks without a visible key write nothing.
-// ATTENTION_MERGE (order Blocked32). Thread -> output: workgroup w is pair w; thread t merges
-// the blocks of output words t, t + 128, ... (one or two columns a word) in block order.
+// ATTENTION_MERGE (order Blocked32). Thread -> output: workgroup w is pair w. Up to kMerge
+// blocks, the merge's exps come first: thread 0 walks the running max, thread t computes the
+// factors a, c of blocks t, t + 128, ... into shared memory; then thread t merges output words
+// t, t + 128, ... (one or two columns a word) in block order. Past kMerge blocks each thread
+// walks the blocks itself (the same operations).
 #include "common.glsl"
 
 layout(local_size_x = 128) in;
@@ -258,6 +261,11 @@ layout(std430, binding = 0) readonly buffer S { uint sinks[]; };
 layout(std430, binding = 1) readonly buffer Scratch { float scratch[]; };
 layout(std430, binding = 2) writeonly buffer O { uint o[]; };
 
+const uint kMerge = 1024u;
+shared float s_m[kMerge];  // the state's max after block b (first .. last)
+shared float s_a[kMerge];  // exp(m before - m after) of block b
+shared float s_c[kMerge];  // exp(m_b - m after) of block b
+
 void main() {
   uint t = gl_LocalInvocationID.x;
   uint r = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
@@ -265,7 +273,25 @@ void main() {
   uint i = args.row0 + r / args.hq, h = r % args.hq, hd = args.hd;
   uint lo, hi;
   visible(r, lo, hi);
-  uint first = lo / kBlock, last = (hi - 1u) / kBlock;
+  uint first = lo / kBlock, last = (hi - 1u) / kBlock, count = last - first + 1u;
+  bool staged = count <= kMerge;
+  if (staged) {
+    if (t == 0u) {
+      float m = scratch[ml_at(r, first)];
+      s_m[0] = m;
+      for (uint b = 1u; b < count; ++b) {
+        m = sb_max(m, scratch[ml_at(r, first + b)]);
+        s_m[b] = m;
+      }
+    }
+    barrier();
+    for (uint b = t + 1u; b < count; b += kT) {
+      precise float da = s_m[b - 1u] - s_m[b], dc = scratch[ml_at(r, first + b)] - s_m[b];
+      s_a[b] = sb_exp(da);
+      s_c[b] = sb_exp(dc);
+    }
+    barrier();
+  }
   uint per = sb_per_word(args.dtype), words = hd / per;
   for (uint wd = t; wd < words; wd += kT) {
     uint c = wd * per;
@@ -274,14 +300,22 @@ void main() {
     precise float o0 = scratch[ob_at(r, first) + c];
     precise float o1 = per == 2u ? scratch[ob_at(r, first) + c + 1u] : 0.0;
     for (uint b = first + 1u; b <= last; ++b) {
-      float mb = scratch[ml_at(r, b)];
-      float mn = sb_max(m, mb);
-      precise float da = m - mn, dc = mb - mn;
-      float a = sb_exp(da), cc = sb_exp(dc);
+      float a, cc;
+      if (staged) {
+        a = s_a[b - first];
+        cc = s_c[b - first];
+        m = s_m[b - first];
+      } else {
+        float mb = scratch[ml_at(r, b)];
+        float mn = sb_max(m, mb);
+        precise float da = m - mn, dc = mb - mn;
+        a = sb_exp(da);
+        cc = sb_exp(dc);
+        m = mn;
+      }
       l = l * a + scratch[ml_at(r, b) + 1u] * cc;
       o0 = o0 * a + scratch[ob_at(r, b) + c] * cc;
       if (per == 2u) o1 = o1 * a + scratch[ob_at(r, b) + c + 1u] * cc;
-      m = mn;
     }
     if (args.has_sinks != 0u) {  // a block of one key with l = 1 and no values
       precise float sv = SB_LOAD(sinks, args.dtype, h) + 0.0;

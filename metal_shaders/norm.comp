@@ -21,9 +21,10 @@
 
 #ifdef RMS_NORM_TREE
 // RMS_NORM_TREE (RmsNorm order Tree32; pad0 = 1: with a residual). Thread -> output: workgroup
-// g computes row g; s_i = round(x_i + residual_i) (or x_i), recomputed where needed; threads
-// 0..31 hold dot32's partials (thread l adds s_i * s_i for i = l, l + 32, ... in order),
-// thread 0 the halving tree and rsqrt; thread t writes output (and sum) words t, t + 256, ...
+// g computes row g; its 256 threads load s_i = round(x_i + residual_i) (or x_i) into shared
+// memory at once (rows past SB_NORM_ROW_MAX recompute s_i from memory instead); threads 0..31
+// hold dot32's partials (thread l adds s_i * s_i for i = l, l + 32, ... in order), thread 0 the
+// halving tree and rsqrt; thread t writes output (and sum) words t, t + 256, ...
 layout(local_size_x = 256) in;
 layout(std430, binding = 0) readonly buffer X { uint x[]; };
 layout(std430, binding = 1) readonly buffer R { uint res[]; };
@@ -33,6 +34,7 @@ layout(std430, binding = 4) writeonly buffer Sum { uint sum_o[]; };
 layout(push_constant) uniform Args { SB_NORM_ARGS } args;
 shared float s_part[32];
 shared float s_inv;
+shared float s_row[SB_NORM_ROW_MAX];
 
 float s_at(uint g) {
   float v = SB_LOAD(x, args.dtype, g);
@@ -47,10 +49,14 @@ void main() {
   uint r = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
   if (r >= args.rows) return;  // uniform across the workgroup
   uint t = gl_LocalInvocationID.x, base = r * args.d;
+  bool staged = args.d <= SB_NORM_ROW_MAX;
+  if (staged)
+    for (uint i = t; i < args.d; i += 256u) s_row[i] = s_at(base + i);
+  barrier();
   if (t < 32u) {
     precise float p = 0.0;
     for (uint i = t; i < args.d; i += 32u) {
-      float v = s_at(base + i);
+      float v = staged ? s_row[i] : s_at(base + i);
       p = p + v * v;
     }
     s_part[t] = p;
@@ -70,7 +76,8 @@ void main() {
   uint per = sb_per_word(args.dtype), words = args.d / per;  // 16-bit rows have even d (host)
   for (uint k = t; k < words; k += 256u) {
     uint i = k * per;
-    float a = s_at(base + i), b = per == 2u ? s_at(base + i + 1u) : 0.0;
+    float a = staged ? s_row[i] : s_at(base + i);
+    float b = per == 2u ? (staged ? s_row[i + 1u] : s_at(base + i + 1u)) : 0.0;
     precise float lo = (a * inv) * SB_LOAD(w, args.dtype, i);
     precise float hi = per == 2u ? (b * inv) * SB_LOAD(w, args.dtype, i + 1u) : 0.0;
     o[r * words + k] = sb_encode_word(lo, hi, args.dtype);

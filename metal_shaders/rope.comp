@@ -8,8 +8,9 @@
 // ROPE. Thread -> output: invocation w writes output word w (1 or 2 elements, each computed
 // alone), and the cache's word at the same place from row pos when has_cache.
 // ROPE_NORM (with norm_weight). Thread -> output: workgroup g is head row g (row g / h, head
-// g % h); threads 0..31 hold dot32's partials of its squares, thread 0 the halving tree and
-// rsqrt; thread t writes the head's words t, t + 64, ... (and the cache's).
+// g % h); its threads stage the row in shared memory, threads 0..31 hold dot32's partials of
+// its squares, thread 0 the halving tree and rsqrt; then the row is normalized in place and
+// thread t writes the head's words t, t + 64, ... (and the cache's).
 #include "common.glsl"
 
 #ifdef ROPE_NORM
@@ -30,13 +31,11 @@ layout(push_constant) uniform Args { SB_ROPE_ARGS } args;
 float rnd(float v) { return sb_round_to(v, args.dtype); }
 
 #ifdef ROPE_NORM
+const uint kMaxHd = 256u;  // the host refuses larger heads
 shared float s_part[32];
 shared float s_inv;
-// Element i of x after its head's RMSNorm, rounded as RmsNorm stores it.
-float xin(uint i) {
-  precise float v = (SB_LOAD(x, args.dtype, i) * s_inv) * SB_LOAD(w, args.dtype, i % args.hd);
-  return rnd(v);
-}
+shared float s_x[kMaxHd];  // the head row, then (normalized, rounded as RmsNorm stores it)
+float xin(uint i) { return s_x[i % args.hd]; }
 #else
 float xin(uint i) { return SB_LOAD(x, args.dtype, i); }
 #endif
@@ -75,12 +74,11 @@ void main() {
   uint g = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x, t = gl_LocalInvocationID.x;
   if (g >= args.m * args.h) return;  // uniform over the workgroup
   uint base = g * args.hd;
+  for (uint e = t; e < args.hd; e += 64u) s_x[e] = SB_LOAD(x, args.dtype, base + e);
+  barrier();
   if (t < 32u) {
     precise float p = 0.0;
-    for (uint e = t; e < args.hd; e += 32u) {
-      float v = SB_LOAD(x, args.dtype, base + e);
-      p = p + v * v;
-    }
+    for (uint e = t; e < args.hd; e += 32u) p = p + s_x[e] * s_x[e];
     s_part[t] = p;
   }
   barrier();
@@ -92,6 +90,11 @@ void main() {
     }
     precise float ms = p[0] * args.inv_d + args.eps;
     s_inv = sb_rsqrt(ms);
+  }
+  barrier();
+  for (uint e = t; e < args.hd; e += 64u) {
+    precise float v = (s_x[e] * s_inv) * SB_LOAD(w, args.dtype, e);
+    s_x[e] = rnd(v);
   }
   barrier();
   uint words = args.hd / per;  // 16-bit heads have even hd (host)

@@ -212,6 +212,8 @@ TEST(Attention, BlockedOrderIsExactAcrossDevicesAndBatchInvariant) {
   }
   check_blocked({DType::kBF16, 70, 200, 8, 2, 128, 320, 0, false}, 6e-2);  // many rows, many blocks
   check_blocked({DType::kF32, 1, 4200, 2, 1, 32, 4224, 0, true}, 1e-5);   // a long decode row
+  // Past 1,024 blocks the GPU's merge walks the blocks without staging their factors.
+  check_blocked({DType::kF32, 1, 33000, 2, 1, 32, 33024, 0, true}, 1e-5);
 }
 
 // Past the GPU's 64 MiB of block scratch a prefill runs in chunks of rows; a row's bits stay.

@@ -27,6 +27,8 @@ Status rope(KernelContext& ctx, const fb::OpNodeUnion& op) {
   const bool by16 = dtype_size(x.dtype()) == 2;
   SB_CHECK_OR_RETURN(!by16 || !(n->norm_weight || n->cache) || d.hd % 2 == 0, StatusCode::kUnimplemented,
                      "Rope with a norm or a cache on the GPU: 16-bit heads of odd size %lld", (long long)d.hd);
+  SB_CHECK_OR_RETURN(!n->norm_weight || d.hd <= 256, StatusCode::kUnimplemented,
+                     "Rope with a norm on the GPU: heads of %lld (up to 256)", (long long)d.hd);
   SB_RETURN_IF_ERROR(u32_count(d.table_rows * d.half, "rope tables").status());
   SB_ASSIGN_OR_RETURN(Tensor out, rt.alloc(x.dtype(), x.shape()));
   SB_ASSIGN_OR_RETURN(BufferRef bo, rt.bind(out, false));
