@@ -86,22 +86,7 @@ void check(const Case& c) {
   for (int64_t i = 0; i < c.cache; ++i) p[static_cast<size_t>(i)] = static_cast<double>(i);
   in["positions"] = optest::make(DType::kF32, {c.cache}, p);
   if (c.sinks) in["sinks"] = random(c.dt, {c.hq}, rng, 1.0);
-  Tensor first;
-  bool have_first = false;
-  optest::detail::for_each_device(b, in, [&](const Program&, Session& s, const std::string& dev) {
-    Status st = s.execute();
-    ASSERT_TRUE(st.is_ok()) << dev << ": " << st.to_string();
-    auto fused = s.output("fused"), ref = s.output("reference");
-    ASSERT_TRUE(fused.is_ok() && ref.is_ok());
-    ASSERT_EQ(fused->shape(), ref->shape()) << dev;
-    EXPECT_EQ(std::memcmp(fused->data(), ref->data(), ref->nbytes()), 0) << dev << ": not the decomposed ops' bits";
-    if (!have_first) {
-      first = *fused;
-      have_first = true;
-    } else {
-      EXPECT_EQ(std::memcmp(fused->data(), first.data(), first.nbytes()), 0) << dev << ": differs from the CPU";
-    }
-  });
+  optest::check_same_bits(b, in, {{"fused", "reference"}});
 }
 
 // Softmax attention in double precision over the operands as stored: visible keys only, the

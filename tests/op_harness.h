@@ -243,6 +243,34 @@ inline void check_op(const ProgramBuilder& b, const Inputs& inputs, const Refere
   });
 }
 
+// A fused op against the ops it replaces: on every device each pair's two outputs (or mutable
+// buffers) hold the same bits, and each named one the CPU's bits.
+inline void check_same_bits(const ProgramBuilder& b, const Inputs& inputs,
+                            const std::vector<std::pair<std::string, std::string>>& pairs) {
+  std::map<std::string, Tensor> first;
+  detail::for_each_device(b, inputs, [&](const Program& program, Session& s, const std::string& dev) {
+    Status st = s.execute();
+    ASSERT_TRUE(st.is_ok()) << dev << ": " << st.to_string();
+    auto get = [&](const std::string& name) {
+      for (const IoInfo& o : program.outputs())
+        if (o.name == name) return s.output(name);
+      return s.mutable_buffer(name);
+    };
+    for (const auto& [a, b_name] : pairs) {
+      auto x = get(a), y = get(b_name);
+      ASSERT_TRUE(x.is_ok() && y.is_ok()) << dev << ": " << a << ", " << b_name;
+      ASSERT_EQ(x->shape(), y->shape()) << dev << ": " << a;
+      EXPECT_EQ(std::memcmp(x->data(), y->data(), y->nbytes()), 0) << dev << ": '" << a << "' differs from '" << b_name << "'";
+      for (const auto& [name, t] : {std::pair{a, *x}, std::pair{b_name, *y}}) {
+        auto [it, fresh] = first.emplace(name, t);
+        if (!fresh) {
+          EXPECT_EQ(std::memcmp(t.data(), it->second.data(), t.nbytes()), 0) << dev << ": '" << name << "' differs from the CPU";
+        }
+      }
+    }
+  });
+}
+
 // execute() fails on every device, with a message containing `needle`.
 inline void check_op_error(const ProgramBuilder& b, const Inputs& inputs, const std::string& needle) {
   detail::for_each_device(b, inputs, [&](const Program&, Session& s, const std::string& dev) {

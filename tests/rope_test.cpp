@@ -53,22 +53,7 @@ void check(const Case& c) {
   Inputs in{{"x", random(c.dt, {c.m, c.h, c.hd}, rng, -4.0, 4.0)},
             {"cos", random(DType::kF32, {c.table_rows, c.half}, rng, -1.0, 1.0)},
             {"sin", random(DType::kF32, {c.table_rows, c.half}, rng, -1.0, 1.0)}};
-  Tensor first;
-  bool have_first = false;
-  optest::detail::for_each_device(b, in, [&](const Program&, Session& s, const std::string& dev) {
-    Status st = s.execute();
-    ASSERT_TRUE(st.is_ok()) << dev << ": " << st.to_string();
-    auto fused = s.output("fused"), ref = s.output("reference");
-    ASSERT_TRUE(fused.is_ok() && ref.is_ok());
-    ASSERT_EQ(fused->shape(), ref->shape()) << dev;
-    EXPECT_EQ(std::memcmp(fused->data(), ref->data(), ref->nbytes()), 0) << dev << ": not the decomposed ops' bits";
-    if (!have_first) {
-      first = *fused;
-      have_first = true;
-    } else {
-      EXPECT_EQ(std::memcmp(fused->data(), first.data(), first.nbytes()), 0) << dev << ": differs from the CPU";
-    }
-  });
+  optest::check_same_bits(b, in, {{"fused", "reference"}});
 }
 
 TEST(Rope, SameBitsAsTheDecomposedOps) {
@@ -101,20 +86,9 @@ void check_fused(const Case& c, bool norm, bool cache) {
             {"cos", random(DType::kF32, {c.table_rows, c.half}, rng, -1.0, 1.0)},
             {"sin", random(DType::kF32, {c.table_rows, c.half}, rng, -1.0, 1.0)}};
   if (norm) in["w"] = random(c.dt, {c.hd}, rng, 0.5, 1.5);
-  std::vector<Tensor> first;
-  optest::detail::for_each_device(b, in, [&](const Program&, Session& s, const std::string& dev) {
-    Status st = s.execute();
-    ASSERT_TRUE(st.is_ok()) << dev << ": " << st.to_string();
-    std::vector<Tensor> got = {*s.output("fused"), *s.output("reference")};
-    if (cache) got.push_back(*s.mutable_buffer("fused_cache")), got.push_back(*s.mutable_buffer("ref_cache"));
-    EXPECT_EQ(std::memcmp(got[0].data(), got[1].data(), got[1].nbytes()), 0) << dev << ": output bits";
-    if (cache) {
-      EXPECT_EQ(std::memcmp(got[2].data(), got[3].data(), got[3].nbytes()), 0) << dev << ": cache bits";
-    }
-    if (first.empty()) first = got;
-    for (size_t i = 0; i < got.size(); ++i)
-      EXPECT_EQ(std::memcmp(got[i].data(), first[i].data(), got[i].nbytes()), 0) << dev << ": differs from the CPU";
-  });
+  std::vector<std::pair<std::string, std::string>> pairs = {{"fused", "reference"}};
+  if (cache) pairs.emplace_back("fused_cache", "ref_cache");
+  optest::check_same_bits(b, in, pairs);
 }
 
 TEST(Rope, NormAndCacheAppendGiveTheSeparateOpsBits) {
