@@ -55,12 +55,7 @@ TensorRef decomposed(ProgramBuilder& b, const Case& c, TensorRef q, TensorRef kc
 }
 
 Tensor random(DType t, const Shape& shape, std::mt19937& rng, double scale) {
-  std::normal_distribution<double> dist(0.0, scale);
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  std::vector<double> v(static_cast<size_t>(n));
-  for (double& x : v) x = dist(rng);
-  return optest::make(t, shape, v);
+  return optest::random_tensor(t, shape, rng, std::normal_distribution<double>(0.0, scale));
 }
 
 void check(const Case& c) {

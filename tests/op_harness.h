@@ -14,6 +14,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -241,6 +242,16 @@ inline void check_op(const ProgramBuilder& b, const Inputs& inputs, const Refere
         first[name] = *got;
     }
   });
+}
+
+// A tensor of dtype t with values drawn from `dist` (any <random> distribution of doubles).
+template <typename Dist>
+Tensor random_tensor(DType t, const Shape& shape, std::mt19937& rng, Dist dist) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  std::vector<double> v(static_cast<size_t>(n));
+  for (double& x : v) x = dist(rng);
+  return make(t, shape, v);
 }
 
 // A fused op against the ops it replaces: on every device each pair's two outputs (or mutable

@@ -32,12 +32,7 @@ TensorRef decomposed(ProgramBuilder& b, const Case& c, TensorRef x, TensorRef co
 }
 
 Tensor random(DType t, const Shape& shape, std::mt19937& rng, double lo, double hi) {
-  std::uniform_real_distribution<double> dist(lo, hi);
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  std::vector<double> v(static_cast<size_t>(n));
-  for (double& x : v) x = dist(rng);
-  return optest::make(t, shape, v);
+  return optest::random_tensor(t, shape, rng, std::uniform_real_distribution<double>(lo, hi));
 }
 
 void check(const Case& c) {
