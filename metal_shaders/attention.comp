@@ -2,7 +2,6 @@
 // SB_KERNEL(attention, ATTENTION, "rrrrbw", AttentionArgs, SB_ATTENTION_ARGS, 128, 0)
 // SB_KERNEL(attention_blocks, ATTENTION_BLOCKS, "rrrw", AttentionArgs, SB_ATTENTION_ARGS, 128, 0)
 // SB_KERNEL(attention_merge, ATTENTION_MERGE, "rrw", AttentionArgs, SB_ATTENTION_ARGS, 128, 0)
-// SB_KERNEL(attention_blocks_grouped, ATTENTION_BLOCKS_GROUPED, "rrrw", AttentionArgs, SB_ATTENTION_ARGS, 128, 0)
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
@@ -20,11 +19,6 @@
 // pair r = w / nb (row row0 + r / hq, head r % hq); thread t holds partials 8 (t % 4) .. +7 of
 // key t / 4's dot32, threads 0..31 finish key t's score and exp, thread t sums o_b columns
 // t, t + 128; thread 0 writes (m_b, l_b). Blocks without a visible key write nothing.
-// ATTENTION_BLOCKS_GROUPED (order Blocked32, the same values as ATTENTION_BLOCKS; hd <= 128).
-// Thread -> output: workgroup w is key block b = w % nb of (row row0 + g / hk, cache head
-// kh = g % hk), g = w / nb, for all q heads of kh: the block's keys staged once in shared
-// memory; thread t computes whole dot32s (32 partials, the tree) of (head, key) pairs t,
-// t + 128, ..., then each head's m_b, exps and l_b, and o_b column t of every head.
 // ATTENTION_MERGE (order Blocked32). Thread -> output: workgroup w is pair w. Up to kMerge
 // blocks, the merge's exps come first: thread 0 walks the running max, thread t computes the
 // factors a, c of blocks t, t + 128, ... into shared memory; then thread t merges output words
@@ -173,7 +167,7 @@ void main() {
 }
 #endif  // ATTENTION
 
-#if defined(ATTENTION_BLOCKS) || defined(ATTENTION_MERGE) || defined(ATTENTION_BLOCKS_GROUPED)
+#if defined(ATTENTION_BLOCKS) || defined(ATTENTION_MERGE)
 const uint kBlock = 32u;  // op_shapes.h kAttentionBlock
 
 // Pair r of this dispatch: its query row's visible keys [lo, hi) (op_shapes.h visible_keys).
@@ -261,79 +255,6 @@ void main() {
   }
 }
 #endif  // ATTENTION_BLOCKS
-
-#ifdef ATTENTION_BLOCKS_GROUPED
-layout(std430, binding = 0) readonly buffer Q { uint q[]; };
-layout(std430, binding = 1) readonly buffer K { uint k[]; };
-layout(std430, binding = 2) readonly buffer V { uint v[]; };
-layout(std430, binding = 3) writeonly buffer Scratch { float scratch[]; };
-
-const uint kMaxHdG = 128u;   // the host sends larger heads to ATTENTION_BLOCKS
-const uint kMaxGQ = 2048u;   // q heads per cache head x hd (the host checks)
-const uint kMaxG = 16u;      // q heads per cache head
-shared float s_k[kBlock * (kMaxHdG + 1u)];  // key kk's dims at kk * (hd + 1): no bank clashes
-shared float s_q[kMaxGQ];
-shared float s_s[kMaxG * kBlock];  // scores, then exps, of (head, key)
-shared float s_mb[kMaxG];
-
-void main() {
-  uint t = gl_LocalInvocationID.x;
-  uint w = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
-  if (w >= args.rows * args.hk * args.nb) return;  // uniform over the workgroup
-  uint b = w % args.nb, tg = w / args.nb, hd = args.hd, ks = hd + 1u;
-  uint row = tg / args.hk, kh = tg % args.hk, g = args.hq / args.hk, i = args.row0 + row;
-  uint r0 = row * args.hq + kh * g;  // pair of the group's first head
-  uint lo, hi;
-  visible(r0, lo, hi);
-  uint b0 = b * kBlock;
-  if (b0 >= hi || b0 + kBlock <= lo) return;
-  uint j0 = max(lo, b0), j1 = min(hi, b0 + kBlock), nk = j1 - j0;
-  for (uint e = t; e < nk * hd; e += kT) s_k[(e / hd) * ks + e % hd] = SB_LOAD(k, args.dtype, key_at(kh, j0 + e / hd) + e % hd);
-  for (uint e = t; e < g * hd; e += kT) s_q[e] = SB_LOAD(q, args.dtype, (i * args.hq + kh * g) * hd + e);
-  barrier();
-
-  // Scores of (head hh, key j0 + kk): dot32(q, k) (element e to partial e % 32), the tree.
-  for (uint p = t; p < g * nk; p += kT) {
-    uint hh = p / nk, kk = p % nk;
-    precise float part[32];
-    [[unroll]] for (uint l = 0u; l < 32u; ++l) part[l] = 0.0;
-    for (uint e0 = 0u; e0 < hd; e0 += 32u) {
-      [[unroll]] for (uint l = 0u; l < 32u; ++l) {
-        if (e0 + l < hd) part[l] = part[l] + s_q[hh * hd + e0 + l] * s_k[kk * ks + e0 + l];
-      }
-    }
-    SB_TREE32(part)
-    precise float x = rnd(part[0]);
-    s_s[hh * kBlock + kk] = rnd(x * args.scale);
-  }
-  barrier();
-  if (t < g) {
-    float m = s_s[t * kBlock];
-    for (uint kk = 1u; kk < nk; ++kk) m = sb_max(m, s_s[t * kBlock + kk]);
-    s_mb[t] = m;
-  }
-  barrier();
-  for (uint p = t; p < g * nk; p += kT) {
-    uint hh = p / nk, kk = p % nk;
-    precise float d = s_s[hh * kBlock + kk] - s_mb[hh];
-    s_s[hh * kBlock + kk] = sb_exp(d);
-  }
-  barrier();
-  if (t < g) {
-    precise float lb = 0.0;
-    for (uint kk = 0u; kk < nk; ++kk) lb = lb + s_s[t * kBlock + kk];
-    scratch[ml_at(r0 + t, b)] = s_mb[t];
-    scratch[ml_at(r0 + t, b) + 1u] = lb;
-  }
-  for (uint c = t; c < hd; c += kT) {
-    for (uint hh = 0u; hh < g; ++hh) {
-      precise float acc = 0.0;
-      for (uint kk = 0u; kk < nk; ++kk) acc = acc + s_s[hh * kBlock + kk] * SB_LOAD(v, args.dtype, key_at(kh, j0 + kk) + c);
-      scratch[ob_at(r0 + hh, b) + c] = acc;
-    }
-  }
-}
-#endif  // ATTENTION_BLOCKS_GROUPED
 
 #ifdef ATTENTION_MERGE
 layout(std430, binding = 0) readonly buffer S { uint sinks[]; };

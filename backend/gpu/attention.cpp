@@ -26,20 +26,12 @@ Status blocked(Runtime& rt, const ops::AttentionDims& d, k::AttentionArgs args, 
   SB_ASSIGN_OR_RETURN(Tensor scratch, rt.alloc(DType::kF32, {static_cast<int64_t>(chunk * row_floats)}));
   SB_ASSIGN_OR_RETURN(BufferRef bt, rt.bind(scratch, false));
   args.nb = static_cast<uint32_t>(nb);
-  // Prefill rows: one workgroup per (row, cache head, block) scores all the cache head's q heads
-  // against the block's keys staged once (the same values as one workgroup per q head).
-  const int64_t g = d.hq / d.hk;
-  const bool grouped = d.m > 1 && d.hd <= 128 && g <= 16 && g * d.hd <= 2048;
   for (uint64_t row0 = 0; row0 < static_cast<uint64_t>(d.m); row0 += chunk) {
     const uint64_t rows = std::min<uint64_t>(chunk, static_cast<uint64_t>(d.m) - row0);
     args.row0 = static_cast<uint32_t>(row0);
     args.rows = static_cast<uint32_t>(rows);
     const uint64_t pairs = rows * static_cast<uint64_t>(d.hq);
-    if (grouped)
-      SB_RETURN_IF_ERROR(rt.dispatch("attention_blocks_grouped", {b[0], b[1], b[2], bt}, &args, sizeof(args),
-                                     rows * static_cast<uint64_t>(d.hk) * nb * 128));
-    else
-      SB_RETURN_IF_ERROR(rt.dispatch("attention_blocks", {b[0], b[1], b[2], bt}, &args, sizeof(args), pairs * nb * 128));
+    SB_RETURN_IF_ERROR(rt.dispatch("attention_blocks", {b[0], b[1], b[2], bt}, &args, sizeof(args), pairs * nb * 128));
     SB_RETURN_IF_ERROR(rt.dispatch("attention_merge", {b[3], bt, b[4]}, &args, sizeof(args), pairs * 128));
   }
   return Status::ok();
