@@ -60,6 +60,8 @@ class Device {
   virtual Status sync() { return Status::ok(); }
   // Device time of the work the last sync() waited for, in microseconds; -1 if unknown.
   virtual double last_device_us() const { return -1; }
+  // Host time spent recording the last sync's GPU work (us); -1 where not measured.
+  virtual double last_record_us() const { return -1; }
   // Kernel dispatches recorded since the device opened; 0 where there are none (the CPU).
   virtual uint64_t dispatches() const { return 0; }
   // References to t's storage held by queued work only. Work queued later runs after it,

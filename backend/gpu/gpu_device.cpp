@@ -25,6 +25,7 @@ class GpuDevice final : public Device {
               const PrivateTemp& private_temp) const override;
   Status sync() override { return rt_->sync(); }
   double last_device_us() const override { return rt_->last_gpu_us(); }
+  double last_record_us() const override { return rt_->last_record_us(); }
   uint64_t dispatches() const override { return rt_->dispatches(); }
   long queued_refs(const Tensor& t) const override { return rt_->queued_refs(t); }
   // The heap's size, not what is free in it: a claim past it can never be met.

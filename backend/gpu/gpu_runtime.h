@@ -69,6 +69,9 @@ class GpuRuntime {
   // GPU time of the last submission, first dispatch start to last dispatch end (us);
   // -1 when the device has no timer.
   virtual double last_gpu_us() const { return -1; }
+  // Host time of the last submission's recording, its first dispatch to its last submit (us);
+  // -1 when not measured.
+  virtual double last_record_us() const { return -1; }
   // References to t's storage held by recorded, unfinished dispatches.
   virtual long queued_refs(const Tensor& t) const { return 0; }
   // Submissions finished so far (every sync, the runtime's own included): state recorded for

@@ -32,6 +32,8 @@ Result<Generation> generate(Session& session, const std::vector<int32_t>& prompt
     const double us = session.last_device_time_us();
     double& dev = step == 0 ? g.prefill_device_us : g.decode_device_us;
     dev = us < 0 || dev < 0 ? -1 : dev + us;
+    const double rec = session.last_record_time_us();
+    if (step > 0) g.decode_record_us = rec < 0 || g.decode_record_us < 0 ? -1 : g.decode_record_us + rec;
     (step == 0 ? g.prefill_dispatches : g.decode_dispatches) += session.device_dispatches() - d0;
     g.tokens.push_back(next.data_as<int32_t>()[0]);
     pos += static_cast<int64_t>(feed.size());

@@ -36,6 +36,7 @@ class Interpreter final : public KernelContext {
   const std::string& device_name() const { return device_->name(); }
   const std::string& device_description() const { return device_->description(); }
   double last_device_us() const { return device_->last_device_us(); }
+  double last_record_us() const { return device_->last_record_us(); }
   uint64_t device_dispatches() const { return device_->dispatches(); }
 
   // KernelContext

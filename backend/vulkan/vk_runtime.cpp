@@ -569,8 +569,7 @@ VulkanRuntime::~VulkanRuntime() {
   if (recording_) (void)sync();
 }
 
-// A command buffer (and its fence) for slice `slice_`, begun; the first slice of an
-// execute also resets the timestamp queries.
+// A command buffer (and its fence) for slice `slice_`, begun; an execute's first also resets the queries.
 Status VulkanRuntime::begin_slice() {
   Context& c = *ctx_;
   if (slice_ == c.cmds.size()) {
@@ -615,6 +614,7 @@ Status VulkanRuntime::begin_if_needed() {
   SB_RETURN_IF_ERROR(begin_slice());
   timed_.clear();
   recording_ = true;
+  record_start_ = Clock::now();
   return Status::ok();
 }
 
@@ -755,6 +755,7 @@ Status VulkanRuntime::sync() {
   if (c.timestamps && !per_dispatch_timing_)
     c.vkCmdWriteTimestamp(c.cmds[slice_], VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, c.timestamps, 1);
   SB_RETURN_IF_ERROR(submit_slice());
+  last_record_us_ = std::chrono::duration<double, std::micro>(Clock::now() - record_start_).count();
   const uint32_t n = static_cast<uint32_t>(slice_ + 1);
   SB_VK_CHECK(c.vkWaitForFences(c.device, n, c.fences.data(), VK_TRUE, UINT64_MAX), "vkWaitForFences");
   c.vkResetFences(c.device, n, c.fences.data());
@@ -763,8 +764,7 @@ Status VulkanRuntime::sync() {
   return gpu::status_from_error_bits(finish_submission());
 }
 
-// One line per timed dispatch (SWITCHBOARD_OP_LOG): kernel and GPU microseconds,
-// then the submission's GPU total.
+// One line per timed dispatch (SWITCHBOARD_OP_LOG): kernel and GPU microseconds, then the total.
 void VulkanRuntime::log_timestamps() {
   Context& c = *ctx_;
   last_gpu_us_ = -1;

@@ -5,6 +5,7 @@
 // dispatches (with a barrier between each) until sync().
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <utility>
@@ -32,6 +33,7 @@ class VulkanRuntime final : public gpu::MappedRuntime {
                          uint32_t handoff) override;
   Status sync() override;
   double last_gpu_us() const override { return last_gpu_us_; }
+  double last_record_us() const override { return last_record_us_; }
   uint64_t memory_bytes() const override;
 
  private:
@@ -56,7 +58,9 @@ class VulkanRuntime final : public gpu::MappedRuntime {
   bool per_dispatch_timing_ = false;  // SWITCHBOARD_OP_LOG: a timestamp pair per dispatch
   uint32_t slice_dispatches_ = 0;
   std::vector<const char*> timed_;  // kernels of the timed dispatches, in order
-  double last_gpu_us_ = -1;
+  double last_gpu_us_ = -1, last_record_us_ = -1;
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point record_start_;  // when the submission's first dispatch was recorded
   const void* bound_ = nullptr;
   // Device memory the dispatches since the last barrier read and write.
   std::vector<gpu::BufferRef> reads_, writes_;

@@ -145,6 +145,9 @@ class Session {
   // GPU time of the last execute() (first kernel start to last kernel end, from device
   // timestamps) in microseconds; -1 on the CPU or without timestamps.
   double last_device_time_us() const;
+  // Host time recording the last execute()'s GPU work, first dispatch to last submission
+  // (us); -1 on the CPU. Beside last_device_time_us it tells a host-bound step from a GPU one.
+  double last_record_time_us() const;
   // Kernel dispatches the session's GPU device has recorded so far (0 on the CPU).
   uint64_t device_dispatches() const;
   ~Session();
