@@ -87,6 +87,8 @@ Result<Tensor> MappedRuntime::alloc(DType dtype, Shape shape) {
 }
 
 Result<BufferRef> MappedRuntime::bind(const Tensor& t, bool constant) {
+  if (constant)
+    if (auto it = constants_.find({t.data(), t.nbytes()}); it != constants_.end()) return it->second.ref;
   const uint64_t bytes = std::max<uint64_t>(4, (t.nbytes() + 3) & ~uint64_t{3});
   Block b;
   uint64_t off = 0;
@@ -96,15 +98,14 @@ Result<BufferRef> MappedRuntime::bind(const Tensor& t, bool constant) {
     if (t.storage_id()) ++kept_[t.storage_id()];
     return BufferRef{b.handle, off, std::min(bytes, b.size - off)};
   }
-  if (constant)
-    if (auto it = constants_.find({t.data(), t.nbytes()}); it != constants_.end()) return bind(it->second, false);
   // A host tensor is copied in now (its bytes are final). A misaligned view of device
   // memory is copied too, after the queued work that may write it has finished.
   if (inside) SB_RETURN_IF_ERROR(sync());
   SB_ASSIGN_OR_RETURN(Tensor dev, alloc(t.dtype(), t.shape()));
   if (t.nbytes()) std::memcpy(dev.mutable_data(), t.data(), t.nbytes());
-  if (constant) constants_.emplace(std::make_pair(t.data(), t.nbytes()), dev);
-  return bind(dev, false);
+  SB_ASSIGN_OR_RETURN(BufferRef ref, bind(dev, false));
+  if (constant) constants_.emplace(std::make_pair(t.data(), t.nbytes()), Uploaded{dev, ref});
+  return ref;
 }
 
 Result<Tensor> MappedRuntime::device_tensor(const Tensor& t) {

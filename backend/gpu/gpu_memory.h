@@ -80,8 +80,13 @@ class MappedRuntime : public GpuRuntime {
       return std::hash<const void*>()(k.first) ^ (k.second * 0x9E3779B97F4A7C15ull);
     }
   };
-  // Host bytes (address, size) -> their device copy: looked up on every bind of a weight.
-  std::unordered_map<std::pair<const void*, size_t>, Tensor, KeyHash> constants_;
+  // Host bytes (address, size) -> their device copy and its binding: looked up first on every
+  // bind of a weight (the copy lives here, so a bind neither searches the pool nor keeps it).
+  struct Uploaded {
+    Tensor dev;
+    BufferRef ref;
+  };
+  std::unordered_map<std::pair<const void*, size_t>, Uploaded, KeyHash> constants_;
   Tensor error_;
 };
 
