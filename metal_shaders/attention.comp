@@ -2,7 +2,6 @@
 // SB_KERNEL(attention, ATTENTION, "rrrrbw", AttentionArgs, SB_ATTENTION_ARGS, 128, 0)
 // SB_KERNEL(attention_blocks, ATTENTION_BLOCKS, "rrrw", AttentionArgs, SB_ATTENTION_ARGS, 128, 0)
 // SB_KERNEL(attention_merge, ATTENTION_MERGE, "rrw", AttentionArgs, SB_ATTENTION_ARGS, 128, 0)
-// SB_KERNEL(attention_blocks_merged, ATTENTION_BLOCKS_MERGED, "rrrbrwb", AttentionArgs, SB_ATTENTION_ARGS, 128, 0)
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
@@ -20,9 +19,6 @@
 // pair r = w / nb (row row0 + r / hq, head r % hq); thread t holds partials 8 (t % 4) .. +7 of
 // key t / 4's dot32, threads 0..31 finish key t's score and exp, thread t sums o_b columns
 // t, t + 128; thread 0 writes (m_b, l_b). Blocks without a visible key write nothing.
-// ATTENTION_BLOCKS_MERGED (order Blocked32; where workgroups may hand off, at decode): as
-// ATTENTION_BLOCKS, then the last workgroup of each pair to count its block in (an atomic
-// after its stores) runs ATTENTION_MERGE's steps for the pair: one dispatch instead of two.
 // ATTENTION_MERGE (order Blocked32). Thread -> output: workgroup w is pair w. Up to kMerge
 // blocks, the merge's exps come first: thread 0 walks the running max, thread t computes the
 // factors a, c of blocks t, t + 128, ... into shared memory; then thread t merges output words
@@ -171,7 +167,7 @@ void main() {
 }
 #endif  // ATTENTION
 
-#if defined(ATTENTION_BLOCKS) || defined(ATTENTION_MERGE) || defined(ATTENTION_BLOCKS_MERGED)
+#if defined(ATTENTION_BLOCKS) || defined(ATTENTION_MERGE)
 const uint kBlock = 32u;  // op_shapes.h kAttentionBlock
 
 // Pair r of this dispatch: its query row's visible keys [lo, hi) (op_shapes.h visible_keys).
@@ -188,34 +184,27 @@ uint ml_at(uint r, uint b) { return (r * args.nb + b) * 2u; }
 uint ob_at(uint r, uint b) { return args.rows * args.hq * args.nb * 2u + (r * args.nb + b) * args.hd; }
 #endif
 
-#if defined(ATTENTION_BLOCKS) || defined(ATTENTION_BLOCKS_MERGED)
+#ifdef ATTENTION_BLOCKS
 layout(std430, binding = 0) readonly buffer Q { uint q[]; };
 layout(std430, binding = 1) readonly buffer K { uint k[]; };
 layout(std430, binding = 2) readonly buffer V { uint v[]; };
-#ifdef ATTENTION_BLOCKS_MERGED
-// Coherent: the last workgroup of a (row, head) reads what the others stored.
-layout(std430, binding = 3) coherent buffer Scratch { float scratch[]; };
-layout(std430, binding = 4) readonly buffer S { uint sinks[]; };
-layout(std430, binding = 5) writeonly buffer O { uint o[]; };
-layout(std430, binding = 6) buffer Counts { uint counts[]; };
-#else
 layout(std430, binding = 3) writeonly buffer Scratch { float scratch[]; };
-#endif
 
 shared float s_q[kMaxHd];
 shared float s_part[kBlock * 33u];  // key kk's 32 partials at kk * 33 (padded against bank clashes)
 shared float s_s[kBlock];
 shared float s_e[kBlock];
 
-// Workgroup w's block of its (row, head) pair: (m_b, l_b) and o_b into scratch. False (the
-// same for the whole workgroup) when the block holds no visible key.
-bool block_partials(uint w, uint t) {
+void main() {
+  uint t = gl_LocalInvocationID.x;
+  uint w = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
+  if (w >= args.rows * args.hq * args.nb) return;  // uniform over the workgroup
   uint b = w % args.nb, r = w / args.nb, hd = args.hd;
   uint i = args.row0 + r / args.hq, h = r % args.hq, kh = h / (args.hq / args.hk);
   uint lo, hi;
   visible(r, lo, hi);
   uint b0 = b * kBlock;
-  if (b0 >= hi || b0 + kBlock <= lo) return false;
+  if (b0 >= hi || b0 + kBlock <= lo) return;
   uint j0 = max(lo, b0), j1 = min(hi, b0 + kBlock);
   for (uint c = t; c < hd; c += kT) s_q[c] = SB_LOAD(q, args.dtype, (i * args.hq + h) * hd + c);
   barrier();
@@ -264,15 +253,6 @@ bool block_partials(uint w, uint t) {
     scratch[ml_at(r, b)] = mb;
     scratch[ml_at(r, b) + 1u] = lb;
   }
-  return true;
-}
-#endif
-
-#ifdef ATTENTION_BLOCKS
-void main() {
-  uint w = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
-  if (w >= args.rows * args.hq * args.nb) return;  // uniform over the workgroup
-  block_partials(w, gl_LocalInvocationID.x);
 }
 #endif  // ATTENTION_BLOCKS
 
@@ -280,16 +260,16 @@ void main() {
 layout(std430, binding = 0) readonly buffer S { uint sinks[]; };
 layout(std430, binding = 1) readonly buffer Scratch { float scratch[]; };
 layout(std430, binding = 2) writeonly buffer O { uint o[]; };
-#endif
 
-#if defined(ATTENTION_MERGE) || defined(ATTENTION_BLOCKS_MERGED)
 const uint kMerge = 1024u;
 shared float s_m[kMerge];  // the state's max after block b (first .. last)
 shared float s_a[kMerge];  // exp(m before - m after) of block b
 shared float s_c[kMerge];  // exp(m_b - m after) of block b
 
-// Pair r's blocks merged in order into its output row (the whole workgroup takes part).
-void merge_pair(uint r, uint t) {
+void main() {
+  uint t = gl_LocalInvocationID.x;
+  uint r = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
+  if (r >= args.rows * args.hq) return;  // uniform over the workgroup
   uint i = args.row0 + r / args.hq, h = r % args.hq, hd = args.hd;
   uint lo, hi;
   visible(r, lo, hi);
@@ -352,32 +332,4 @@ void merge_pair(uint r, uint t) {
     o[(i * args.hq + h) * words + wd] = per == 1u ? floatBitsToUint(rnd(y0)) : sb_encode_word(y0, y1, args.dtype);
   }
 }
-#endif
-
-#ifdef ATTENTION_MERGE
-void main() {
-  uint r = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
-  if (r >= args.rows * args.hq) return;  // uniform over the workgroup
-  merge_pair(r, gl_LocalInvocationID.x);
-}
 #endif  // ATTENTION_MERGE
-
-#ifdef ATTENTION_BLOCKS_MERGED
-shared bool s_last;
-void main() {
-  uint t = gl_LocalInvocationID.x;
-  uint w = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
-  if (w >= args.rows * args.hq * args.nb) return;  // uniform over the workgroup
-  if (!block_partials(w, t)) return;
-  // The last of the pair's visible blocks to finish merges them all.
-  uint r = w / args.nb, lo, hi;
-  visible(r, lo, hi);
-  memoryBarrierBuffer();
-  barrier();
-  if (t == 0u) s_last = atomicAdd(counts[r], 1u) + 1u == (hi - 1u) / kBlock - lo / kBlock + 1u;
-  barrier();
-  if (!s_last) return;
-  memoryBarrierBuffer();
-  merge_pair(r, t);
-}
-#endif  // ATTENTION_BLOCKS_MERGED

@@ -1,6 +1,5 @@
 // Attention over a KV cache on the GPU (metal_shaders/attention.comp). Order Blocked32: one
-// workgroup per (row, head, key block of 32), then one per (row, head) merging the blocks (at
-// decode, where workgroups may hand off, the last block's workgroup merges: one dispatch);
+// workgroup per (row, head, key block of 32), then one per (row, head) merging the blocks;
 // order Decomposed: one workgroup per (row, head).
 #include <algorithm>
 
@@ -32,12 +31,6 @@ Status blocked(Runtime& rt, const ops::AttentionDims& d, k::AttentionArgs args, 
     args.row0 = static_cast<uint32_t>(row0);
     args.rows = static_cast<uint32_t>(rows);
     const uint64_t pairs = rows * static_cast<uint64_t>(d.hq);
-    if (d.m == 1 && rt.cross_workgroup_handoff()) {  // decode: the last block's workgroup merges
-      SB_ASSIGN_OR_RETURN(BufferRef counts, rt.scratch(pairs * 4, 0));
-      SB_RETURN_IF_ERROR(rt.dispatch("attention_blocks_merged", {b[0], b[1], b[2], bt, b[3], b[4], counts}, &args,
-                                     sizeof(args), pairs * nb * 128));
-      continue;
-    }
     SB_RETURN_IF_ERROR(rt.dispatch("attention_blocks", {b[0], b[1], b[2], bt}, &args, sizeof(args), pairs * nb * 128));
     SB_RETURN_IF_ERROR(rt.dispatch("attention_merge", {b[3], bt, b[4]}, &args, sizeof(args), pairs * 128));
   }
