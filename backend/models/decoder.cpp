@@ -1,9 +1,8 @@
 // The MoE decoder as one program (prefill and decode): embedding, pre-norm attention
 // with RoPE and a KV cache in mutable buffers, routed experts or a dense FFN, final
-// norm, lm_head on the last position. The order of every float operation follows the
-// Hugging Face implementation where it is stated (scores * scale, then + mask).
+// norm, lm_head on the last position. Hugging Face's formulas in docs/numerics.md's orders
+// (dot32 products, Tree32 norms, Blocked32 attention: the same on every device).
 #include <cmath>
-#include <map>
 #include <string>
 
 #include "switchboard/model.h"
@@ -78,13 +77,12 @@ struct Emit {
     return b.add_rms_norm(x, residual, constant(name, act, {d}), c.rms_eps);
   }
   TensorRef norm(TensorRef x, const std::string& name, int64_t d) { return add_norm(x, {}, name, d).out; }
-  TensorRef scalar(DType t, double v) { return b.full({1}, t, v); }
 };
 
 struct Step {
   TensorRef tokens;
-  IntOrValue m = 0, pos = 0, len = 0;  // len = pos + m: keys visible to the last query
-  TensorRef cos, sin;      // f32 [max_seq, rotary/2]: the exporter's RoPE tables (rope_tables)
+  IntOrValue m = 0, pos = 0;  // rows this step, position of the first
+  TensorRef cos, sin;         // f32 [max_seq, rotary/2]: the exporter's RoPE tables (rope_tables)
 };
 
 // v as a Full of dtype t stores it: the f32 nearest, then rounded to t (the decoder's former
@@ -183,7 +181,6 @@ Status emit_decoder(const ModelConfig& c, const ExportFormat& f, ProgramBuilder&
   s.tokens = b.input("tokens", DType::kI32, {Dim::dynamic(1, c.max_seq)});
   s.m = b.size(s.tokens, 0);
   s.pos = b.input_value("pos");
-  s.len = b.add_int(s.pos, s.m);
   const int64_t half = c.rotary_dims() / 2;
   s.cos = e.constant("rope.cos", DType::kF32, {c.max_seq, half}, 0.0);
   s.sin = e.constant("rope.sin", DType::kF32, {c.max_seq, half}, 0.0);
