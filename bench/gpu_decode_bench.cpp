@@ -88,19 +88,27 @@ std::vector<Case> cases() {
   // RmsNorm beside them.
   for (int64_t m : {int64_t{1}, int64_t{512}}) {
     const std::string rows = std::to_string(m);
-    v.push_back({"add_rms_norm_tree_" + rows + "x2048", 0,
-                 [](ProgramBuilder& b, int r, const In& in, std::map<std::string, Tensor>& c) {
-                   c["tw" + std::to_string(r)] = filled(DType::kF32, {2048}, r, 1.f);
-                   return b.add_rms_norm(in.x, in.x, b.constant("tw" + std::to_string(r), DType::kF32, {2048}), 1e-6f).out;
-                 },
-                 true, false, {m, 2048}});
-    v.push_back({"rms_norm_sequential_" + rows + "x2048", 0,
+    v.push_back(
+        {"add_rms_norm_tree_" + rows + "x2048",
+         0,
+         [](ProgramBuilder& b, int r, const In& in, std::map<std::string, Tensor>& c) {
+           c["tw" + std::to_string(r)] = filled(DType::kF32, {2048}, r, 1.f);
+           return b.add_rms_norm(in.x, in.x, b.constant("tw" + std::to_string(r), DType::kF32, {2048}), 1e-6f).out;
+         },
+         true,
+         false,
+         {m, 2048}});
+    v.push_back({"rms_norm_sequential_" + rows + "x2048",
+                 0,
                  [](ProgramBuilder& b, int r, const In& in, std::map<std::string, Tensor>& c) {
                    c["sw" + std::to_string(r)] = filled(DType::kF32, {2048}, r, 1.f);
                    return b.rms_norm(in.x, b.constant("sw" + std::to_string(r), DType::kF32, {2048}));
                  },
-                 true, false, {m, 2048}});
-    v.push_back({"rope_norm_" + rows + "x32x128", 0,
+                 true,
+                 false,
+                 {m, 2048}});
+    v.push_back({"rope_norm_" + rows + "x32x128",
+                 0,
                  [m](ProgramBuilder& b, int r, const In& in, std::map<std::string, Tensor>& c) {
                    const std::string id = std::to_string(r);
                    c["rw" + id] = filled(DType::kF32, {128}, r, 1.f);
@@ -111,7 +119,9 @@ std::vector<Case> cases() {
                                         b.constant("rw" + id, DType::kF32, {128}), 1e-6f);
                    return b.reshape(y, {m, 4096});
                  },
-                 true, false, {m, 4096}});
+                 true,
+                 false,
+                 {m, 4096}});
   }
   v.push_back({"router_softmax_top8_of_128", 0,
                [](ProgramBuilder& b, int r, const In& in, std::map<std::string, Tensor>& c) {

@@ -21,6 +21,8 @@ using namespace ::switchboard::ops;
 // dot32 of docs/numerics.md: 32 strided partial sums (product, then add), then the
 // halving tree 16, 8, 4, 2, 1 (gather_mm.cpp).
 float dot32(const float* x, const float* w, int64_t k);
+// RmsNorm's rsqrt(sum of squares * inv_d + eps): the sum in index order, or (tree) as dot32.
+float rms_scale(const float* x, int64_t d, float inv_d, float eps, bool tree);
 
 void register_elementwise_kernels(KernelRegistry& r);
 void register_cast_kernels(KernelRegistry& r);

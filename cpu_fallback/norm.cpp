@@ -36,9 +36,6 @@ Status softmax(KernelContext& ctx, const fb::OpNodeUnion& op) {
   return ctx.out(n->out.get(), std::move(out));
 }
 
-// The f32 nearest 1/d (the host computes it once; every device gets the same bits).
-float inverse_count(int64_t d) { return d ? static_cast<float>(1.0 / static_cast<double>(d)) : 0.0f; }
-
 Status rms_norm(KernelContext& ctx, const fb::OpNodeUnion& op) {
   const auto* n = op.AsRmsNormNode();
   SB_ASSIGN_OR_RETURN(Tensor x, ctx.in(n->x.get()));
@@ -66,13 +63,7 @@ Status rms_norm(KernelContext& ctx, const fb::OpNodeUnion& op) {
   parallel_for(rows, 1, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const float* xr = xf.data() + r * d;
-      float ss = 0.0f;
-      if (tree) {
-        ss = dot32(xr, xr, d);
-      } else {
-        for (int64_t i = 0; i < d; ++i) ss = ss + xr[i] * xr[i];
-      }
-      const float inv = exact::rsqrt(ss * inv_d + n->eps);
+      const float inv = rms_scale(xr, d, inv_d, n->eps, tree);
       for (int64_t i = 0; i < d; ++i) store_f32(out.mutable_data(), out.dtype(), r * d + i, (xr[i] * inv) * wf[i]);
     }
   });
@@ -80,6 +71,16 @@ Status rms_norm(KernelContext& ctx, const fb::OpNodeUnion& op) {
 }
 
 }  // namespace
+
+float rms_scale(const float* x, int64_t d, float inv_d, float eps, bool tree) {
+  float ss = 0.0f;
+  if (tree) {
+    ss = dot32(x, x, d);
+  } else {
+    for (int64_t i = 0; i < d; ++i) ss = ss + x[i] * x[i];
+  }
+  return exact::rsqrt(ss * inv_d + eps);
+}
 
 void register_norm_kernels(KernelRegistry& r) {
   r.add(fb::OpNode::SoftmaxNode, softmax);

@@ -4,7 +4,6 @@
 #include <cstring>
 
 #include "cpu_common.h"
-#include "exact_math.h"
 #include "parallel.h"
 
 namespace switchboard::cpu {
@@ -15,11 +14,11 @@ std::vector<float> rope_input(const Tensor& x, const Tensor* w, float eps, const
   std::vector<float> xf = widen_f32(x);
   if (!w) return xf;
   const std::vector<float> wf = widen_f32(*w);
-  const float inv_d = d.hd ? static_cast<float>(1.0 / static_cast<double>(d.hd)) : 0.0f;
+  const float inv_d = inverse_count(d.hd);
   parallel_for(d.m * d.h, 16, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       float* xr = xf.data() + r * d.hd;
-      const float inv = exact::rsqrt(dot32(xr, xr, d.hd) * inv_d + eps);
+      const float inv = rms_scale(xr, d.hd, inv_d, eps, true);
       for (int64_t e = 0; e < d.hd; ++e) xr[e] = round_to((xr[e] * inv) * wf[static_cast<size_t>(e)], x.dtype());
     }
   });
@@ -39,8 +38,8 @@ Status rope(KernelContext& ctx, const fb::OpNodeUnion& op) {
   if (n->cache) {
     SB_ASSIGN_OR_RETURN(cache, ctx.inplace(n->cache.get()));
   }
-  SB_ASSIGN_OR_RETURN(RopeDims d, rope_dims(x, cos, sin, pos, n->norm_weight ? &w : nullptr,
-                                            n->cache ? &cache : nullptr));
+  SB_ASSIGN_OR_RETURN(RopeDims d,
+                      rope_dims(x, cos, sin, pos, n->norm_weight ? &w : nullptr, n->cache ? &cache : nullptr));
   SB_ASSIGN_OR_RETURN(Tensor out, Tensor::uninitialized(x.dtype(), x.shape()));
   const DType dt = x.dtype();
   const std::vector<float> xf = rope_input(x, n->norm_weight ? &w : nullptr, n->eps, d);
@@ -54,7 +53,8 @@ Status rope(KernelContext& ctx, const fb::OpNodeUnion& op) {
         store_f32(out.mutable_data(), dt, base + e, round_to(x1 * c, dt) - round_to(x2 * s, dt));
         store_f32(out.mutable_data(), dt, base + d.half + e, round_to(x2 * c, dt) + round_to(x1 * s, dt));
       }
-      for (int64_t e = 2 * d.half; e < d.hd; ++e) store_f32(out.mutable_data(), dt, base + e, xf[static_cast<size_t>(base + e)]);
+      for (int64_t e = 2 * d.half; e < d.hd; ++e)
+        store_f32(out.mutable_data(), dt, base + e, xf[static_cast<size_t>(base + e)]);
     }
   });
   if (n->cache)  // rows pos .. pos + m - 1 of [S, h, hd] are one contiguous run

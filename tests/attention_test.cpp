@@ -93,12 +93,14 @@ std::vector<double> exact_attention(const Case& c, const Tensor& q, const Tensor
   std::vector<double> out(static_cast<size_t>(c.m * c.hq * c.hd));
   for (int64_t i = 0; i < c.m; ++i)
     for (int64_t h = 0; h < c.hq; ++h) {
-      const int64_t kh = h / (c.hq / c.hk), at = c.pos + i, lo = c.window > 0 ? std::max<int64_t>(0, at + 1 - c.window) : 0;
+      const int64_t kh = h / (c.hq / c.hk), at = c.pos + i,
+                    lo = c.window > 0 ? std::max<int64_t>(0, at + 1 - c.window) : 0;
       std::vector<double> s;
       for (int64_t j = lo; j <= at; ++j) {
         double x = 0;
         for (int64_t e = 0; e < c.hd; ++e)
-          x += qd[static_cast<size_t>((i * c.hq + h) * c.hd + e)] * kd[static_cast<size_t>((kh * c.cache + j) * c.hd + e)];
+          x += qd[static_cast<size_t>((i * c.hq + h) * c.hd + e)] *
+               kd[static_cast<size_t>((kh * c.cache + j) * c.hd + e)];
         s.push_back(x * scale);
       }
       double mx = *std::max_element(s.begin(), s.end()), sum = 0;
@@ -144,7 +146,8 @@ void check_blocked(const Case& c, double tol) {
   // [hk, S, hd] -> [S, hk, hd], element by element.
   const size_t el = dtype_size(c.dt);
   for (const char* name : {"k", "v"}) {
-    Tensor t = optest::make(c.dt, {c.cache, c.hk, c.hd}, std::vector<double>(static_cast<size_t>(c.cache * c.hk * c.hd), 0.0));
+    Tensor t =
+        optest::make(c.dt, {c.cache, c.hk, c.hd}, std::vector<double>(static_cast<size_t>(c.cache * c.hk * c.hd), 0.0));
     for (int64_t h = 0; h < c.hk; ++h)
       for (int64_t j = 0; j < c.cache; ++j)
         std::memcpy(static_cast<uint8_t*>(t.mutable_data()) + static_cast<size_t>((j * c.hk + h) * c.hd) * el,
@@ -153,7 +156,8 @@ void check_blocked(const Case& c, double tol) {
     in[std::string(name) + "s"] = t;
   }
   if (c.sinks) in["sinks"] = random(c.dt, {c.hq}, rng, 1.0);
-  const std::vector<double> want = exact_attention(c, in["q"], in["k"], in["v"], c.sinks ? &in["sinks"] : nullptr, scale);
+  const std::vector<double> want =
+      exact_attention(c, in["q"], in["k"], in["v"], c.sinks ? &in["sinks"] : nullptr, scale);
   Tensor first;
   bool have_first = false;
   optest::detail::for_each_device(b, in, [&](const Program&, Session& s, const std::string& dev) {
@@ -166,7 +170,8 @@ void check_blocked(const Case& c, double tol) {
     double worst = 0;
     for (size_t e = 0; e < got.size(); ++e) worst = std::max(worst, std::fabs(got[e] - want[e]));
     EXPECT_LE(worst, tol) << dev << ": farthest output from attention in double precision";
-    EXPECT_EQ(std::memcmp(static_cast<const uint8_t*>(rows->data()) + (c.m - 1) * row_bytes, last->data(), row_bytes), 0)
+    EXPECT_EQ(std::memcmp(static_cast<const uint8_t*>(rows->data()) + (c.m - 1) * row_bytes, last->data(), row_bytes),
+              0)
         << dev << ": the last row differs from the same row computed alone";
     if (!have_first) {
       first = *rows;
@@ -182,16 +187,16 @@ TEST(Attention, BlockedOrderIsExactAcrossDevicesAndBatchInvariant) {
     // f32: the exps and rcp of docs/numerics.md (a few ulps); 16-bit: the scores and the output
     // rounded to the dtype (bf16 keeps 8 bits: scores of ~4 carry 2^-6 errors into the exps).
     const double tol = dt == DType::kF32 ? 1e-5 : (dt == DType::kBF16 ? 6e-2 : 8e-3);
-    check_blocked({dt, 1, 5, 4, 2, 8, 12, 0, false}, tol);      // decode, grouped heads
-    check_blocked({dt, 4, 0, 4, 4, 8, 12, 0, false}, tol);      // prefill from 0
-    check_blocked({dt, 3, 30, 6, 2, 16, 40, 0, false}, tol);    // prefill across a block edge
-    check_blocked({dt, 5, 40, 4, 1, 8, 48, 3, false}, tol);     // sliding window inside one block
-    check_blocked({dt, 9, 60, 4, 1, 8, 72, 40, true}, tol);     // window across blocks, sinks
-    check_blocked({dt, 2, 3, 4, 2, 8, 12, 0, true}, tol);       // attention sinks
+    check_blocked({dt, 1, 5, 4, 2, 8, 12, 0, false}, tol);       // decode, grouped heads
+    check_blocked({dt, 4, 0, 4, 4, 8, 12, 0, false}, tol);       // prefill from 0
+    check_blocked({dt, 3, 30, 6, 2, 16, 40, 0, false}, tol);     // prefill across a block edge
+    check_blocked({dt, 5, 40, 4, 1, 8, 48, 3, false}, tol);      // sliding window inside one block
+    check_blocked({dt, 9, 60, 4, 1, 8, 72, 40, true}, tol);      // window across blocks, sinks
+    check_blocked({dt, 2, 3, 4, 2, 8, 12, 0, true}, tol);        // attention sinks
     check_blocked({dt, 1, 100, 2, 1, 160, 128, 16, true}, tol);  // head dims past 128
   }
   check_blocked({DType::kBF16, 70, 200, 8, 2, 128, 320, 0, false}, 6e-2);  // many rows, many blocks
-  check_blocked({DType::kF32, 1, 4200, 2, 1, 32, 4224, 0, true}, 1e-5);   // a long decode row
+  check_blocked({DType::kF32, 1, 4200, 2, 1, 32, 4224, 0, true}, 1e-5);    // a long decode row
   // Past 1,024 blocks the GPU's merge walks the blocks without staging their factors.
   check_blocked({DType::kF32, 1, 33000, 2, 1, 32, 33024, 0, true}, 1e-5);
 }

@@ -4,12 +4,12 @@
 // path's errors on bad checkpoints, and the tiny test model.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
-#include <unistd.h>
 
 #include "op_harness.h"
 #include "quantize.h"

@@ -148,6 +148,19 @@ TEST(Softmax, EdgeRowsFollowTheSequentialMax) {
   check_op(b, {{"x", make(kF32, {rows, d}, v)}}, ref, Tolerance::rel(1e-5));
 }
 
+// RMSNorm of rows [rows, d] in double precision, each output rounded to dt.
+std::vector<double> rms_reference(const std::vector<double>& x, const std::vector<double>& w, int64_t rows, int64_t d,
+                                  float eps, DType dt) {
+  std::vector<double> y;
+  for (int64_t row = 0; row < rows; ++row) {
+    double ss = 0;
+    for (int64_t i = 0; i < d; ++i) ss += x[row * d + i] * x[row * d + i];
+    const double inv = 1.0 / std::sqrt(ss / static_cast<double>(d) + static_cast<double>(eps));
+    for (int64_t i = 0; i < d; ++i) y.push_back(round_to(dt, x[row * d + i] * inv * w[i]));
+  }
+  return y;
+}
+
 TEST(RmsNorm, RowsOfEveryLengthAndDtype) {
   for (DType dt : {kF32, kF16, kBF16})
     for (int64_t d : {1, 3, 128, 255, 2048, 4100}) {
@@ -159,15 +172,10 @@ TEST(RmsNorm, RowsOfEveryLengthAndDtype) {
       Tensor x = make(dt, {rows, d}, uniform(static_cast<size_t>(rows * d), -3, 3, static_cast<uint32_t>(d) + 1));
       Tensor w = make(dt, {d}, uniform(static_cast<size_t>(d), 0.5, 1.5, static_cast<uint32_t>(d) + 2));
       auto ref = [&](const Inputs& in) {
-        const std::vector<double> xv = in.at("x").to_doubles(), wv = in.at("w").to_doubles();
-        RefTensor r{{rows, d}, {}, {}};
-        for (int64_t row = 0; row < rows; ++row) {
-          double ss = 0;
-          for (int64_t i = 0; i < d; ++i) ss += xv[row * d + i] * xv[row * d + i];
-          const double inv = 1.0 / std::sqrt(ss / static_cast<double>(d) + static_cast<double>(eps));
-          for (int64_t i = 0; i < d; ++i) r.values.push_back(round_to(dt, xv[row * d + i] * inv * wv[i]));
-        }
-        return Expected{{"y", r}};
+        return Expected{
+            {"y",
+             RefTensor{
+                 {rows, d}, rms_reference(in.at("x").to_doubles(), in.at("w").to_doubles(), rows, d, eps, dt), {}}}};
       };
       // d-term f32 sum of squares (relative error <= d * 2^-24), rsqrt (<= 2.2 ulp), two products.
       const Tolerance tol = dt == kF32 ? Tolerance::rel(4e-5) : Tolerance::rel(dt == kF16 ? 0x1p-10 : 0x1p-7);
@@ -190,8 +198,9 @@ TEST(RmsNorm, Tree32WithAndWithoutAResidual) {
         ProgramBuilder::AddNorm an = b.add_rms_norm(x, res, w, eps);
         b.output("y", an.out);
         if (with_residual) b.output("sum", an.sum);
-        Inputs in{{"x", make(dt, {rows, d}, uniform(static_cast<size_t>(rows * d), -3, 3, static_cast<uint32_t>(d) + 5))},
-                  {"w", make(dt, {d}, uniform(static_cast<size_t>(d), 0.5, 1.5, static_cast<uint32_t>(d) + 6))}};
+        Inputs in{
+            {"x", make(dt, {rows, d}, uniform(static_cast<size_t>(rows * d), -3, 3, static_cast<uint32_t>(d) + 5))},
+            {"w", make(dt, {d}, uniform(static_cast<size_t>(d), 0.5, 1.5, static_cast<uint32_t>(d) + 6))}};
         if (with_residual)
           in["r"] = make(dt, {rows, d}, uniform(static_cast<size_t>(rows * d), -2, 2, static_cast<uint32_t>(d) + 7));
         auto ref = [&](const Inputs& in) {
@@ -202,12 +211,7 @@ TEST(RmsNorm, Tree32WithAndWithoutAResidual) {
             const std::vector<double> rv = in.at("r").to_doubles();
             for (size_t i = 0; i < sv.size(); ++i) sum.values.push_back(sv[i] = round_to(dt, sv[i] + rv[i]));
           }
-          for (int64_t row = 0; row < rows; ++row) {
-            double ss = 0;
-            for (int64_t i = 0; i < d; ++i) ss += sv[row * d + i] * sv[row * d + i];
-            const double inv = 1.0 / std::sqrt(ss / static_cast<double>(d) + static_cast<double>(eps));
-            for (int64_t i = 0; i < d; ++i) y.values.push_back(round_to(dt, sv[row * d + i] * inv * wv[i]));
-          }
+          y.values = rms_reference(sv, wv, rows, d, eps, dt);
           Expected e{{"y", y}};
           if (with_residual) e["sum"] = sum;
           return e;

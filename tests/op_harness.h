@@ -271,11 +271,13 @@ inline void check_same_bits(const ProgramBuilder& b, const Inputs& inputs,
       auto x = get(a), y = get(b_name);
       ASSERT_TRUE(x.is_ok() && y.is_ok()) << dev << ": " << a << ", " << b_name;
       ASSERT_EQ(x->shape(), y->shape()) << dev << ": " << a;
-      EXPECT_EQ(std::memcmp(x->data(), y->data(), y->nbytes()), 0) << dev << ": '" << a << "' differs from '" << b_name << "'";
+      EXPECT_EQ(std::memcmp(x->data(), y->data(), y->nbytes()), 0)
+          << dev << ": '" << a << "' differs from '" << b_name << "'";
       for (const auto& [name, t] : {std::pair{a, *x}, std::pair{b_name, *y}}) {
         auto [it, fresh] = first.emplace(name, t);
         if (!fresh) {
-          EXPECT_EQ(std::memcmp(t.data(), it->second.data(), t.nbytes()), 0) << dev << ": '" << name << "' differs from the CPU";
+          EXPECT_EQ(std::memcmp(t.data(), it->second.data(), t.nbytes()), 0)
+              << dev << ": '" << name << "' differs from the CPU";
         }
       }
     }

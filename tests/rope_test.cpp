@@ -53,11 +53,11 @@ void check(const Case& c) {
 
 TEST(Rope, SameBitsAsTheDecomposedOps) {
   for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
-    check({dt, 1, 9, 4, 16, 8, 12});    // decode, full rotary
-    check({dt, 5, 0, 3, 16, 8, 8});     // prefill from 0
-    check({dt, 3, 4, 2, 16, 4, 10});    // partial rotary
-    check({dt, 2, 1, 3, 10, 3, 6});     // an odd number of frequencies
-    check({dt, 4, 20, 32, 128, 64, 30}); // Qwen3's heads
+    check({dt, 1, 9, 4, 16, 8, 12});      // decode, full rotary
+    check({dt, 5, 0, 3, 16, 8, 8});       // prefill from 0
+    check({dt, 3, 4, 2, 16, 4, 10});      // partial rotary
+    check({dt, 2, 1, 3, 10, 3, 6});       // an odd number of frequencies
+    check({dt, 4, 20, 32, 128, 64, 30});  // Qwen3's heads
   }
 }
 
@@ -90,9 +90,9 @@ TEST(Rope, NormAndCacheAppendGiveTheSeparateOpsBits) {
   for (DType dt : {DType::kF32, DType::kBF16, DType::kF16})
     for (bool norm : {false, true})
       for (bool cache : {false, true}) {
-        check_fused({dt, 1, 9, 4, 16, 8, 12}, norm, cache);      // decode
-        check_fused({dt, 5, 2, 3, 40, 4, 8}, norm, cache);       // prefill, partial rotary, hd past 32
-        check_fused({dt, 2, 20, 8, 128, 64, 30}, norm, cache);   // Qwen3's heads
+        check_fused({dt, 1, 9, 4, 16, 8, 12}, norm, cache);     // decode
+        check_fused({dt, 5, 2, 3, 40, 4, 8}, norm, cache);      // prefill, partial rotary, hd past 32
+        check_fused({dt, 2, 20, 8, 128, 64, 30}, norm, cache);  // Qwen3's heads
       }
 }
 
@@ -112,7 +112,8 @@ TEST(Rope, RulesNameTheField) {
   TensorRef x = b.input("x", DType::kF32, {2, 1, 4});
   TensorRef t = b.input("t", DType::kF32, {8, 3});
   b.output("o", b.rope(x, t, t, 0));
-  EXPECT_NE(b.status().message().find("rotates 2 * 3 dims of a head of 4"), std::string::npos) << b.status().to_string();
+  EXPECT_NE(b.status().message().find("rotates 2 * 3 dims of a head of 4"), std::string::npos)
+      << b.status().to_string();
   ProgramBuilder b2;
   TensorRef x2 = b2.input("x", DType::kF32, {2, 1, 4});
   TensorRef t2 = b2.input("t", DType::kBF16, {8, 2});

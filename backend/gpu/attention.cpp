@@ -49,7 +49,8 @@ Status attention(KernelContext& ctx, const fb::OpNodeUnion& op) {
     SB_ASSIGN_OR_RETURN(bs, bind_in(ctx, n->sinks.get(), &sinks));
   }
   SB_ASSIGN_OR_RETURN(int64_t pos, ctx.resolve(n->pos.get()));
-  SB_ASSIGN_OR_RETURN(ops::AttentionDims d, ops::attention_dims(q, kc, vc, n->sinks ? &sinks : nullptr, pos, n->seq_major));
+  SB_ASSIGN_OR_RETURN(ops::AttentionDims d,
+                      ops::attention_dims(q, kc, vc, n->sinks ? &sinks : nullptr, pos, n->seq_major));
   SB_CHECK_OR_RETURN(d.hd <= kMaxHeadDim && (dtype_size(q.dtype()) == 4 || d.hd % 2 == 0),
                      StatusCode::kUnimplemented, "attention: head dim %lld (the GPU kernel takes up to %lld, even for 16-bit)",
                      (long long)d.hd, (long long)kMaxHeadDim);
@@ -58,11 +59,21 @@ Status attention(KernelContext& ctx, const fb::OpNodeUnion& op) {
                      (long long)n->window);
   SB_ASSIGN_OR_RETURN(Tensor out, rt.alloc(q.dtype(), {d.m, d.hq * d.hd}));
   SB_ASSIGN_OR_RETURN(BufferRef bo, rt.bind(out, false));
-  k::AttentionArgs args{static_cast<uint32_t>(d.m),     static_cast<uint32_t>(d.hq),     static_cast<uint32_t>(d.hk),
-                        static_cast<uint32_t>(d.hd),    static_cast<uint32_t>(d.cache),  static_cast<uint32_t>(d.pos),
-                        static_cast<uint32_t>(d.len),   static_cast<uint32_t>(q.dtype()), n->scale,
-                        n->mask_value,                  static_cast<uint32_t>(n->window), n->sinks ? 1u : 0u,
-                        0,                              static_cast<uint32_t>(d.m),      0,
+  k::AttentionArgs args{static_cast<uint32_t>(d.m),
+                        static_cast<uint32_t>(d.hq),
+                        static_cast<uint32_t>(d.hk),
+                        static_cast<uint32_t>(d.hd),
+                        static_cast<uint32_t>(d.cache),
+                        static_cast<uint32_t>(d.pos),
+                        static_cast<uint32_t>(d.len),
+                        static_cast<uint32_t>(q.dtype()),
+                        n->scale,
+                        n->mask_value,
+                        static_cast<uint32_t>(n->window),
+                        n->sinks ? 1u : 0u,
+                        0,
+                        static_cast<uint32_t>(d.m),
+                        0,
                         n->seq_major ? 1u : 0u};
   if (n->order == fb::AttentionOrder::Blocked32) {
     SB_RETURN_IF_ERROR(blocked(rt, d, args, {bq, bk, bv, bs, bo}));

@@ -24,7 +24,7 @@ Status norm_rows(KernelContext& ctx, const char* kernel, const fb::Tid* x_tid, c
   k::NormArgs args{static_cast<uint32_t>(rows),
                    static_cast<uint32_t>(d),
                    static_cast<uint32_t>(x.dtype()),
-                   d ? static_cast<float>(1.0 / static_cast<double>(d)) : 0.0f,
+                   ops::inverse_count(d),
                    eps,
                    static_cast<uint32_t>(out.dtype()),
                    0,
@@ -76,12 +76,17 @@ Status rms_norm_tree(KernelContext& ctx, const fb::RmsNormNodeT& n) {
     SB_ASSIGN_OR_RETURN(sum, rt.alloc(x.dtype(), x.shape()));
     SB_ASSIGN_OR_RETURN(bs, rt.bind(sum, false));
   }
-  k::NormArgs args{static_cast<uint32_t>(rows), static_cast<uint32_t>(d), static_cast<uint32_t>(x.dtype()),
-                   d ? static_cast<float>(1.0 / static_cast<double>(d)) : 0.0f, n.eps, static_cast<uint32_t>(x.dtype()),
-                   n.residual ? 1u : 0u, 0};
+  k::NormArgs args{static_cast<uint32_t>(rows),
+                   static_cast<uint32_t>(d),
+                   static_cast<uint32_t>(x.dtype()),
+                   ops::inverse_count(d),
+                   n.eps,
+                   static_cast<uint32_t>(x.dtype()),
+                   n.residual ? 1u : 0u,
+                   0};
   if (rows > 0)
-    SB_RETURN_IF_ERROR(rt.dispatch("rms_norm_tree", {bx, br, bw, bo, bs}, &args, sizeof(args),
-                                   static_cast<uint64_t>(rows) * 256));
+    SB_RETURN_IF_ERROR(
+        rt.dispatch("rms_norm_tree", {bx, br, bw, bo, bs}, &args, sizeof(args), static_cast<uint64_t>(rows) * 256));
   if (n.residual) SB_RETURN_IF_ERROR(ctx.out(n.sum.get(), std::move(sum)));
   return ctx.out(n.out.get(), std::move(out));
 }

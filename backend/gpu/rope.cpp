@@ -22,8 +22,8 @@ Status rope(KernelContext& ctx, const fb::OpNodeUnion& op) {
     SB_ASSIGN_OR_RETURN(cache, rt.device_tensor(host_cache));
   }
   SB_ASSIGN_OR_RETURN(int64_t pos, ctx.resolve(n->pos.get()));
-  SB_ASSIGN_OR_RETURN(ops::RopeDims d, ops::rope_dims(x, cos, sin, pos, n->norm_weight ? &w : nullptr,
-                                                      n->cache ? &cache : nullptr));
+  SB_ASSIGN_OR_RETURN(ops::RopeDims d,
+                      ops::rope_dims(x, cos, sin, pos, n->norm_weight ? &w : nullptr, n->cache ? &cache : nullptr));
   const bool by16 = dtype_size(x.dtype()) == 2;
   SB_CHECK_OR_RETURN(!by16 || !(n->norm_weight || n->cache) || d.hd % 2 == 0, StatusCode::kUnimplemented,
                      "Rope with a norm or a cache on the GPU: 16-bit heads of odd size %lld", (long long)d.hd);
@@ -47,13 +47,14 @@ Status rope(KernelContext& ctx, const fb::OpNodeUnion& op) {
   args.dtype = static_cast<uint32_t>(x.dtype());
   args.has_cache = n->cache ? 1u : 0u;
   args.eps = n->eps;
-  args.inv_d = d.hd ? static_cast<float>(1.0 / static_cast<double>(d.hd)) : 0.0f;
+  args.inv_d = ops::inverse_count(d.hd);
   if (x.numel() > 0) {
     if (n->norm_weight)
       SB_RETURN_IF_ERROR(rt.dispatch("rope_norm", {bx, bc, bs, bo, bk, bw}, &args, sizeof(args),
                                      static_cast<uint64_t>(d.m * d.h) * 64));
     else
-      SB_RETURN_IF_ERROR(rt.dispatch("rope", {bx, bc, bs, bo, bk}, &args, sizeof(args), words_of(x.dtype(), x.numel())));
+      SB_RETURN_IF_ERROR(
+          rt.dispatch("rope", {bx, bc, bs, bo, bk}, &args, sizeof(args), words_of(x.dtype(), x.numel())));
   }
   // A host buffer was copied to the device: the device copy is the cache from now on.
   if (n->cache && cache.data() != host_cache.data()) SB_RETURN_IF_ERROR(ctx.out(n->cache.get(), std::move(cache)));

@@ -125,8 +125,8 @@ TensorRef attention(Emit& e, const Step& s, int64_t layer, TensorRef h) {
   // key blocks of 32 (order Blocked32, docs/numerics.md).
   const int64_t window = c.sliding_window.empty() ? 0 : c.sliding_window[static_cast<size_t>(layer)];
   TensorRef sinks = c.attn_sinks ? e.constant(layer_name(layer, "attn.sinks"), e.act, {hq}) : TensorRef{};
-  TensorRef o = b.attention(q, kc, vc, s.pos, as_dtype(1.0 / std::sqrt(static_cast<double>(hd)), e.act), window, sinks,
-                            true);
+  TensorRef o =
+      b.attention(q, kc, vc, s.pos, as_dtype(1.0 / std::sqrt(static_cast<double>(hd)), e.act), window, sinks, true);
   return e.apply(e.linear(layer_name(layer, "attn.o"), c.hidden, hq * hd, c.o_bias), o);
 }
 
@@ -196,7 +196,7 @@ Status emit_decoder(const ModelConfig& c, const ExportFormat& f, ProgramBuilder&
     auto scope = b.tmp_scope();
     ProgramBuilder::AddNorm an = e.add_norm(x, attention(e, s, i, h), layer_name(i, "ffn_norm"), c.hidden);
     TensorRef y = c.moe_layer[static_cast<size_t>(i)] ? moe_ffn(e, i, an.out)
-                                                        : dense_ffn(e, layer_name(i, "mlp"), c.dense_ffn, an.out);
+                                                      : dense_ffn(e, layer_name(i, "mlp"), c.dense_ffn, an.out);
     an = e.add_norm(an.sum, y, i + 1 < c.layers ? layer_name(i + 1, "attn_norm") : "final_norm", c.hidden);
     x = scope.keep(an.sum);
     h = scope.keep(an.out);

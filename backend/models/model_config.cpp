@@ -410,8 +410,7 @@ Result<std::vector<std::pair<std::string, Tensor>>> rope_tables(const ModelConfi
       sin.mutable_data_as<float>()[p * half + i] = static_cast<float>(std::sin(static_cast<double>(freq))) * scale;
     }
   }
-  return std::vector<std::pair<std::string, Tensor>>{
-      {"rope.cos", cos}, {"rope.sin", sin}};
+  return std::vector<std::pair<std::string, Tensor>>{{"rope.cos", cos}, {"rope.sin", sin}};
 }
 
 }  // namespace switchboard::models

@@ -397,13 +397,17 @@ Status Rules::check_moe_op(const fb::OpNodeUnion& op, const std::string& path) c
       const auto& n = *op.AsRopeNode();
       const fb::Tid *x = n.x.get(), *c = n.cos.get(), *s = n.sin.get();
       SB_RETURN_IF_ERROR(expect(is_float(x) && rank(x) == 3, path + ".x", "must be a 3-D float tensor [m, h, hd]"));
-      SB_RETURN_IF_ERROR(expect(dt(c) == DType::kF32 && rank(c) == 2, path + ".cos", "must be a 2-D f32 table [S, half]"));
-      SB_RETURN_IF_ERROR(expect(dt(s) == DType::kF32 && rank(s) == 2, path + ".sin", "must be a 2-D f32 table [S, half]"));
+      SB_RETURN_IF_ERROR(
+          expect(dt(c) == DType::kF32 && rank(c) == 2, path + ".cos", "must be a 2-D f32 table [S, half]"));
+      SB_RETURN_IF_ERROR(
+          expect(dt(s) == DType::kF32 && rank(s) == 2, path + ".sin", "must be a 2-D f32 table [S, half]"));
       for (size_t i = 0; i < 2; ++i)
         if (dim(c, i) >= 0 && dim(s, i) >= 0 && dim(c, i) != dim(s, i))
-          return error(path + ".sin", strformat("dim %zu is %lld, cos's is %lld", i, (long long)dim(s, i), (long long)dim(c, i)));
+          return error(path + ".sin",
+                       strformat("dim %zu is %lld, cos's is %lld", i, (long long)dim(s, i), (long long)dim(c, i)));
       if (dim(x, 2) >= 0 && dim(c, 1) >= 0 && 2 * dim(c, 1) > dim(x, 2))
-        return error(path + ".cos", strformat("rotates 2 * %lld dims of a head of %lld", (long long)dim(c, 1), (long long)dim(x, 2)));
+        return error(path + ".cos",
+                     strformat("rotates 2 * %lld dims of a head of %lld", (long long)dim(c, 1), (long long)dim(x, 2)));
       if (const fb::Tid* w = n.norm_weight.get()) {
         SB_RETURN_IF_ERROR(same_dtype(x, w, path, "x", "norm_weight"));
         SB_RETURN_IF_ERROR(expect(rank(w) == 1, path + ".norm_weight", "must be 1-D [hd]"));

@@ -146,11 +146,12 @@ Result<RopeDims> rope_dims(const Tensor& x, const Tensor& cos, const Tensor& sin
   SB_CHECK_OR_RETURN(!norm_weight || norm_weight->shape() == Shape{d.hd}, StatusCode::kInvalidArgument,
                      "norm_weight %s: need [%lld]", shape_str(norm_weight->shape()).c_str(), (long long)d.hd);
   if (cache) {
-    SB_CHECK_OR_RETURN(cache->rank() == 3 && cache->dim(1) == d.h && cache->dim(2) == d.hd, StatusCode::kInvalidArgument,
-                       "cache %s does not hold rows of x %s", shape_str(cache->shape()).c_str(),
-                       shape_str(x.shape()).c_str());
-    SB_CHECK_OR_RETURN(pos <= cache->dim(0) - d.m, StatusCode::kOutOfRange, "pos %lld + %lld rows exceeds the cache's %lld",
-                       (long long)pos, (long long)d.m, (long long)cache->dim(0));
+    SB_CHECK_OR_RETURN(cache->rank() == 3 && cache->dim(1) == d.h && cache->dim(2) == d.hd,
+                       StatusCode::kInvalidArgument, "cache %s does not hold rows of x %s",
+                       shape_str(cache->shape()).c_str(), shape_str(x.shape()).c_str());
+    SB_CHECK_OR_RETURN(pos <= cache->dim(0) - d.m, StatusCode::kOutOfRange,
+                       "pos %lld + %lld rows exceeds the cache's %lld", (long long)pos, (long long)d.m,
+                       (long long)cache->dim(0));
   }
   return d;
 }

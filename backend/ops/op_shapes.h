@@ -69,6 +69,9 @@ struct RopeDims {
 Result<RopeDims> rope_dims(const Tensor& x, const Tensor& cos, const Tensor& sin, int64_t pos,
                            const Tensor* norm_weight = nullptr, const Tensor* cache = nullptr);
 
+// RmsNorm's inv_d: the f32 nearest 1/d (computed once by the host; every device gets these bits).
+inline float inverse_count(int64_t d) { return d ? static_cast<float>(1.0 / static_cast<double>(d)) : 0.0f; }
+
 // AttentionOrder Blocked32's key blocks: keys [32 b, 32 b + 32) by position.
 inline constexpr int64_t kAttentionBlock = 32;
 // The keys query position `at` sees, [lo, hi): causal, and with window > 0 the last `window`.

@@ -188,8 +188,8 @@ ProgramBuilder::AddNorm ProgramBuilder::add_rms_norm(TensorRef x, TensorRef resi
 }
 
 static TensorRef emit_attention(BuilderState& s, TensorRef q, TensorRef k_cache, TensorRef v_cache, IntOrValue pos,
-                         float scale, float mask_value, int64_t window, TensorRef sinks, fb::AttentionOrder order,
-                         bool seq_major) {
+                                float scale, float mask_value, int64_t window, TensorRef sinks,
+                                fb::AttentionOrder order, bool seq_major) {
   for (TensorRef t : {q, k_cache, v_cache})
     if (!s.ok(t, "attention")) return {};
   if (sinks.valid() && !s.ok(sinks, "attention")) return {};
@@ -213,16 +213,15 @@ static TensorRef emit_attention(BuilderState& s, TensorRef q, TensorRef k_cache,
 }
 
 TensorRef ProgramBuilder::attention(TensorRef q, TensorRef k_cache, TensorRef v_cache, IntOrValue pos, float scale,
-                                     int64_t window, TensorRef sinks, bool seq_major) {
+                                    int64_t window, TensorRef sinks, bool seq_major) {
   return emit_attention(*s_, q, k_cache, v_cache, pos, scale, 0.0f, window, sinks, fb::AttentionOrder::Blocked32,
                         seq_major);
 }
 
-TensorRef ProgramBuilder::attention_decomposed_order(TensorRef q, TensorRef k_cache, TensorRef v_cache,
-                                                     IntOrValue pos, float scale, float mask_value, int64_t window,
-                                                     TensorRef sinks) {
-  return emit_attention(*s_, q, k_cache, v_cache, pos, scale, mask_value, window, sinks,
-                        fb::AttentionOrder::Decomposed, false);
+TensorRef ProgramBuilder::attention_decomposed_order(TensorRef q, TensorRef k_cache, TensorRef v_cache, IntOrValue pos,
+                                                     float scale, float mask_value, int64_t window, TensorRef sinks) {
+  return emit_attention(*s_, q, k_cache, v_cache, pos, scale, mask_value, window, sinks, fb::AttentionOrder::Decomposed,
+                        false);
 }
 
 TensorRef ProgramBuilder::rope(TensorRef x, TensorRef cos, TensorRef sin, IntOrValue pos, TensorRef norm_weight,

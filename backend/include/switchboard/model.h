@@ -179,7 +179,7 @@ struct Generation {
   std::vector<Tensor> logits;   // f32 [1, vocab] per step, when asked for
   double prefill_seconds = 0, decode_seconds = 0;  // wall time of the prefill and of all decode steps
   double prefill_device_us = 0, decode_device_us = 0;  // GPU time (device timestamps); -1 on the CPU
-  double decode_record_us = 0;  // host time recording the decode steps' GPU work; -1 on the CPU
+  double decode_record_us = 0;                         // host time recording the decode steps' GPU work; -1 on the CPU
   uint64_t prefill_dispatches = 0, decode_dispatches = 0;  // GPU kernel dispatches (0 on the CPU)
 };
 // Greedy decoding from `prompt` on a session of a build_decoder program: one prefill
