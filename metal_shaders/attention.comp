@@ -1,7 +1,7 @@
 // Kernel variants of this file, one line each (metal_shaders/README.md, "Variants"):
 // SB_KERNEL(attention, ATTENTION, "rrrrbw", AttentionArgs, SB_ATTENTION_ARGS, 128, 0)
-// SB_KERNEL(attention_blocks, ATTENTION_BLOCKS, "rrrw", AttentionArgs, SB_ATTENTION_ARGS, 128, 0)
-// SB_KERNEL(attention_merge, ATTENTION_MERGE, "rrw", AttentionArgs, SB_ATTENTION_ARGS, 128, 0)
+// SB_KERNEL(attention_blocks, ATTENTION_BLOCKS, "rrrwr", AttentionArgs, SB_ATTENTION_ARGS, 128, 0)
+// SB_KERNEL(attention_merge, ATTENTION_MERGE, "rrwr", AttentionArgs, SB_ATTENTION_ARGS, 128, 0)
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
@@ -15,10 +15,12 @@
 // computes output columns t, t + 128, ...: 32 partials over the keys (key j feeds partial
 // j % 32), the halving tree, one rounding. Every step rounds to the dtype as the
 // decomposed ops (BatchMatmul, Mul, Add, Softmax, BatchMatmul) store their results.
-// ATTENTION_BLOCKS (order Blocked32). Thread -> output: workgroup w is key block b = w % nb of
-// pair r = w / nb (row row0 + r / hq, head r % hq); thread t holds partials 8 (t % 4) .. +7 of
-// key t / 4's dot32, threads 0..31 finish key t's score and exp, thread t sums o_b columns
-// t, t + 128; thread 0 writes (m_b, l_b). Blocks without a visible key write nothing.
+// ATTENTION_BLOCKS (order Blocked32). Thread -> output: workgroup w is split s = w % nsplit of
+// pair r = w / nsplit (row row0 + r / hq, head r % hq) and takes key blocks b = s, s + nsplit,
+// ... in turn; per block thread t holds partials 8 (t % 4) .. +7 of key t / 4's dot32, threads
+// 0..31 finish key t's score and exp, thread t sums o_b columns t, t + 128; thread 0 writes
+// (m_b, l_b). Blocks without a visible key write nothing. A block's values do not depend on
+// the split that computes it.
 // ATTENTION_MERGE (order Blocked32). Thread -> output: workgroup w is pair w. Up to kMerge
 // blocks, the merge's exps come first: thread 0 walks the running max, thread t computes the
 // factors a, c of blocks t, t + 128, ... into shared memory; then thread t merges output words
@@ -170,9 +172,13 @@ void main() {
 #if defined(ATTENTION_BLOCKS) || defined(ATTENTION_MERGE)
 const uint kBlock = 32u;  // op_shapes.h kAttentionBlock
 
+// The first query's position: pos, plus the word the host writes per execution where pos is
+// an input (word 0 is always 0), so a recorded decode step replays at any position.
+uint first_pos();
+
 // Pair r of this dispatch: its query row's visible keys [lo, hi) (op_shapes.h visible_keys).
 void visible(uint r, out uint lo, out uint hi) {
-  uint at = args.pos + args.row0 + r / args.hq;
+  uint at = first_pos() + args.row0 + r / args.hq;
   lo = args.window > 0u && at + 1u > args.window ? at + 1u - args.window : 0u;
   hi = at + 1u;
 }
@@ -189,25 +195,18 @@ layout(std430, binding = 0) readonly buffer Q { uint q[]; };
 layout(std430, binding = 1) readonly buffer K { uint k[]; };
 layout(std430, binding = 2) readonly buffer V { uint v[]; };
 layout(std430, binding = 3) writeonly buffer Scratch { float scratch[]; };
+layout(std430, binding = 4) readonly buffer Dyn { uint dyn[]; };
+uint first_pos() { return args.pos + dyn[args.pos_word]; }
 
 shared float s_q[kMaxHd];
 shared float s_part[kBlock * 33u];  // key kk's 32 partials at kk * 33 (padded against bank clashes)
 shared float s_s[kBlock];
 shared float s_e[kBlock];
 
-void main() {
-  uint t = gl_LocalInvocationID.x;
-  uint w = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
-  if (w >= args.rows * args.hq * args.nb) return;  // uniform over the workgroup
-  uint b = w % args.nb, r = w / args.nb, hd = args.hd;
-  uint i = args.row0 + r / args.hq, h = r % args.hq, kh = h / (args.hq / args.hk);
-  uint lo, hi;
-  visible(r, lo, hi);
-  uint b0 = b * kBlock;
-  if (b0 >= hi || b0 + kBlock <= lo) return;
+// Key block b of pair r (head kh of query row i; s_q holds the query).
+void block(uint r, uint b, uint kh, uint lo, uint hi) {
+  uint t = gl_LocalInvocationID.x, hd = args.hd, b0 = b * kBlock;
   uint j0 = max(lo, b0), j1 = min(hi, b0 + kBlock);
-  for (uint c = t; c < hd; c += kT) s_q[c] = SB_LOAD(q, args.dtype, (i * args.hq + h) * hd + c);
-  barrier();
 
   // dot32(q, k_j): this thread's 8 partials l = g8 .. g8 + 7 over dims e = l, l + 32, ...
   uint kk = t >> 2u, g8 = (t & 3u) * 8u, j = b0 + kk;
@@ -253,6 +252,23 @@ void main() {
     scratch[ml_at(r, b)] = mb;
     scratch[ml_at(r, b) + 1u] = lb;
   }
+  barrier();  // the next block reuses the shared arrays
+}
+
+void main() {
+  uint t = gl_LocalInvocationID.x;
+  uint w = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
+  if (w >= args.rows * args.hq * args.nsplit) return;  // uniform over the workgroup
+  uint split = w % args.nsplit, r = w / args.nsplit, hd = args.hd;
+  uint i = args.row0 + r / args.hq, h = r % args.hq, kh = h / (args.hq / args.hk);
+  uint lo, hi;
+  visible(r, lo, hi);
+  if (split * kBlock >= hi) return;  // uniform: no visible block for this split
+  for (uint c = t; c < hd; c += kT) s_q[c] = SB_LOAD(q, args.dtype, (i * args.hq + h) * hd + c);
+  barrier();
+  for (uint b = split; b < args.nb && b * kBlock < hi; b += args.nsplit) {
+    if (b * kBlock + kBlock > lo) block(r, b, kh, lo, hi);
+  }
 }
 #endif  // ATTENTION_BLOCKS
 
@@ -260,6 +276,8 @@ void main() {
 layout(std430, binding = 0) readonly buffer S { uint sinks[]; };
 layout(std430, binding = 1) readonly buffer Scratch { float scratch[]; };
 layout(std430, binding = 2) writeonly buffer O { uint o[]; };
+layout(std430, binding = 3) readonly buffer Dyn { uint dyn[]; };
+uint first_pos() { return args.pos + dyn[args.pos_word]; }
 
 const uint kMerge = 1024u;
 shared float s_m[kMerge];  // the state's max after block b (first .. last)

@@ -91,11 +91,12 @@
 
 // shape_ops.comp REGION: dst[dst_off + r*dst_stride + c] = src[src_off + r*src_stride + c]
 // for r < outer, c < len, in units of unit_bytes (1, 2 or 4); visits dst words
-// [first_word, first_word + words).
+// [first_word, first_word + words). REGION_AT: dst_off and the words shifted by
+// dyn[dyn_word] * dyn_units units (a whole number of words: SliceUpdate at an input position).
 #define SB_REGION_ARGS \
   uint outer; uint len; uint src_off; uint src_stride; \
   uint dst_off; uint dst_stride; uint unit_bytes; uint first_word; \
-  uint words; uint pad0; uint pad1; uint pad2;
+  uint words; uint dyn_word; uint dyn_units; uint pad2;
 
 // shape_ops.comp TRANSPOSE: out element g (row-major over dims[0..rank)) = x element
 // sum_a idx_a(g) * strides[a]; elem_bytes 1, 2, 4 or 8; invocations: out words (8: elements).
@@ -116,15 +117,18 @@
 // attention.comp: ATTENTION (order Decomposed): one workgroup per (query row, head), scratch
 // holds each row's len + 1 floats. Blocked32: rows row0 .. row0 + rows - 1 in this dispatch,
 // nb key blocks a row; scratch holds (m_b, l_b) per (row, head, block), then o_b [hd] each;
-// seq_major: caches [cache, hk, hd] instead of [hk, cache, hd].
+// seq_major: caches [cache, hk, hd] instead of [hk, cache, hd]. Workgroup (pair, split) takes
+// blocks split, split + nsplit, ...; the first query's position is pos + dyn[pos_word].
 #define SB_ATTENTION_ARGS uint m; uint hq; uint hk; uint hd; uint cache; uint pos; uint len; uint dtype; \
-  float scale; float mask_value; uint window; uint has_sinks; uint row0; uint rows; uint nb; uint seq_major;
+  float scale; float mask_value; uint window; uint has_sinks; uint row0; uint rows; uint nb; uint seq_major; \
+  uint nsplit; uint pos_word;
 
 // rope.comp: x [m, h, hd] of n elements, tables [S, half] f32, row 0 at position pos; ROPE_NORM:
 // each head RMSNorm'd first (eps, inv_d = the f32 nearest 1 / hd); has_cache: the output also
-// written to a [S, h, hd] cache from row pos.
+// written to a [S, h, hd] cache from row pos. Row 0's position is pos + dyn[pos_word] (dyn: the
+// per-execution words of input values; word 0 is 0).
 #define SB_ROPE_ARGS uint m; uint h; uint hd; uint half_dims; uint pos; uint dtype; uint n; uint has_cache; \
-  float eps; float inv_d; uint pad0; uint pad1;
+  float eps; float inv_d; uint pos_word; uint pad1;
 
 // probe.comp: the start-up check of a device's arithmetic against the contract.
 #define SB_PROBE_ARGS uint n; uint pad0; uint pad1; uint pad2;

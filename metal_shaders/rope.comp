@@ -1,6 +1,6 @@
 // Kernel variants of this file, one line each (metal_shaders/README.md, "Variants"):
-// SB_KERNEL(rope, ROPE, "rrrww", RopeArgs, SB_ROPE_ARGS, 256, 0)
-// SB_KERNEL(rope_norm, ROPE_NORM, "rrrwwr", RopeArgs, SB_ROPE_ARGS, 64, 0)
+// SB_KERNEL(rope, ROPE, "rrrwwr", RopeArgs, SB_ROPE_ARGS, 256, 0)
+// SB_KERNEL(rope_norm, ROPE_NORM, "rrrwwrr", RopeArgs, SB_ROPE_ARGS, 64, 0)
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
@@ -25,8 +25,15 @@ layout(std430, binding = 3) writeonly buffer O { uint o[]; };
 layout(std430, binding = 4) writeonly buffer K { uint cache[]; };
 #ifdef ROPE_NORM
 layout(std430, binding = 5) readonly buffer W { uint w[]; };
+layout(std430, binding = 6) readonly buffer Dyn { uint dyn[]; };
+#else
+layout(std430, binding = 5) readonly buffer Dyn { uint dyn[]; };
 #endif
 layout(push_constant) uniform Args { SB_ROPE_ARGS } args;
+
+// Row 0's position: pos, plus the word the host writes per execution where pos is an input
+// (word 0 is always 0), so a recorded step replays at any position.
+uint first_pos() { return args.pos + dyn[args.pos_word]; }
 
 float rnd(float v) { return sb_round_to(v, args.dtype); }
 
@@ -44,7 +51,7 @@ float xin(uint i) { return SB_LOAD(x, args.dtype, i); }
 float element(uint i) {
   uint r = i / args.hd, e = i % args.hd, base = r * args.hd, half_dims = args.half_dims;
   if (e >= 2u * half_dims) return xin(i);
-  uint f = e < half_dims ? e : e - half_dims, t = (args.pos + r / args.h) * half_dims + f;
+  uint f = e < half_dims ? e : e - half_dims, t = (first_pos() + r / args.h) * half_dims + f;
   float c = rnd(cos_t[t]), s = rnd(sin_t[t]);
   float x1 = xin(base + f), x2 = xin(base + half_dims + f);
   precise float v;
@@ -65,7 +72,7 @@ void put(uint wd, uint per) {
   float hi = (per == 2u && i + 1u < args.n) ? element(i + 1u) : 0.0;
   uint word = sb_encode_word(lo, hi, args.dtype);
   o[wd] = word;
-  if (args.has_cache != 0u) cache[(args.pos * args.h * args.hd) / per + wd] = word;
+  if (args.has_cache != 0u) cache[(first_pos() * args.h * args.hd) / per + wd] = word;
 }
 
 void main() {

@@ -15,6 +15,13 @@
 namespace switchboard {
 
 class KernelContext;
+
+// A device's work of one execution, kept to be submitted again (Device::end_recording).
+class RecordedWork {
+ public:
+  virtual ~RecordedWork() = default;
+};
+
 using KernelFn = Status (*)(KernelContext& ctx, const fb::OpNodeUnion& op);
 
 // A kernel for consecutive instructions ins[0 .. span) of a chain (a device's fusion).
@@ -75,6 +82,22 @@ class Device {
   virtual Result<DeviceFloor> measure_floor(uint64_t bytes) {
     return make_error(StatusCode::kUnimplemented, "device '%s' has no read-floor probe", name().c_str());
   }
+
+  // Recorded executions (GPU devices): the interpreter records a decode step once and
+  // replays it for every later token. begin_recording: keep the next submission's work;
+  // false where the device cannot (then nothing changes). end_recording, after the sync()
+  // that ended the execution: the work, or null (nothing recorded, or a sync split it).
+  virtual bool begin_recording() { return false; }
+  virtual std::unique_ptr<RecordedWork> end_recording() { return nullptr; }
+  // Submits recorded work again and waits, as sync() does.
+  virtual Status replay(const RecordedWork&) {
+    return make_error(StatusCode::kUnimplemented, "device '%s' does not replay work", name().c_str());
+  }
+  // The words kernels read input values from while they run (KernelContext::resolve_dynamic),
+  // written before each execution: words[0] = 0, words[1 + i] = input i's value.
+  virtual Status set_dynamic_values(const std::vector<uint32_t>& words) { return Status::ok(); }
+  // A device copy of an input tensor that recorded work reads, refilled before each replay.
+  virtual Result<Tensor> stage_input(const Tensor& t) { return t; }
 };
 
 // Opening a device by name: device_registry.h.
@@ -91,6 +114,17 @@ class KernelContext {
   // A slot's tensor for in-place update, copied first if its storage is shared.
   virtual Result<Tensor> inplace(const fb::Tid* tid) = 0;
   virtual Result<int64_t> resolve(const fb::IntOrVidT* v) = 0;
+  // v for a kernel that reads it on the device while it runs (Device::set_dynamic_values'
+  // word `word`) instead of baking it into its arguments; word 0 (always 0 on the device)
+  // where v is a literal or a computed value: then `value` goes in the arguments. A kernel
+  // then states the range its checks accept (guard_dynamic): recorded work replays for any
+  // value in it; without a guard v counts as baked in.
+  struct DynamicValue {
+    int64_t value = 0;
+    uint32_t word = 0;
+  };
+  virtual Result<DynamicValue> resolve_dynamic(const fb::IntOrVidT* v) = 0;
+  virtual void guard_dynamic(const fb::IntOrVidT* v, int64_t lo, int64_t hi) = 0;
   virtual DType declared_dtype(const fb::Tid* tid) const = 0;
   // True for constant slots: their contents never change, so derived data
   // (e.g. repacked weights) may be cached.

@@ -15,24 +15,32 @@ constexpr int64_t kRowMax = 4096;     // attention.comp's kRowMax
 // Scratch a Blocked32 dispatch pair may hold; longer prefills go in chunks of rows (a row's
 // bits do not depend on its chunk).
 constexpr uint64_t kBlockedScratchBytes = 64ull << 20;
+// Workgroups a (row, head) pair's key blocks are split over when the position is read on the
+// device: the grid and scratch then follow the cache's length, not the position's.
+constexpr uint64_t kDynamicSplits = 64;
 
-// Blocked32 in chunks of rows: bindings q, k, v, sinks, out.
+// Blocked32 in chunks of rows: bindings q, k, v, sinks, out, dynamic words. With pos_word
+// set, every block of the cache has a scratch slot and the blocks past the position are skipped.
 Status blocked(Runtime& rt, const ops::AttentionDims& d, k::AttentionArgs args, const std::vector<BufferRef>& b) {
   if (d.m == 0 || d.hq == 0) return Status::ok();
-  const uint64_t nb = static_cast<uint64_t>((d.len + ops::kAttentionBlock - 1) / ops::kAttentionBlock);
+  const int64_t keys = args.pos_word ? d.cache : d.len;
+  const uint64_t nb = static_cast<uint64_t>((keys + ops::kAttentionBlock - 1) / ops::kAttentionBlock);
+  const uint64_t nsplit = args.pos_word ? std::min(nb, kDynamicSplits) : nb;
   const uint64_t row_floats = static_cast<uint64_t>(d.hq) * nb * static_cast<uint64_t>(d.hd + 2);
   const uint64_t chunk = std::clamp<uint64_t>(kBlockedScratchBytes / 4 / row_floats, 1, static_cast<uint64_t>(d.m));
   SB_RETURN_IF_ERROR(u32_count(static_cast<int64_t>(chunk * row_floats), "attention block scratch").status());
   SB_ASSIGN_OR_RETURN(Tensor scratch, rt.alloc(DType::kF32, {static_cast<int64_t>(chunk * row_floats)}));
   SB_ASSIGN_OR_RETURN(BufferRef bt, rt.bind(scratch, false));
   args.nb = static_cast<uint32_t>(nb);
+  args.nsplit = static_cast<uint32_t>(nsplit);
   for (uint64_t row0 = 0; row0 < static_cast<uint64_t>(d.m); row0 += chunk) {
     const uint64_t rows = std::min<uint64_t>(chunk, static_cast<uint64_t>(d.m) - row0);
     args.row0 = static_cast<uint32_t>(row0);
     args.rows = static_cast<uint32_t>(rows);
     const uint64_t pairs = rows * static_cast<uint64_t>(d.hq);
-    SB_RETURN_IF_ERROR(rt.dispatch("attention_blocks", {b[0], b[1], b[2], bt}, &args, sizeof(args), pairs * nb * 128));
-    SB_RETURN_IF_ERROR(rt.dispatch("attention_merge", {b[3], bt, b[4]}, &args, sizeof(args), pairs * 128));
+    SB_RETURN_IF_ERROR(
+        rt.dispatch("attention_blocks", {b[0], b[1], b[2], bt, b[5]}, &args, sizeof(args), pairs * nsplit * 128));
+    SB_RETURN_IF_ERROR(rt.dispatch("attention_merge", {b[3], bt, b[4], b[5]}, &args, sizeof(args), pairs * 128));
   }
   return Status::ok();
 }
@@ -48,9 +56,18 @@ Status attention(KernelContext& ctx, const fb::OpNodeUnion& op) {
   if (n->sinks) {
     SB_ASSIGN_OR_RETURN(bs, bind_in(ctx, n->sinks.get(), &sinks));
   }
-  SB_ASSIGN_OR_RETURN(int64_t pos, ctx.resolve(n->pos.get()));
+  // A decode step (one query row) reads its position on the device, so a recorded step replays
+  // at any position; longer prefills size their grid by the position (far fewer blocks).
+  const bool one_row = q.rank() == 3 && q.dim(0) == 1 && n->order == fb::AttentionOrder::Blocked32;
+  DynamicArg pos;
+  if (one_row) {
+    SB_ASSIGN_OR_RETURN(pos, dynamic_arg(ctx, n->pos.get()));
+  } else {
+    SB_ASSIGN_OR_RETURN(pos.value, ctx.resolve(n->pos.get()));
+  }
   SB_ASSIGN_OR_RETURN(ops::AttentionDims d,
-                      ops::attention_dims(q, kc, vc, n->sinks ? &sinks : nullptr, pos, n->seq_major));
+                      ops::attention_dims(q, kc, vc, n->sinks ? &sinks : nullptr, pos.value, n->seq_major));
+  if (one_row) ctx.guard_dynamic(n->pos.get(), 0, d.cache - d.m);
   SB_CHECK_OR_RETURN(d.hd <= kMaxHeadDim && (dtype_size(q.dtype()) == 4 || d.hd % 2 == 0),
                      StatusCode::kUnimplemented, "attention: head dim %lld (the GPU kernel takes up to %lld, even for 16-bit)",
                      (long long)d.hd, (long long)kMaxHeadDim);
@@ -64,7 +81,7 @@ Status attention(KernelContext& ctx, const fb::OpNodeUnion& op) {
                         static_cast<uint32_t>(d.hk),
                         static_cast<uint32_t>(d.hd),
                         static_cast<uint32_t>(d.cache),
-                        static_cast<uint32_t>(d.pos),
+                        pos.word ? 0u : static_cast<uint32_t>(d.pos),
                         static_cast<uint32_t>(d.len),
                         static_cast<uint32_t>(q.dtype()),
                         n->scale,
@@ -74,9 +91,11 @@ Status attention(KernelContext& ctx, const fb::OpNodeUnion& op) {
                         0,
                         static_cast<uint32_t>(d.m),
                         0,
-                        n->seq_major ? 1u : 0u};
+                        n->seq_major ? 1u : 0u,
+                        0,
+                        pos.word};
   if (n->order == fb::AttentionOrder::Blocked32) {
-    SB_RETURN_IF_ERROR(blocked(rt, d, args, {bq, bk, bv, bs, bo}));
+    SB_RETURN_IF_ERROR(blocked(rt, d, args, {bq, bk, bv, bs, bo, pos.words}));
     return ctx.out(n->out.get(), std::move(out));
   }
   SB_RETURN_IF_ERROR(u32_count(d.m * d.hq * (d.len + 1), "attention scores").status());

@@ -34,6 +34,29 @@ class GpuDevice final : public Device {
     SB_ASSIGN_OR_RETURN(ReadFloor f, measure_read_floor(*rt_, bytes));
     return DeviceFloor{f.gbps, f.empty_us, f.read_us};
   }
+  bool begin_recording() override { return rt_->begin_recording(); }
+  std::unique_ptr<RecordedWork> end_recording() override { return rt_->end_recording(); }
+  Status replay(const RecordedWork& w) override { return rt_->replay(w); }
+  Status set_dynamic_values(const std::vector<uint32_t>& words) override {
+    SB_RETURN_IF_ERROR(dynamic_values(words.size()).status());
+    std::memcpy(dyn_.mutable_data(), words.data(), words.size() * 4);
+    return Status::ok();
+  }
+  Result<Tensor> stage_input(const Tensor& t) override {
+    SB_ASSIGN_OR_RETURN(Tensor dev, rt_->alloc(t.dtype(), t.shape()));
+    if (t.nbytes()) std::memcpy(dev.mutable_data(), t.data(), t.nbytes());
+    return dev;
+  }
+  // The dynamic-value words' binding, holding at least `words` (zeros until written). Grown
+  // only before an execution, when no queued or recorded work reads them yet.
+  Result<BufferRef> dynamic_values(size_t words = 1) {
+    if (!dyn_.defined() || static_cast<size_t>(dyn_.numel()) < words) {
+      SB_ASSIGN_OR_RETURN(dyn_, rt_->alloc(DType::kU32, {static_cast<int64_t>(std::max<size_t>(words, 1))}));
+      std::memset(dyn_.mutable_data(), 0, dyn_.nbytes());
+      SB_ASSIGN_OR_RETURN(dyn_ref_, rt_->bind(dyn_, false));
+    }
+    return dyn_ref_;
+  }
   Runtime& rt() { return *rt_; }
   // The hand-off record of the submission being recorded: cleared whenever one finished,
   // also by the runtime's own syncs, so a record never outlives the buffers it names.
@@ -52,6 +75,8 @@ class GpuDevice final : public Device {
 
  private:
   std::unordered_map<const void*, Tensor> node_tables_;
+  Tensor dyn_;  // the dynamic-value words (set_dynamic_values)
+  BufferRef dyn_ref_;
   MoeHandoff handoff_;
   uint64_t handoff_submission_ = 0;
   std::unique_ptr<Runtime> rt_;
@@ -181,6 +206,12 @@ MoeHandoff& moe_handoff(KernelContext& ctx) { return static_cast<GpuDevice&>(ctx
 
 Result<BufferRef> node_table(KernelContext& ctx, const void* node, const std::vector<uint32_t>& words) {
   return static_cast<GpuDevice&>(ctx.device()).node_table(node, words);
+}
+
+Result<DynamicArg> dynamic_arg(KernelContext& ctx, const fb::IntOrVidT* v) {
+  SB_ASSIGN_OR_RETURN(KernelContext::DynamicValue d, ctx.resolve_dynamic(v));
+  SB_ASSIGN_OR_RETURN(BufferRef words, static_cast<GpuDevice&>(ctx.device()).dynamic_values());
+  return DynamicArg{d.value, d.word, words};
 }
 
 Result<BufferRef> bind_in(KernelContext& ctx, const fb::Tid* tid, Tensor* keep) {

@@ -123,6 +123,7 @@ Result<BufferRef> MappedRuntime::scratch(size_t bytes, uint32_t fill_word) {
   SB_ASSIGN_OR_RETURN(Tensor t, alloc(DType::kU32, {static_cast<int64_t>((bytes + 3) / 4)}));
   auto* w = t.mutable_data_as<uint32_t>();
   for (int64_t i = 0; i < t.numel(); ++i) w[i] = fill_word;
+  if (keeping_fills_) fills_.emplace_back(t, fill_word);
   return bind(t, false);
 }
 
@@ -176,14 +177,39 @@ Status MappedRuntime::probe_mma_layout() {
 }
 
 long MappedRuntime::queued_refs(const Tensor& t) const {
-  auto it = t.storage_id() ? kept_.find(t.storage_id()) : kept_.end();
-  return it == kept_.end() ? 0 : it->second;
+  if (!t.storage_id()) return 0;
+  auto it = kept_.find(t.storage_id());
+  auto rt = recorded_.find(t.storage_id());
+  return (it == kept_.end() ? 0 : it->second) + (rt == recorded_.end() ? 0 : rt->second);
+}
+
+MappedRuntime::Kept MappedRuntime::take_kept() {
+  Kept k{std::move(keep_), std::move(fills_)};
+  keep_.clear();
+  fills_.clear();
+  for (const auto& [storage, n] : kept_) recorded_[storage] += n;
+  kept_.clear();
+  return k;
+}
+
+void MappedRuntime::release_kept(const Kept& k) {
+  for (const Tensor& t : k.tensors)
+    if (t.storage_id())
+      if (auto it = recorded_.find(t.storage_id()); it != recorded_.end() && --it->second == 0) recorded_.erase(it);
+}
+
+void MappedRuntime::refill(const Kept& k) {
+  for (const auto& [t, word] : k.fills) {
+    auto* w = t.mutable_data_as<uint32_t>();
+    for (int64_t i = 0; i < t.numel(); ++i) w[i] = word;
+  }
 }
 
 uint32_t MappedRuntime::finish_submission() {
   ++submissions_;
   keep_.clear();
   kept_.clear();
+  fills_.clear();
   auto* err = error_.mutable_data_as<uint32_t>();
   const uint32_t bits = err[0];
   err[0] = 0;

@@ -68,13 +68,26 @@ class MappedRuntime : public GpuRuntime {
   // Drops the operands of finished work and returns (and clears) the error word's bits.
   uint32_t finish_submission();
 
+  // A recorded submission's operands (kept while it lives; they count as queued) and its
+  // scratch words, filled again before each replay.
+  struct Kept {
+    std::vector<Tensor> tensors;
+    std::vector<std::pair<Tensor, uint32_t>> fills;
+  };
+  bool keeping_fills_ = false;  // while recording: scratch() notes its fills
+  // The operands recorded since the last finished submission, moved out of the queue's keep.
+  Kept take_kept();
+  void release_kept(const Kept& k);
+  static void refill(const Kept& k);
+
   std::shared_ptr<MemoryPool> pool_;
 
  private:
   uint64_t max_range_ = 0, alignment_ = 16;
   // Operands of recorded dispatches, and how many of them hold each storage.
   std::vector<Tensor> keep_;
-  std::unordered_map<const void*, long> kept_;
+  std::unordered_map<const void*, long> kept_, recorded_;  // storage -> queued / recorded references
+  std::vector<std::pair<Tensor, uint32_t>> fills_;
   struct KeyHash {
     size_t operator()(const std::pair<const void*, size_t>& k) const {
       return std::hash<const void*>()(k.first) ^ (k.second * 0x9E3779B97F4A7C15ull);

@@ -23,6 +23,14 @@ Runtime& rt_of(KernelContext& ctx);
 // A per-node table of words computed on the host (GatherQmm's expert table), kept and
 // bound as a constant: uploaded on the node's first run only.
 Result<BufferRef> node_table(KernelContext& ctx, const void* node, const std::vector<uint32_t>& words);
+// A value the kernel reads on the device (KernelContext::resolve_dynamic): the value, its
+// word in `words` (0: none, the value goes in the arguments) and the words' binding.
+struct DynamicArg {
+  int64_t value = 0;
+  uint32_t word = 0;
+  BufferRef words;
+};
+Result<DynamicArg> dynamic_arg(KernelContext& ctx, const fb::IntOrVidT* v);
 // The tensor in `tid` bound for a kernel (kept in *keep when given).
 Result<BufferRef> bind_in(KernelContext& ctx, const fb::Tid* tid, Tensor* keep = nullptr);
 // n as a kernel's u32 count; kUnimplemented past the kernels' 2^31 limit.

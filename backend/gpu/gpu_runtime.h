@@ -63,6 +63,14 @@ class GpuRuntime {
 
   // Runs what was recorded and waits; errors name the SB_ERR_* bits raised.
   virtual Status sync() = 0;
+  // Recorded submissions (Device::begin_recording): the next submission's command buffers
+  // and operands are kept, and replay() submits them again. false where the runtime cannot
+  // record (then nothing changes).
+  virtual bool begin_recording() { return false; }
+  virtual std::unique_ptr<RecordedWork> end_recording() { return nullptr; }
+  virtual Status replay(const RecordedWork&) {
+    return make_error(StatusCode::kUnimplemented, "%s does not replay work", description().c_str());
+  }
   // Memory the heap tensors live in has free now (Vulkan: VK_EXT_memory_budget, else the
   // heap size: an upper bound on any claim); 0 when unknown.
   virtual uint64_t memory_bytes() const { return 0; }
@@ -103,6 +111,7 @@ class GpuRuntime {
   bool cross_workgroup_handoff_ = false;
   bool cross_dispatch_handoff_ = false;
   uint64_t submissions_ = 0;
+  void count_replayed(uint64_t dispatches) { dispatches_ += dispatches; }
   // The device's own recording of one dispatch (dispatch() counts, then calls it).
   virtual Status record_dispatch(const char* kernel, const std::vector<BufferRef>& bindings, const void* args,
                                  size_t args_size, uint64_t invocations, const SpecConstants& spec,

@@ -1,5 +1,7 @@
 // Rotary embedding on the GPU (metal_shaders/rope.comp): one thread per output word, or with a
 // per-head RMSNorm one workgroup per head row; optionally appending to a [S, h, hd] cache.
+#include <algorithm>
+
 #include "gpu_ops.h"
 #include "op_shapes.h"
 
@@ -21,9 +23,10 @@ Status rope(KernelContext& ctx, const fb::OpNodeUnion& op) {
     SB_ASSIGN_OR_RETURN(host_cache, ctx.inplace(n->cache.get()));
     SB_ASSIGN_OR_RETURN(cache, rt.device_tensor(host_cache));
   }
-  SB_ASSIGN_OR_RETURN(int64_t pos, ctx.resolve(n->pos.get()));
-  SB_ASSIGN_OR_RETURN(ops::RopeDims d,
-                      ops::rope_dims(x, cos, sin, pos, n->norm_weight ? &w : nullptr, n->cache ? &cache : nullptr));
+  SB_ASSIGN_OR_RETURN(DynamicArg pos, dynamic_arg(ctx, n->pos.get()));
+  SB_ASSIGN_OR_RETURN(ops::RopeDims d, ops::rope_dims(x, cos, sin, pos.value, n->norm_weight ? &w : nullptr,
+                                                      n->cache ? &cache : nullptr));
+  ctx.guard_dynamic(n->pos.get(), 0, std::min(d.table_rows, n->cache ? cache.dim(0) : d.table_rows) - d.m);
   const bool by16 = dtype_size(x.dtype()) == 2;
   SB_CHECK_OR_RETURN(!by16 || !(n->norm_weight || n->cache) || d.hd % 2 == 0, StatusCode::kUnimplemented,
                      "Rope with a norm or a cache on the GPU: 16-bit heads of odd size %lld", (long long)d.hd);
@@ -43,18 +46,19 @@ Status rope(KernelContext& ctx, const fb::OpNodeUnion& op) {
   args.h = static_cast<uint32_t>(d.h);
   args.hd = static_cast<uint32_t>(d.hd);
   args.half_dims = static_cast<uint32_t>(d.half);
-  args.pos = static_cast<uint32_t>(d.pos);
+  args.pos = pos.word ? 0u : static_cast<uint32_t>(d.pos);
+  args.pos_word = pos.word;
   args.dtype = static_cast<uint32_t>(x.dtype());
   args.has_cache = n->cache ? 1u : 0u;
   args.eps = n->eps;
   args.inv_d = ops::inverse_count(d.hd);
   if (x.numel() > 0) {
     if (n->norm_weight)
-      SB_RETURN_IF_ERROR(rt.dispatch("rope_norm", {bx, bc, bs, bo, bk, bw}, &args, sizeof(args),
+      SB_RETURN_IF_ERROR(rt.dispatch("rope_norm", {bx, bc, bs, bo, bk, bw, pos.words}, &args, sizeof(args),
                                      static_cast<uint64_t>(d.m * d.h) * 64));
     else
       SB_RETURN_IF_ERROR(
-          rt.dispatch("rope", {bx, bc, bs, bo, bk}, &args, sizeof(args), words_of(x.dtype(), x.numel())));
+          rt.dispatch("rope", {bx, bc, bs, bo, bk, pos.words}, &args, sizeof(args), words_of(x.dtype(), x.numel())));
   }
   // A host buffer was copied to the device: the device copy is the cache from now on.
   if (n->cache && cache.data() != host_cache.data()) SB_RETURN_IF_ERROR(ctx.out(n->cache.get(), std::move(cache)));

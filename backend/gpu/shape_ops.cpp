@@ -29,8 +29,15 @@ Status full(KernelContext& ctx, const fb::OpNodeUnion& op) {
   return ctx.out(n->out.get(), std::move(out));
 }
 
+// `at` (region_at): the destination shifted by dyn word at.word times at_units units on the device.
+struct RegionShift {
+  uint32_t word = 0;
+  int64_t units = 0;
+  BufferRef words;
+};
+
 Status copy_region(Runtime& rt, DType dtype, BufferRef src, BufferRef dst, int64_t outer, int64_t len, int64_t src_off,
-                   int64_t src_stride, int64_t dst_off, int64_t dst_stride) {
+                   int64_t src_stride, int64_t dst_off, int64_t dst_stride, const RegionShift& at = {}) {
   if (outer == 0 || len == 0) return Status::ok();
   const int64_t es = static_cast<int64_t>(dtype_size(dtype)), m = es == 8 ? 2 : 1;
   const int64_t unit = es == 8 ? 4 : es, per = 4 / unit;
@@ -46,7 +53,10 @@ Status copy_region(Runtime& rt, DType dtype, BufferRef src, BufferRef dst, int64
   a.unit_bytes = static_cast<uint32_t>(unit);
   a.first_word = static_cast<uint32_t>(first / per);
   a.words = static_cast<uint32_t>((last + per - 1) / per - first / per);
-  return rt.dispatch("region", {src, dst}, &a, sizeof(a), a.words);
+  if (!at.word) return rt.dispatch("region", {src, dst}, &a, sizeof(a), a.words);
+  a.dyn_word = at.word;
+  a.dyn_units = static_cast<uint32_t>(at.units * m);
+  return rt.dispatch("region_at", {src, dst, at.words}, &a, sizeof(a), a.words);
 }
 
 Status slice(KernelContext& ctx, const fb::OpNodeUnion& op) {
@@ -96,16 +106,28 @@ Status slice_update(KernelContext& ctx, const fb::OpNodeUnion& op) {
   Runtime& rt = rt_of(ctx);
   Tensor u;
   SB_ASSIGN_OR_RETURN(BufferRef bu, bind_in(ctx, n->update.get(), &u));
-  SB_ASSIGN_OR_RETURN(int64_t start, ctx.resolve(n->start.get()));
+  SB_ASSIGN_OR_RETURN(DynamicArg start, dynamic_arg(ctx, n->start.get()));
   SB_ASSIGN_OR_RETURN(Tensor host_dst, ctx.inplace(n->dst.get()));
   SB_ASSIGN_OR_RETURN(Tensor dst, rt.device_tensor(host_dst));
   SB_ASSIGN_OR_RETURN(int64_t axis, ops::normalize_axis(n->axis, dst.rank()));
-  SB_RETURN_IF_ERROR(ops::check_slice_update(u, dst, axis, start));
+  SB_RETURN_IF_ERROR(ops::check_slice_update(u, dst, axis, start.value));
   const int64_t d = dst.dim(axis), len = u.dim(axis);
   SB_ASSIGN_OR_RETURN(BufferRef bd, rt.bind(dst, false));
   const ops::AxisSplit s = ops::split_at(dst.shape(), axis);
-  SB_RETURN_IF_ERROR(
-      copy_region(rt, dst.dtype(), bu, bd, s.outer, len * s.inner, 0, len * s.inner, start * s.inner, d * s.inner));
+  // The start read on the device where a step of it moves the destination by whole words
+  // (the value cache's rows): region_at; else the start goes in the arguments.
+  const int64_t es = static_cast<int64_t>(dtype_size(dst.dtype()));
+  RegionShift at;
+  if (start.word && (s.inner * es) % 4 == 0) {
+    SB_RETURN_IF_ERROR(u32_count(dst.numel() * (es == 8 ? 2 : 1), "SliceUpdate").status());
+    at = {start.word, s.inner, start.words};
+    ctx.guard_dynamic(n->start.get(), 0, d - len);
+  } else {
+    SB_RETURN_IF_ERROR(ctx.resolve(n->start.get()).status());  // baked in: recorded work is for this start only
+  }
+  const int64_t fixed = at.word ? 0 : start.value;
+  SB_RETURN_IF_ERROR(copy_region(rt, dst.dtype(), bu, bd, s.outer, len * s.inner, 0, len * s.inner, fixed * s.inner,
+                                 d * s.inner, at));
   // A host buffer was copied to the device: the device copy is the buffer from now on.
   if (dst.data() != host_dst.data()) SB_RETURN_IF_ERROR(ctx.out(n->dst.get(), std::move(dst)));
   return Status::ok();

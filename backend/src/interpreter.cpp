@@ -1,5 +1,6 @@
 #include "interpreter.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "log.h"
@@ -7,16 +8,23 @@
 
 namespace switchboard::detail {
 
-Interpreter::Interpreter(const ProgramImpl& program, std::unique_ptr<Device> device)
-    : prog_(program), device_(std::move(device)) {
+Interpreter::Interpreter(const ProgramImpl& program, std::unique_ptr<Device> device, bool replay)
+    : prog_(program), device_(std::move(device)), replay_(replay) {
   const fb::ProgramT& ir = *prog_.ir;
   tensors_.resize(ir.num_tensor_slots);
   written_.assign(ir.num_tensor_slots, 0);
   values_.resize(ir.num_value_slots);
   value_written_.assign(ir.num_value_slots, 0);
   value_is_input_.assign(ir.num_value_slots, 0);
-  for (const auto& io : ir.inputs)
-    if (io->kind == fb::SlotKind::Value) value_is_input_[io->idx] = 1;
+  value_use_.assign(ir.num_value_slots, Use::kUnread);
+  dyn_word_.assign(ir.num_value_slots, 0);
+  guard_.assign(ir.num_value_slots, {0, 0});
+  guarded_.assign(ir.num_value_slots, 0);
+  for (size_t i = 0; i < ir.inputs.size(); ++i)
+    if (ir.inputs[i]->kind == fb::SlotKind::Value) {
+      value_is_input_[ir.inputs[i]->idx] = 1;
+      dyn_word_[ir.inputs[i]->idx] = static_cast<uint32_t>(1 + i);
+    }
   for (uint32_t t = 0; t < ir.num_tensor_slots; ++t) {
     if (prog_.roles[t] == SlotRole::kConstant) {
       tensors_[t] = prog_.constants[t];
@@ -103,6 +111,7 @@ Status Interpreter::plan() {
 }
 
 Status Interpreter::reset() {
+  recording_.reset();  // the mutable buffers it wrote are replaced below
   for (const auto& mb : prog_.ir->mutable_buffers) {
     uint32_t t = mb->tid->idx();
     const fb::TensorMetaT& m = *prog_.ir->tensor_meta[t];
@@ -130,17 +139,6 @@ void Interpreter::clear_transient() {
   }
   for (size_t v = 0; v < values_.size(); ++v)
     if (!value_is_input_[v]) value_written_[v] = 0;
-}
-
-Status Interpreter::execute() {
-  for (const auto& io : prog_.ir->inputs) {
-    bool set = io->kind == fb::SlotKind::Tensor ? written_[io->idx] : value_written_[io->idx];
-    SB_CHECK_OR_RETURN(set, StatusCode::kInvalidArgument, "input '%s' was not set", io->name.c_str());
-  }
-  clear_transient();
-  Status st = run_chain(prog_.ir->main_chain, 0);
-  Status done = device_->sync();  // always drain queued work, even after an error
-  return st.is_ok() ? done : st;
 }
 
 Status Interpreter::run_chain(uint32_t chain, uint32_t depth) {
@@ -271,8 +269,30 @@ Result<int64_t> Interpreter::resolve(const fb::IntOrVidT* v) {
   uint32_t id = v->vid->idx();
   SB_CHECK_OR_RETURN(value_written_[id], StatusCode::kInvalidProgram,
                      "reads value slot %u, which no executed instruction wrote", id);
+  if (value_is_input_[id]) value_use_[id] = Use::kStatic;
   const Value& val = values_[id];
   return val.is_float ? static_cast<int64_t>(val.f) : val.i;
+}
+
+Result<KernelContext::DynamicValue> Interpreter::resolve_dynamic(const fb::IntOrVidT* v) {
+  if (!v->is_vid || !value_is_input_[v->vid->idx()]) {
+    SB_ASSIGN_OR_RETURN(int64_t x, resolve(v));
+    return DynamicValue{x, 0};
+  }
+  const uint32_t id = v->vid->idx();
+  SB_CHECK_OR_RETURN(value_written_[id], StatusCode::kInvalidProgram,
+                     "reads value slot %u, which no executed instruction wrote", id);
+  if (value_use_[id] == Use::kUnread) value_use_[id] = Use::kDynamic;
+  const Value& val = values_[id];
+  return DynamicValue{val.is_float ? static_cast<int64_t>(val.f) : val.i, dyn_word_[id]};
+}
+
+void Interpreter::guard_dynamic(const fb::IntOrVidT* v, int64_t lo, int64_t hi) {
+  if (!v->is_vid || !value_is_input_[v->vid->idx()]) return;
+  const uint32_t id = v->vid->idx();
+  auto& g = guard_[id];
+  g = guarded_[id] ? std::make_pair(std::max(g.first, lo), std::min(g.second, hi)) : std::make_pair(lo, hi);
+  guarded_[id] = 1;
 }
 
 DType Interpreter::declared_dtype(const fb::Tid* tid) const {

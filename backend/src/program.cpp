@@ -3,6 +3,7 @@
 #include <cstdlib>
 
 #include "device_registry.h"
+#include "env.h"
 #include "interpreter.h"
 #include "log.h"
 #include "no_throw.h"
@@ -200,7 +201,8 @@ Result<std::unique_ptr<Session>> Session::create(std::shared_ptr<const Program> 
           check_buffer_bytes(program->impl(), free, "the memory of device '" + device->name() + "'"));
     std::unique_ptr<Session> s(new Session());
     s->program_ = program;
-    s->interp_ = std::make_unique<detail::Interpreter>(program->impl(), std::move(device));
+    s->interp_ = std::make_unique<detail::Interpreter>(program->impl(), std::move(device),
+                                                       options.gpu_replay.value_or(env_defaults().gpu_replay));
     SB_RETURN_IF_ERROR(s->interp_->plan());
     SB_RETURN_IF_ERROR(s->interp_->reset());
     SB_RETURN_IF_ERROR(check_weights_unchanged(program->impl()));
@@ -268,5 +270,6 @@ const std::string& Session::device_description() const { return interp_->device_
 double Session::last_device_time_us() const { return interp_->last_device_us(); }
 double Session::last_record_time_us() const { return interp_->last_record_us(); }
 uint64_t Session::device_dispatches() const { return interp_->device_dispatches(); }
+bool Session::last_execute_replayed() const { return interp_->last_replayed(); }
 
 }  // namespace switchboard

@@ -1,8 +1,6 @@
 #include "vk_runtime.h"
 
-#define VK_NO_PROTOTYPES
 #include <dlfcn.h>
-#include <vulkan/vulkan.h>
 
 #include <array>
 #include <cstdio>
@@ -14,105 +12,13 @@
 #include <vector>
 
 #include "gpu_embedded_shaders.h"
+#include "vk_context.h"
 #include "gpu_kernel_table.h"
 #include "vulkan_device.h"
 #include "log.h"
 
 namespace switchboard::vulkan {
-
-#define SB_VK_INSTANCE_FNS(X)                                                                              \
-  X(vkDestroyInstance) X(vkEnumeratePhysicalDevices) X(vkGetPhysicalDeviceProperties)                      \
-  X(vkGetPhysicalDeviceProperties2) X(vkGetPhysicalDeviceQueueFamilyProperties)                            \
-  X(vkGetPhysicalDeviceMemoryProperties) X(vkCreateDevice) X(vkGetDeviceProcAddr)                          \
-  X(vkEnumerateDeviceExtensionProperties) X(vkGetPhysicalDeviceFeatures) X(vkGetPhysicalDeviceFeatures2)    \
-  X(vkGetPhysicalDeviceMemoryProperties2)
-#define SB_VK_DEVICE_FNS(X)                                                                                \
-  X(vkDestroyDevice) X(vkGetDeviceQueue) X(vkCreateBuffer) X(vkDestroyBuffer)                              \
-  X(vkGetBufferMemoryRequirements) X(vkAllocateMemory) X(vkFreeMemory) X(vkBindBufferMemory) X(vkMapMemory) \
-  X(vkCreateShaderModule) X(vkDestroyShaderModule) X(vkCreateDescriptorSetLayout)                          \
-  X(vkDestroyDescriptorSetLayout) X(vkCreatePipelineLayout) X(vkDestroyPipelineLayout)                     \
-  X(vkCreateComputePipelines) X(vkDestroyPipeline) X(vkCreateCommandPool) X(vkDestroyCommandPool)          \
-  X(vkAllocateCommandBuffers) X(vkBeginCommandBuffer) X(vkEndCommandBuffer) X(vkResetCommandBuffer)        \
-  X(vkCmdBindPipeline) X(vkCmdPushConstants) X(vkCmdDispatch) X(vkCmdPipelineBarrier)                      \
-  X(vkCmdPushDescriptorSetKHR) X(vkCreateFence) X(vkDestroyFence) X(vkWaitForFences) X(vkResetFences)      \
-  X(vkQueueSubmit) X(vkDeviceWaitIdle) X(vkCreateQueryPool) X(vkDestroyQueryPool) X(vkCmdResetQueryPool)  \
-  X(vkCmdWriteTimestamp) X(vkGetQueryPoolResults) X(vkResetQueryPool)
-
 namespace {
-
-struct Pipeline {
-  VkDescriptorSetLayout set_layout = VK_NULL_HANDLE;
-  VkPipelineLayout layout = VK_NULL_HANDLE;
-  VkPipeline pipeline = VK_NULL_HANDLE;
-  const kernels::KernelInfo* info = nullptr;
-  uint32_t local_size = 1;
-};
-
-}  // namespace
-
-struct Context {
-  void* lib = nullptr;
-  PFN_vkGetInstanceProcAddr vkGetInstanceProcAddr = nullptr;
-  PFN_vkCreateInstance vkCreateInstance = nullptr;
-#define SB_DECLARE(f) PFN_##f f = nullptr;
-  SB_VK_INSTANCE_FNS(SB_DECLARE)
-  SB_VK_DEVICE_FNS(SB_DECLARE)
-#undef SB_DECLARE
-  VkInstance instance = VK_NULL_HANDLE;
-  VkPhysicalDevice physical = VK_NULL_HANDLE;
-  VkDevice device = VK_NULL_HANDLE;
-  VkQueue queue = VK_NULL_HANDLE;
-  uint32_t queue_family = 0;
-  uint32_t memory_type = 0;
-  uint64_t heap_bytes = 0;  // the heap of memory_type: tensors can never take more
-  uint32_t heap_index = 0;
-  bool memory_budget = false;  // VK_EXT_memory_budget: what the heap has left now
-  VkPhysicalDeviceLimits limits{};
-  uint32_t vendor_id = 0;
-  VkPhysicalDeviceType device_type = VK_PHYSICAL_DEVICE_TYPE_OTHER;
-  bool int64 = false;
-  bool int8_mma = false;
-  bool int_dot = false;
-  // DeviceOptions::pipeline_stats and VK_KHR_pipeline_executable_properties: each pipeline's
-  // compiler statistics (registers, shared memory, ...) are logged when it is created.
-  PFN_vkGetPipelineExecutablePropertiesKHR vkGetPipelineExecutablePropertiesKHR = nullptr;
-  PFN_vkGetPipelineExecutableStatisticsKHR vkGetPipelineExecutableStatisticsKHR = nullptr;
-  VkCommandPool pool = VK_NULL_HANDLE;
-  // One command buffer + fence per slice of an execute; grown on demand, reused.
-  std::vector<VkCommandBuffer> cmds;
-  std::vector<VkFence> fences;
-  // GPU timestamps around each dispatch while SWITCHBOARD_OP_LOG is on.
-  VkQueryPool timestamps = VK_NULL_HANDLE;
-  uint32_t max_timed = 0;
-  double ns_per_tick = 1.0;
-  std::map<std::string, Pipeline> pipelines;
-  std::string spirv_dir;  // DeviceOptions::spirv_dir: kernel development overrides
-
-  ~Context() {
-    if (device) {
-      vkDeviceWaitIdle(device);
-      for (auto& [name, p] : pipelines) {
-        vkDestroyPipeline(device, p.pipeline, nullptr);
-        vkDestroyPipelineLayout(device, p.layout, nullptr);
-        vkDestroyDescriptorSetLayout(device, p.set_layout, nullptr);
-      }
-      for (VkFence f : fences) vkDestroyFence(device, f, nullptr);
-      if (timestamps) vkDestroyQueryPool(device, timestamps, nullptr);
-      if (pool) vkDestroyCommandPool(device, pool, nullptr);
-      vkDestroyDevice(device, nullptr);
-    }
-    // The instance and the loader stay for the process (see shared_instance()).
-  }
-};
-
-namespace {
-
-std::string vk_error(const char* what, VkResult r) { return strformat("%s failed (VkResult %d)", what, static_cast<int>(r)); }
-#define SB_VK_CHECK(call, what)                                                             \
-  do {                                                                                      \
-    VkResult r_ = (call);                                                                   \
-    if (r_ != VK_SUCCESS) return make_error(StatusCode::kInternal, "%s", vk_error(what, r_).c_str()); \
-  } while (0)
 
 Status load_loader(Context& c) {
   c.lib = dlopen("libvulkan.so.1", RTLD_NOW | RTLD_LOCAL);
@@ -586,7 +492,7 @@ Status VulkanRuntime::begin_slice() {
     c.fences.push_back(fence);
   }
   VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
-  bi.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
+  bi.flags = capturing_ ? 0 : VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
   SB_VK_CHECK(c.vkBeginCommandBuffer(c.cmds[slice_], &bi), "vkBeginCommandBuffer");
   if (slice_ == 0 && c.timestamps) {
     // Reset only the queries this execute may write, in chunks as the op log needs them:
@@ -759,7 +665,10 @@ Status VulkanRuntime::sync() {
   const uint32_t n = static_cast<uint32_t>(slice_ + 1);
   SB_VK_CHECK(c.vkWaitForFences(c.device, n, c.fences.data(), VK_TRUE, UINT64_MAX), "vkWaitForFences");
   c.vkResetFences(c.device, n, c.fences.data());
-  for (uint32_t i = 0; i < n; ++i) c.vkResetCommandBuffer(c.cmds[i], 0);
+  if (capturing_ && capture_syncs_++ == 0)
+    keep_recorded(n);
+  else
+    for (uint32_t i = 0; i < n; ++i) c.vkResetCommandBuffer(c.cmds[i], 0);
   log_timestamps();
   return gpu::status_from_error_bits(finish_submission());
 }

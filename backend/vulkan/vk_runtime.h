@@ -32,12 +32,19 @@ class VulkanRuntime final : public gpu::MappedRuntime {
                          size_t args_size, uint64_t invocations, const gpu::SpecConstants& spec,
                          uint32_t handoff) override;
   Status sync() override;
+  // vk_replay.cpp: a submission's command buffers kept and submitted again.
+  bool begin_recording() override;
+  std::unique_ptr<RecordedWork> end_recording() override;
+  Status replay(const RecordedWork& work) override;
   double last_gpu_us() const override { return last_gpu_us_; }
   double last_record_us() const override { return last_record_us_; }
   uint64_t memory_bytes() const override;
 
  private:
   VulkanRuntime() = default;
+  struct Recorded;
+  void drop(Recorded& r);
+  void keep_recorded(uint32_t slices);  // sync(): the recording's submission has finished
   Status begin_if_needed();
   Status begin_slice();
   Status submit_slice();
@@ -64,7 +71,13 @@ class VulkanRuntime final : public gpu::MappedRuntime {
   const void* bound_ = nullptr;
   // Device memory the dispatches since the last barrier read and write.
   std::vector<gpu::BufferRef> reads_, writes_;
-  gpu::BufferRef err_;  // the status word (fixed for the runtime's life)  // the pipeline bound in the current slice's command buffer
+  gpu::BufferRef err_;  // the status word (fixed for the runtime's life)
+  // Recording: on from begin_recording() to end_recording(); the first sync's submission is
+  // kept (captured_), a second one breaks the recording.
+  bool capturing_ = false;
+  int capture_syncs_ = 0;
+  uint64_t capture_dispatches0_ = 0;
+  std::unique_ptr<RecordedWork> captured_;  // a Recorded (vk_replay.cpp)
 };
 
 }  // namespace switchboard::vulkan

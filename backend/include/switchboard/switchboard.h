@@ -114,6 +114,11 @@ struct SessionOptions {
   // Decode's router, gate/up and down kernels wait for each other's values instead of
   // being separated by barriers; only on devices known to run dispatches in order.
   std::optional<bool> gpu_handoff;
+  // Repeated executions (decode steps) recorded once and replayed: an execution with the input
+  // shapes of the one before is recorded, and later ones whose inputs only change values that
+  // the kernels read on the device (the position) submit the recorded work again. Unset:
+  // $SWITCHBOARD_GPU_REPLAY ("0" turns it off), else on where the device can record.
+  std::optional<bool> gpu_replay;
   // Kernel development (Vulkan). Unset: $SWITCHBOARD_PIPELINE_STATS / $SWITCHBOARD_SPIRV_DIR.
   std::optional<bool> pipeline_stats;    // log each pipeline's registers and memory (info level)
   std::optional<std::string> spirv_dir;  // DIR/<kernel>.spv replaces a built-in kernel; "": none
@@ -150,6 +155,8 @@ class Session {
   double last_record_time_us() const;
   // Kernel dispatches the session's GPU device has recorded so far (0 on the CPU).
   uint64_t device_dispatches() const;
+  // Whether the last execute() replayed recorded work (SessionOptions::gpu_replay).
+  bool last_execute_replayed() const;
   ~Session();
 
  private:

@@ -1,0 +1,176 @@
+// Recorded decode steps (SessionOptions::gpu_replay): on a device that records, the third
+// decode step on is a replay of the second's work, and every step's logits are the bits of
+// the CPU and of the same device without replay. Replays never overwrite what a caller
+// holds, and inputs they cannot serve (another position range, a reset) run normally.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+#include <cstring>
+#include <filesystem>
+
+#include "op_harness.h"
+#include "switchboard/model.h"
+
+namespace switchboard {
+namespace {
+
+namespace fs = std::filesystem;
+using optest::test_devices;
+
+std::shared_ptr<const Program> tiny_program() {
+  models::ExportFormat f;
+  f.bits = 4;
+  f.group_size = 64;
+  const models::ModelConfig c = models::tiny_test_config();
+  auto w = models::random_weights(c, f, 2026);
+  EXPECT_TRUE(w.is_ok());
+  const fs::path out = fs::temp_directory_path() / ("sb_replay_test_" + std::to_string(::getpid()));
+  fs::remove_all(out);
+  EXPECT_TRUE(models::write_model(out.string(), c, f, *w).is_ok());
+  auto p = Program::load((out / "program.sbp").string(), LoadOptions{{(out / "weights.safetensors").string()}});
+  EXPECT_TRUE(p.is_ok()) << p.status().to_string();
+  return p.is_ok() ? std::move(p).value() : nullptr;
+}
+
+std::unique_ptr<Session> open(const std::shared_ptr<const Program>& p, const std::string& dev, bool replay) {
+  SessionOptions o{dev};
+  o.gpu_replay = replay;
+  auto s = Session::create(p, o);
+  if (!s.is_ok()) {
+    std::printf("[ DEVICE SKIPPED ] %s: %s\n", dev.c_str(), s.status().to_string().c_str());
+    return nullptr;
+  }
+  return std::move(s).value();
+}
+
+struct Step {
+  Status status;
+  Tensor logits;  // a copy
+  int32_t next = -1;
+  bool replayed = false;
+};
+
+Step run(Session& s, const std::vector<int32_t>& tokens, int64_t pos) {
+  Step r;
+  r.status = s.set_input("tokens", Tensor::from_vector(DType::kI32, {static_cast<int64_t>(tokens.size())}, tokens).value());
+  if (r.status.is_ok()) r.status = s.set_input_value("pos", pos);
+  if (r.status.is_ok()) r.status = s.execute();
+  r.replayed = s.last_execute_replayed();
+  if (!r.status.is_ok()) return r;
+  r.logits = s.output("logits").value().clone();
+  r.next = s.output("next_token").value().data_as<int32_t>()[0];
+  return r;
+}
+
+// Prefill of 5, then `steps` greedy decode steps.
+std::vector<Step> generate(Session& s, int steps) {
+  std::vector<Step> out;
+  std::vector<int32_t> feed = {3, 1, 4, 1, 5};
+  int64_t pos = 0;
+  for (int i = 0; i <= steps; ++i) {
+    out.push_back(run(s, feed, pos));
+    if (!out.back().status.is_ok()) break;
+    pos += static_cast<int64_t>(feed.size());
+    feed = {out.back().next};
+  }
+  return out;
+}
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  return a.nbytes() == b.nbytes() && std::memcmp(a.data(), b.data(), a.nbytes()) == 0;
+}
+
+TEST(Replay, DecodeStepsReplayWithTheBitsOfEveryRun) {
+  auto p = tiny_program();
+  ASSERT_TRUE(p);
+  auto cpu = open(p, "cpu", true);
+  ASSERT_TRUE(cpu);
+  const std::vector<Step> want = generate(*cpu, 12);
+  for (const Step& st : want) ASSERT_FALSE(st.replayed) << "the CPU records nothing";
+  for (const std::string& dev : test_devices()) {
+    if (dev == "cpu") continue;
+    SCOPED_TRACE(dev);
+    for (bool replay : {true, false}) {
+      auto s = open(p, dev, replay);
+      if (!s) continue;
+      const std::vector<Step> got = generate(*s, 12);
+      ASSERT_EQ(got.size(), want.size());
+      for (size_t i = 0; i < got.size(); ++i) {
+        ASSERT_TRUE(got[i].status.is_ok()) << got[i].status.to_string();
+        EXPECT_TRUE(same_bits(got[i].logits, want[i].logits)) << "step " << i << " replay " << replay;
+        // Prefill, the first decode step (new shapes), the recorded one; then replays.
+        EXPECT_EQ(got[i].replayed, replay && i >= 3) << "step " << i;
+      }
+    }
+  }
+}
+
+TEST(Replay, HeldTensorsAreNeverOverwritten) {
+  auto p = tiny_program();
+  ASSERT_TRUE(p);
+  for (const std::string& dev : test_devices()) {
+    if (dev == "cpu") continue;
+    SCOPED_TRACE(dev);
+    auto s = open(p, dev, true);
+    if (!s) continue;
+    std::vector<Step> steps = generate(*s, 4);  // step 4 was a replay
+    ASSERT_TRUE(steps.back().replayed);
+    int64_t pos = 5 + 4;
+    // An output the caller holds: the next step runs normally and leaves it alone.
+    Tensor held = s->output("logits").value();
+    const Tensor copy = held.clone();
+    Step a = run(*s, {steps.back().next}, pos++);
+    ASSERT_TRUE(a.status.is_ok()) << a.status.to_string();
+    EXPECT_FALSE(a.replayed);
+    EXPECT_TRUE(same_bits(held, copy));
+    held = Tensor();
+    // A mutable buffer the caller holds: the same.
+    Tensor cache = s->mutable_buffer("layers.0.k_cache").value();
+    const Tensor cache_copy = cache.clone();
+    Step b = run(*s, {a.next}, pos++);
+    ASSERT_TRUE(b.status.is_ok()) << b.status.to_string();
+    EXPECT_FALSE(b.replayed);
+    EXPECT_TRUE(same_bits(cache, cache_copy));
+    cache = Tensor();
+    // Released: replays resume (the recording still holds, or a new one is made).
+    Step c = run(*s, {b.next}, pos++);
+    Step d = run(*s, {c.next}, pos++);
+    ASSERT_TRUE(c.status.is_ok() && d.status.is_ok());
+    EXPECT_TRUE(d.replayed);
+  }
+}
+
+TEST(Replay, PositionsOutsideTheRecordingAndResetRunNormally) {
+  auto p = tiny_program();
+  ASSERT_TRUE(p);
+  int64_t max_seq = 0;
+  ASSERT_TRUE(p->attribute("model.max_seq", &max_seq));
+  for (const std::string& dev : test_devices()) {
+    if (dev == "cpu") continue;
+    SCOPED_TRACE(dev);
+    auto s = open(p, dev, true);
+    if (!s) continue;
+    std::vector<Step> first = generate(*s, 5);
+    ASSERT_TRUE(first.back().replayed);
+    // Past the caches: the kernels' own error, not a replay reading out of bounds.
+    Step bad = run(*s, {1}, max_seq);
+    EXPECT_EQ(bad.status.code(), StatusCode::kOutOfRange) << bad.status.to_string();
+    EXPECT_FALSE(bad.replayed);
+    // The last position still replays.
+    Step last = run(*s, {1}, max_seq - 1);
+    ASSERT_TRUE(last.status.is_ok()) << last.status.to_string();
+    EXPECT_TRUE(last.replayed);
+    // After a reset the same prompt gives the same bits as the first time.
+    ASSERT_TRUE(s->reset().is_ok());
+    std::vector<Step> again = generate(*s, 5);
+    ASSERT_EQ(again.size(), first.size());
+    for (size_t i = 0; i < again.size(); ++i) {
+      ASSERT_TRUE(again[i].status.is_ok());
+      EXPECT_TRUE(same_bits(again[i].logits, first[i].logits)) << "step " << i;
+      EXPECT_EQ(again[i].replayed, i >= 3) << "step " << i;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace switchboard
