@@ -124,7 +124,9 @@ int run_bench_model(const BenchModelOptions& o) {
     // Host time a decode token adds beyond its kernels (recording, submission, waits).
     j["decode_host_us_per_token"] = (g->decode_seconds * 1e6 - g->decode_device_us) / static_cast<double>(steps);
     // Host time recording a decode token's dispatches (overlaps the GPU after the first slice).
+    // With replays: the host time submitting the recorded work.
     j["decode_record_us_per_token"] = g->decode_record_us / static_cast<double>(steps);
+    j["decode_replayed_steps"] = g->decode_replays;
     if (gbps > 0) j["gpu_decode_roofline_ratio"] = gpu_tps / (gbps * 1e9 / bytes_per_token);
   }
   std::printf("%s\n", o.json ? j.dump().c_str() : j.dump(2).c_str());

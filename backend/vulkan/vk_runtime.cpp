@@ -581,7 +581,8 @@ Status VulkanRuntime::record_dispatch(const char* kernel, const std::vector<gpu:
   track(bindings, p->info->access);
   // Hand full slices to the GPU while recording goes on, so the two overlap. Barriers order
   // dispatches across command buffers too: their scopes follow the queue's submission order.
-  if (++slice_dispatches_ >= kSliceDispatches) {
+  // A recording stays one command buffer: a replay then submits one.
+  if (++slice_dispatches_ >= kSliceDispatches && !capturing_) {
     SB_RETURN_IF_ERROR(submit_slice());
     ++slice_;
     SB_RETURN_IF_ERROR(begin_slice());

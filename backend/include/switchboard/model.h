@@ -181,6 +181,7 @@ struct Generation {
   double prefill_device_us = 0, decode_device_us = 0;  // GPU time (device timestamps); -1 on the CPU
   double decode_record_us = 0;                         // host time recording the decode steps' GPU work; -1 on the CPU
   uint64_t prefill_dispatches = 0, decode_dispatches = 0;  // GPU kernel dispatches (0 on the CPU)
+  int64_t decode_replays = 0;  // decode steps that replayed recorded work (SessionOptions::gpu_replay)
 };
 // Greedy decoding from `prompt` on a session of a build_decoder program: one prefill
 // execute, then one execute per further token. With `forced`, step i feeds forced[i]
