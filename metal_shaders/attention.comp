@@ -214,10 +214,14 @@ void block(uint r, uint b, uint kh, uint lo, uint hi) {
     precise float p[8];
     [[unroll]] for (uint l = 0u; l < 8u; ++l) p[l] = 0.0;
     uint kb = key_at(kh, j);
-    for (uint e0 = 0u; e0 < hd; e0 += 32u) {
-      [[unroll]] for (uint l = 0u; l < 8u; ++l) {
-        uint e = e0 + g8 + l;
-        if (e < hd) p[l] = p[l] + s_q[e] * SB_LOAD(k, args.dtype, kb + e);
+    // Unrolled over the head's chunks of 32 dims so the loads are issued ahead of the adds.
+    [[unroll]] for (uint e0 = 0u; e0 < kMaxHd; e0 += 32u) {
+      if (e0 < hd) {
+        float kx[8];
+        [[unroll]] for (uint l = 0u; l < 8u; ++l) kx[l] = e0 + g8 + l < hd ? SB_LOAD(k, args.dtype, kb + e0 + g8 + l) : 0.0;
+        [[unroll]] for (uint l = 0u; l < 8u; ++l) {
+          if (e0 + g8 + l < hd) p[l] = p[l] + s_q[e0 + g8 + l] * kx[l];
+        }
       }
     }
     [[unroll]] for (uint l = 0u; l < 8u; ++l) s_part[kk * 33u + g8 + l] = p[l];
@@ -242,8 +246,15 @@ void block(uint r, uint b, uint kh, uint lo, uint hi) {
   barrier();
   uint obase = ob_at(r, b);
   for (uint c = t; c < hd; c += kT) {
+    // Key order; eight values loaded ahead of their adds.
     precise float acc = 0.0;
-    for (uint jj = j0; jj < j1; ++jj) acc = acc + s_e[jj - b0] * SB_LOAD(v, args.dtype, key_at(kh, jj) + c);
+    uint jj = j0;
+    for (; jj + 8u <= j1; jj += 8u) {
+      float vx[8];
+      [[unroll]] for (uint l = 0u; l < 8u; ++l) vx[l] = SB_LOAD(v, args.dtype, key_at(kh, jj + l) + c);
+      [[unroll]] for (uint l = 0u; l < 8u; ++l) acc = acc + s_e[jj + l - b0] * vx[l];
+    }
+    for (; jj < j1; ++jj) acc = acc + s_e[jj - b0] * SB_LOAD(v, args.dtype, key_at(kh, jj) + c);
     scratch[obase + c] = acc;
   }
   if (t == 0u) {
@@ -297,7 +308,16 @@ void main() {
     if (t == 0u) {
       float m = scratch[ml_at(r, first)];
       s_m[0] = m;
-      for (uint b = 1u; b < count; ++b) {
+      uint b = 1u;
+      for (; b + 8u <= count; b += 8u) {  // eight maxima loaded ahead
+        float mx[8];
+        [[unroll]] for (uint u = 0u; u < 8u; ++u) mx[u] = scratch[ml_at(r, first + b + u)];
+        [[unroll]] for (uint u = 0u; u < 8u; ++u) {
+          m = sb_max(m, mx[u]);
+          s_m[b + u] = m;
+        }
+      }
+      for (; b < count; ++b) {
         m = sb_max(m, scratch[ml_at(r, first + b)]);
         s_m[b] = m;
       }
@@ -317,7 +337,25 @@ void main() {
     precise float m = scratch[ml_at(r, first)], l = scratch[ml_at(r, first) + 1u];
     precise float o0 = scratch[ob_at(r, first) + c];
     precise float o1 = per == 2u ? scratch[ob_at(r, first) + c + 1u] : 0.0;
-    for (uint b = first + 1u; b <= last; ++b) {
+    uint b = first + 1u;
+    if (staged) {  // the same steps, eight blocks' partials loaded ahead
+      for (; b + 8u <= last + 1u; b += 8u) {
+        float lx[8], ox0[8], ox1[8];
+        [[unroll]] for (uint u = 0u; u < 8u; ++u) {
+          lx[u] = scratch[ml_at(r, b + u) + 1u];
+          ox0[u] = scratch[ob_at(r, b + u) + c];
+          ox1[u] = per == 2u ? scratch[ob_at(r, b + u) + c + 1u] : 0.0;
+        }
+        [[unroll]] for (uint u = 0u; u < 8u; ++u) {
+          float a = s_a[b + u - first], cc = s_c[b + u - first];
+          m = s_m[b + u - first];
+          l = l * a + lx[u] * cc;
+          o0 = o0 * a + ox0[u] * cc;
+          o1 = o1 * a + ox1[u] * cc;
+        }
+      }
+    }
+    for (; b <= last; ++b) {
       float a, cc;
       if (staged) {
         a = s_a[b - first];
