@@ -52,7 +52,8 @@ struct Step {
 
 Step run(Session& s, const std::vector<int32_t>& tokens, int64_t pos) {
   Step r;
-  r.status = s.set_input("tokens", Tensor::from_vector(DType::kI32, {static_cast<int64_t>(tokens.size())}, tokens).value());
+  r.status =
+      s.set_input("tokens", Tensor::from_vector(DType::kI32, {static_cast<int64_t>(tokens.size())}, tokens).value());
   if (r.status.is_ok()) r.status = s.set_input_value("pos", pos);
   if (r.status.is_ok()) r.status = s.execute();
   r.replayed = s.last_execute_replayed();

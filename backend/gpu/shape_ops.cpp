@@ -126,8 +126,8 @@ Status slice_update(KernelContext& ctx, const fb::OpNodeUnion& op) {
     SB_RETURN_IF_ERROR(ctx.resolve(n->start.get()).status());  // baked in: recorded work is for this start only
   }
   const int64_t fixed = at.word ? 0 : start.value;
-  SB_RETURN_IF_ERROR(copy_region(rt, dst.dtype(), bu, bd, s.outer, len * s.inner, 0, len * s.inner, fixed * s.inner,
-                                 d * s.inner, at));
+  SB_RETURN_IF_ERROR(
+      copy_region(rt, dst.dtype(), bu, bd, s.outer, len * s.inner, 0, len * s.inner, fixed * s.inner, d * s.inner, at));
   // A host buffer was copied to the device: the device copy is the buffer from now on.
   if (dst.data() != host_dst.data()) SB_RETURN_IF_ERROR(ctx.out(n->dst.get(), std::move(dst)));
   return Status::ok();

@@ -82,13 +82,13 @@ class Interpreter final : public KernelContext {
   // How this execution's kernels read each input value: baked in (static) or on the device.
   enum class Use : uint8_t { kUnread, kStatic, kDynamic };
   std::vector<Use> value_use_;
-  std::vector<uint32_t> dyn_word_;                     // value slot -> its dynamic word (0: none)
-  std::vector<std::pair<int64_t, int64_t>> guard_;     // value slot -> the range kernels accept
+  std::vector<uint32_t> dyn_word_;                  // value slot -> its dynamic word (0: none)
+  std::vector<std::pair<int64_t, int64_t>> guard_;  // value slot -> the range kernels accept
   std::vector<uint8_t> guarded_;
   bool replay_ = false;
   bool last_replayed_ = false;
-  int failed_recordings_ = 0;        // recordings made but never replayed, in a row
-  std::vector<Shape> last_shapes_;   // the tensor inputs' shapes at the last execution
+  int failed_recordings_ = 0;             // recordings made but never replayed, in a row
+  std::vector<Shape> last_shapes_;        // the tensor inputs' shapes at the last execution
   std::unique_ptr<Recording> recording_;  // after device_: destroyed before it
 };
 
@@ -105,10 +105,10 @@ struct Interpreter::Recording {
     uint32_t slot;
     int64_t lo, hi;
   };
-  std::vector<Range> ranges;                          // input values read on the device
-  std::vector<std::pair<uint32_t, Tensor>> outputs;   // tensor outputs, written by the work
-  std::vector<std::pair<uint32_t, Tensor>> buffers;   // mutable buffers, updated in place
-  std::vector<Value> values;                          // every value slot at the end
+  std::vector<Range> ranges;                         // input values read on the device
+  std::vector<std::pair<uint32_t, Tensor>> outputs;  // tensor outputs, written by the work
+  std::vector<std::pair<uint32_t, Tensor>> buffers;  // mutable buffers, updated in place
+  std::vector<Value> values;                         // every value slot at the end
   std::vector<uint8_t> value_written;
 };
 

@@ -12,10 +12,10 @@
 #include <vector>
 
 #include "gpu_embedded_shaders.h"
-#include "vk_context.h"
 #include "gpu_kernel_table.h"
-#include "vulkan_device.h"
 #include "log.h"
+#include "vk_context.h"
+#include "vulkan_device.h"
 
 namespace switchboard::vulkan {
 namespace {
