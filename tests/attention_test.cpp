@@ -133,6 +133,9 @@ void check_blocked(const Case& c, double tol) {
   b.output("rows", b.attention(q, kc, vc, c.pos, scale, c.window, sinks));
   // The last row alone, as a decode step would compute it; the caches seq-major.
   b.output("last", b.attention(q1, kc, vc, c.pos + c.m - 1, scale, c.window, sinks));
+  // ... and at a position given as an input value (the GPU reads it on the device, its grid sized
+  // by the cache: a row's blocks split over at most 64 workgroups).
+  b.output("last_input_pos", b.attention(q1, kc, vc, b.input_value("p"), scale, c.window, sinks));
   TensorRef ks = b.input("ks", c.dt, {c.cache, c.hk, c.hd}), vs = b.input("vs", c.dt, {c.cache, c.hk, c.hd});
   b.output("seq_major", b.attention(q, ks, vs, c.pos, scale, c.window, sinks, true));
   std::mt19937 rng(static_cast<uint32_t>(c.m * 131 + c.pos * 17 + c.hd + c.window + 7));
@@ -161,10 +164,13 @@ void check_blocked(const Case& c, double tol) {
   Tensor first;
   bool have_first = false;
   optest::detail::for_each_device(b, in, [&](const Program&, Session& s, const std::string& dev) {
+    ASSERT_TRUE(s.set_input_value("p", c.pos + c.m - 1).is_ok());
     Status st = s.execute();
     ASSERT_TRUE(st.is_ok()) << dev << ": " << st.to_string();
     auto rows = s.output("rows"), last = s.output("last"), seq_major = s.output("seq_major");
-    ASSERT_TRUE(rows.is_ok() && last.is_ok() && seq_major.is_ok());
+    auto last_input_pos = s.output("last_input_pos");
+    ASSERT_TRUE(rows.is_ok() && last.is_ok() && seq_major.is_ok() && last_input_pos.is_ok());
+    EXPECT_EQ(std::memcmp(last->data(), last_input_pos->data(), row_bytes), 0) << dev << ": position as an input";
     EXPECT_EQ(std::memcmp(rows->data(), seq_major->data(), rows->nbytes()), 0) << dev << ": seq-major caches differ";
     const std::vector<double> got = rows->to_doubles();
     double worst = 0;
@@ -194,9 +200,12 @@ TEST(Attention, BlockedOrderIsExactAcrossDevicesAndBatchInvariant) {
     check_blocked({dt, 9, 60, 4, 1, 8, 72, 40, true}, tol);      // window across blocks, sinks
     check_blocked({dt, 2, 3, 4, 2, 8, 12, 0, true}, tol);        // attention sinks
     check_blocked({dt, 1, 100, 2, 1, 160, 128, 16, true}, tol);  // head dims past 128
+    check_blocked({dt, 1, 90, 16, 2, 128, 100, 0, false}, tol);  // 8 heads a cache head
+    check_blocked({dt, 6, 40, 8, 2, 8, 48, 3, true}, tol);       // grouped, window and sinks
   }
   check_blocked({DType::kBF16, 70, 200, 8, 2, 128, 320, 0, false}, 6e-2);  // many rows, many blocks
   check_blocked({DType::kF32, 1, 4200, 2, 1, 32, 4224, 0, true}, 1e-5);    // a long decode row
+  check_blocked({DType::kBF16, 1, 4000, 8, 2, 64, 4224, 0, false}, 6e-2);  // ... grouped, 2 blocks a split
   // Past 1,024 blocks the GPU's merge walks the blocks without staging their factors.
   check_blocked({DType::kF32, 1, 33000, 2, 1, 32, 33024, 0, true}, 1e-5);
 }
