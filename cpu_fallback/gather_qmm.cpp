@@ -14,6 +14,7 @@
 
 #include "cpu_common.h"
 #include "env.h"
+#include "mapped_file.h"
 #include "exact_math.h"
 #include "gather_qmm_plan.h"
 #include "gather_qmm_x86.h"
@@ -181,7 +182,11 @@ std::shared_ptr<const x86::Repacked> repacked_cached(const ExpertTable& t, std::
   for (auto it = cache.begin(); it != cache.end();)  // drop entries of unloaded programs
     it = it->second.expired() ? cache.erase(it) : std::next(it);
   auto fresh = x86::repack(t, std::move(sources));
-  if (fresh) cache[key] = fresh;
+  if (!fresh) return fresh;
+  cache[key] = fresh;
+  // The kernels read only the repacked copy: weights mapped from a file leave memory (the
+  // copy would otherwise double their resident size; a GPU session re-reads them from disk).
+  for (const Tensor& s : fresh->sources) MappedFile::release_pages(s.data(), s.nbytes());
   return fresh;
 }
 

@@ -33,7 +33,7 @@ struct ExportCliOptions {
   std::string hf_dir, synthetic, out, dtype = "f32", bit_map;
   bool tiny_test = false;
   int bits = 0, group_size = 64;
-  int64_t max_seq = 0;
+  int64_t max_seq = 0, layers = 0;
 };
 int run_export(const ExportCliOptions& o);
 

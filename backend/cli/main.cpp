@@ -86,6 +86,8 @@ int main(int argc, char** argv) {
   ex_cmd->add_option("--bit-map", ex.bit_map, "JSON {\"layer\": {\"expert\": bits}} (0 = pruned), with --bits");
   ex_cmd->add_option("--max-seq", ex.max_seq, "KV cache length (default: the config's, at most 4096)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  ex_cmd->add_option("--layers", ex.layers, "With --synthetic: only the first N layers (default: all)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1024}));
 
   switchboard::cli::RunOptions run;
   auto* run_cmd = app.add_subcommand("run", "Greedy generation from prompt token ids");

@@ -110,6 +110,10 @@ int run_export(const ExportCliOptions& o) {
     auto c = models::synthetic_config(o.synthetic);
     st = c ? Status::ok() : c.status();
     if (st.is_ok() && o.max_seq > 0) c->max_seq = o.max_seq;
+    if (st.is_ok() && o.layers > 0 && o.layers < c->layers) {
+      c->layers = o.layers;
+      c->moe_layer.resize(static_cast<size_t>(c->layers));
+    }
     if (st.is_ok() && o.bits == 0) st = make_error(StatusCode::kInvalidArgument, "--synthetic needs --bits");
     if (st.is_ok()) st = models::check_config(*c);
     if (st.is_ok()) st = models::check_format(*c, e.format);

@@ -91,6 +91,19 @@ Result<std::unique_ptr<MappedFile>> MappedFile::map(int fd, size_t size, const s
   return m;
 }
 
+size_t MappedFile::release_pages(const void* p, size_t bytes) {
+  const auto b = reinterpret_cast<uintptr_t>(p), e = b + bytes;
+  for (GuardSlot& s : g_slots) {
+    const uintptr_t sb = s.begin.load(std::memory_order_acquire), se = s.end.load(std::memory_order_acquire);
+    if (sb == 0 || b < sb || e > se || e < b) continue;
+    const uintptr_t from = (b + g_page - 1) & ~(g_page - 1), to = e & ~(g_page - 1);
+    if (to <= from) return 0;
+    // A private read-only file mapping: the pages are the file's, so dropping them loses nothing.
+    return ::madvise(reinterpret_cast<void*>(from), to - from, MADV_DONTNEED) == 0 ? to - from : 0;
+  }
+  return 0;
+}
+
 bool MappedFile::faulted() const {
   return slot_ >= 0 && g_slots[slot_].faulted.load(std::memory_order_acquire);
 }

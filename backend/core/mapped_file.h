@@ -28,6 +28,10 @@ class MappedFile {
   bool faulted() const;
   // False when every guard slot was taken (the mapping then works unguarded).
   bool guarded() const { return slot_ >= 0; }
+  // Drops the whole pages of [p, p + bytes) from the process's memory where they lie in a
+  // live guarded mapping (they read back from the file if touched again); elsewhere nothing.
+  // For weights a kernel has copied into its own layout. Returns the bytes dropped.
+  static size_t release_pages(const void* p, size_t bytes);
 
  private:
   MappedFile() = default;
