@@ -11,6 +11,9 @@
 #include <string>
 #include <vector>
 
+#include <fcntl.h>
+
+#include "mapped_file.h"
 #include "op_harness.h"
 #include "safetensors.h"
 #include "test_util.h"
@@ -172,6 +175,32 @@ TEST(Integrity, TruncatedMappedWeightsFailTheSessionNotTheProcess) {
       EXPECT_NE(again.message().find("changed on disk"), std::string::npos) << again.to_string();
     }
   }
+}
+
+// release_pages drops only whole pages of a live file mapping (they read back from the file);
+// other memory is never touched.
+TEST(Integrity, ReleasedMappedPagesReadBackFromTheFile) {
+  const fs::path f = fs::temp_directory_path() / ("sb_release_" + std::to_string(::getpid()));
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE)), size = 8 * page + 123;
+  std::vector<uint8_t> bytes(size);
+  for (size_t i = 0; i < size; ++i) bytes[i] = static_cast<uint8_t>(i * 7 + 3);
+  std::ofstream(f, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(size));
+  const int fd = ::open(f.c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  auto m = MappedFile::map(fd, size, f.string());
+  ::close(fd);
+  ASSERT_TRUE(m.is_ok()) << m.status().to_string();
+  ASSERT_TRUE((*m)->guarded());
+  ASSERT_EQ(std::memcmp((*m)->data(), bytes.data(), size), 0);
+  // From byte 100 to the end: pages 1 .. 7 are whole inside it (page 8 holds the tail).
+  EXPECT_EQ(MappedFile::release_pages((*m)->data() + 100, size - 100), 7 * page);
+  EXPECT_EQ(std::memcmp((*m)->data(), bytes.data(), size), 0) << "the released pages read back";
+  EXPECT_EQ(MappedFile::release_pages((*m)->data() + 10, 20), 0u) << "no whole page";
+  std::vector<uint8_t> heap = bytes;
+  EXPECT_EQ(MappedFile::release_pages(heap.data(), heap.size()), 0u) << "not a file mapping";
+  EXPECT_EQ(heap, bytes);
+  m->reset();
+  fs::remove(f);
 }
 
 // Re-exporting to the same OUT replaces files by rename: a running session keeps its mapping.
