@@ -9,6 +9,7 @@
 #include <filesystem>
 
 #include "op_harness.h"
+#include "test_util.h"
 #include "switchboard/model.h"
 
 namespace switchboard {
@@ -18,15 +19,9 @@ namespace fs = std::filesystem;
 using optest::test_devices;
 
 std::shared_ptr<const Program> tiny_program() {
-  models::ExportFormat f;
-  f.bits = 4;
-  f.group_size = 64;
-  const models::ModelConfig c = models::tiny_test_config();
-  auto w = models::random_weights(c, f, 2026);
-  EXPECT_TRUE(w.is_ok());
   const fs::path out = fs::temp_directory_path() / ("sb_replay_test_" + std::to_string(::getpid()));
   fs::remove_all(out);
-  EXPECT_TRUE(models::write_model(out.string(), c, f, *w).is_ok());
+  EXPECT_TRUE(testing::export_tiny_model(out.string()).is_ok());
   auto p = Program::load((out / "program.sbp").string(), LoadOptions{{(out / "weights.safetensors").string()}});
   EXPECT_TRUE(p.is_ok()) << p.status().to_string();
   return p.is_ok() ? std::move(p).value() : nullptr;
