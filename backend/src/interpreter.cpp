@@ -122,6 +122,7 @@ Status Interpreter::reset() {
   }
   if (prog_.ir->init_chain >= 0) {
     clear_transient();
+    SB_RETURN_IF_ERROR(device_->set_dynamic_values(dynamic_words()));
     Status st = run_chain(static_cast<uint32_t>(prog_.ir->init_chain), 0);
     Status done = device_->sync();
     SB_RETURN_IF_ERROR_AT(st.is_ok() ? done : st, "init chain");
@@ -275,7 +276,8 @@ Result<int64_t> Interpreter::resolve(const fb::IntOrVidT* v) {
 }
 
 Result<KernelContext::DynamicValue> Interpreter::resolve_dynamic(const fb::IntOrVidT* v) {
-  if (!v->is_vid || !value_is_input_[v->vid->idx()]) {
+  // Literals, computed values and float inputs go in the kernel's arguments (baked in).
+  if (!v->is_vid || !value_is_input_[v->vid->idx()] || values_[v->vid->idx()].is_float) {
     SB_ASSIGN_OR_RETURN(int64_t x, resolve(v));
     return DynamicValue{x, 0};
   }
