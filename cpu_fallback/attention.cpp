@@ -121,10 +121,12 @@ void attend_blocked(const BlockedStep& st, int64_t i, int64_t h, std::vector<flo
       s[j - b0] = x;
       mb = j == j0 ? x : max_f32(mb, x);
     }
-    float lb = 0.0f;
+    float lb = 0.0f, es[kAttentionBlock];
     std::fill(ob.begin(), ob.end(), 0.0f);
+    for (int64_t j = j0; j < j1; ++j) es[j - j0] = s[j - b0] - mb;
+    exact::exp_n(es, es, static_cast<int>(j1 - j0));
     for (int64_t j = j0; j < j1; ++j) {
-      const float e = exact::exp(s[j - b0] - mb);
+      const float e = es[j - j0];
       lb = lb + e;
       const float* vr = st.v.row(kh, j);
       for (int64_t x = 0; x < hd; ++x) ob[x] = ob[x] + e * vr[x];

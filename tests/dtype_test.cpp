@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "exact_math.h"
 #include "switchboard/dtype.h"
 
 namespace switchboard {
@@ -81,3 +82,17 @@ TEST(DType, BF16RoundsToNearestEven) {
 
 }  // namespace
 }  // namespace switchboard
+
+// exact::exp_n (attention's block of exps, written without branches) gives exact::exp's bits
+// on a sample of every 997th f32 bit pattern (both signs, NaNs, infinities, denormals).
+TEST(ExactMath, ExpOfManyIsExpBitForBit) {
+  std::vector<float> x, y;
+  for (uint64_t b = 0; b <= 0xffffffffull; b += 997) x.push_back(switchboard::f32_from_bits(static_cast<uint32_t>(b)));
+  for (float v : {0.0f, -0.0f, 88.0f, 88.0001f, -87.0f, -87.0001f, 1e-30f, -1e-30f}) x.push_back(v);
+  y.resize(x.size());
+  switchboard::exact::exp_n(x.data(), y.data(), static_cast<int>(x.size()));
+  size_t differ = 0;
+  for (size_t i = 0; i < x.size(); ++i)
+    differ += switchboard::f32_bits(y[i]) != switchboard::f32_bits(switchboard::exact::exp(x[i]));
+  EXPECT_EQ(differ, 0u) << "of " << x.size();
+}

@@ -42,6 +42,28 @@ inline float exp(float x) {
   return p * pow2i(static_cast<int>(n));
 }
 
+// exp of n values, y[i] = exp(x[i]) bit for bit, without branches so the compiler can run
+// several lanes at once (attention's exps of a key block).
+inline void exp_n(const float* x, float* y, int n) {
+  for (int i = 0; i < n; ++i) {
+    const float v = x[i];
+    const float c = v > 88.0f ? 88.0f : (v < -87.0f ? -87.0f : v);  // NaN stays NaN
+    const float k = round_even(c * 1.44269504f);
+    float r = c - k * 0.693145751953125f;
+    r = r - k * 1.42860677e-06f;
+    float p = 1.38888889e-03f;
+    p = p * r + 8.33333333e-03f;
+    p = p * r + 4.16666667e-02f;
+    p = p * r + 1.66666667e-01f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    const int ki = v == v ? static_cast<int>(k) : 0;
+    const float e = p * f32_from_bits(static_cast<uint32_t>(ki + 127) << 23);
+    y[i] = v != v ? v : (v > 88.0f ? kInf : (v < -87.0f ? 0.0f : e));
+  }
+}
+
 // 1/x: on |x| in [2^-125, 2^125] a bit-trick seed, then three Newton steps
 // r <- r (2 - |x| r); smaller |x| is scaled by 2^64 first (and the result by 2^64, which
 // overflows to inf below about 2^-128); |x| > 2^125 (and inf) -> 0; +-0 -> +-inf; the
