@@ -72,7 +72,12 @@ Status VulkanRuntime::replay(const RecordedWork& work) {
   si.pCommandBuffers = r.cmds.data();
   SB_VK_CHECK(c.vkQueueSubmit(c.queue, 1, &si, r.fences[0]), "vkQueueSubmit");
   last_record_us_ = std::chrono::duration<double, std::micro>(Clock::now() - record_start_).count();
-  SB_VK_CHECK(c.vkWaitForFences(c.device, 1, &r.fences[0], VK_TRUE, UINT64_MAX), "vkWaitForFences");
+  // A decode step is a few ms: poll the fence (a blocking wait wakes up late), then block.
+  const auto poll_until = Clock::now() + std::chrono::milliseconds(50);
+  VkResult fs = c.vkGetFenceStatus(c.device, r.fences[0]);
+  while (fs == VK_NOT_READY && Clock::now() < poll_until) fs = c.vkGetFenceStatus(c.device, r.fences[0]);
+  if (fs != VK_SUCCESS)
+    SB_VK_CHECK(c.vkWaitForFences(c.device, 1, &r.fences[0], VK_TRUE, UINT64_MAX), "vkWaitForFences");
   c.vkResetFences(c.device, 1, &r.fences[0]);
   log_timestamps();
   count_replayed(r.dispatches);
