@@ -114,12 +114,17 @@ void attend_blocked(const BlockedStep& st, int64_t i, int64_t h, std::vector<flo
   float s[kAttentionBlock], m = 0.0f, l = 0.0f;
   for (int64_t b0 = keys.lo - keys.lo % kAttentionBlock; b0 < keys.hi; b0 += kAttentionBlock) {
     const int64_t j0 = std::max(keys.lo, b0), j1 = std::min(keys.hi, b0 + kAttentionBlock);
-    float mb = 0.0f;
-    for (int64_t j = j0; j < j1; ++j) {
-      float x = round_to(dot32(qv, st.k.row(kh, j), hd), st.dt);
-      x = round_to(x * st.n.scale, st.dt);
-      s[j - b0] = x;
-      mb = j == j0 ? x : max_f32(mb, x);
+    float mb = 0.0f, dots[4];
+    for (int64_t j = j0; j < j1; j += 4) {
+      const float* rows[4];
+      for (int64_t u = 0; u < 4; ++u) rows[u] = st.k.row(kh, std::min(j + u, j1 - 1));  // a repeat past j1: unused
+      dot32_x4(qv, rows, hd, dots);
+      for (int64_t u = 0; u < 4 && j + u < j1; ++u) {
+        float x = round_to(dots[u], st.dt);
+        x = round_to(x * st.n.scale, st.dt);
+        s[j + u - b0] = x;
+        mb = j + u == j0 ? x : max_f32(mb, x);
+      }
     }
     float lb = 0.0f, es[kAttentionBlock];
     std::fill(ob.begin(), ob.end(), 0.0f);
@@ -128,8 +133,7 @@ void attend_blocked(const BlockedStep& st, int64_t i, int64_t h, std::vector<flo
     for (int64_t j = j0; j < j1; ++j) {
       const float e = es[j - j0];
       lb = lb + e;
-      const float* vr = st.v.row(kh, j);
-      for (int64_t x = 0; x < hd; ++x) ob[x] = ob[x] + e * vr[x];
+      axpy(ob.data(), e, st.v.row(kh, j), hd);
     }
     if (j0 == keys.lo) {
       m = mb, l = lb;

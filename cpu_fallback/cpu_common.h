@@ -19,8 +19,12 @@ namespace switchboard::cpu {
 using namespace ::switchboard::ops;
 
 // dot32 of docs/numerics.md: 32 strided partial sums (product, then add), then the
-// halving tree 16, 8, 4, 2, 1 (gather_mm.cpp).
+// halving tree 16, 8, 4, 2, 1 (dot32.cpp).
 float dot32(const float* x, const float* w, int64_t k);
+// out[q] = dot32(x, w[q], k) for q < 4, in one pass over x (the same bits).
+void dot32_x4(const float* x, const float* const* w, int64_t k, float* out);
+// y[i] = y[i] + a * v[i] for i < n (product rounded, then the add: the same bits at any width).
+void axpy(float* y, float a, const float* v, int64_t n);
 // RmsNorm's rsqrt(sum of squares * inv_d + eps): the sum in index order, or (tree) as dot32.
 float rms_scale(const float* x, int64_t d, float inv_d, float eps, bool tree);
 

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <random>
 
+#include "gather_qmm.h"
 #include "op_harness.h"
 
 namespace switchboard {
@@ -260,6 +261,42 @@ TEST(Attention, RulesNameTheField) {
   TensorRef k3 = b3.input("k", DType::kF32, {6, 1, 4});
   b3.output("o", b3.attention(q3, k3, k3, 0, 0.5f, 0, {}, true));
   EXPECT_TRUE(b3.status().is_ok()) << b3.status().to_string();
+}
+
+
+// The CPU's SIMD paths (dot32 four keys at a time, the value rows' axpy) give the portable
+// path's bits: f32 and bf16 caches, heads of 40 (masked tails) and 128, a window.
+TEST(Attention, BlockedOrderSameBitsOnEveryCpuPath) {
+  for (DType dt : {DType::kF32, DType::kBF16})
+    for (int64_t hd : {int64_t{40}, int64_t{128}}) {
+      ProgramBuilder b;
+      TensorRef q = b.input("q", dt, {6, 4, hd});
+      TensorRef kc = b.input("k", dt, {70, 2, hd}), vc = b.input("v", dt, {70, 2, hd});
+      b.output("y", b.attention(q, kc, vc, 57, 0.125f, 45, {}, true));
+      std::mt19937 rng(static_cast<uint32_t>(hd) + (dt == DType::kF32 ? 1u : 2u));
+      const Inputs in{{"q", random(dt, {6, 4, hd}, rng, 1.0)},
+                      {"k", random(dt, {70, 2, hd}, rng, 1.0)},
+                      {"v", random(dt, {70, 2, hd}, rng, 1.0)}};
+      auto program = Program::from_bytes(b.serialize().value(), "attention_paths");
+      ASSERT_TRUE(program.is_ok()) << program.status().to_string();
+      std::vector<Tensor> got;
+      for (cpu::CpuPath p : {cpu::CpuPath::kPortable, cpu::CpuPath::kAvx2, cpu::CpuPath::kAvx512Vnni}) {
+        if (cpu::best_cpu_path() < p) {
+          std::printf("[ SKIPPED-PATH ] %s: this CPU cannot run it\n", cpu::cpu_path_name(p));
+          continue;
+        }
+        cpu::set_cpu_path_limit(p);
+        auto s = Session::create(*program, SessionOptions{"cpu"});
+        ASSERT_TRUE(s.is_ok());
+        for (const auto& [name, t] : in) ASSERT_TRUE((*s)->set_input(name, t).is_ok());
+        Status st = (*s)->execute();
+        cpu::set_cpu_path_limit(cpu::CpuPath::kAmx);
+        ASSERT_TRUE(st.is_ok()) << st.to_string();
+        got.push_back((*s)->output("y").value().clone());
+        EXPECT_EQ(std::memcmp(got.back().data(), got[0].data(), got[0].nbytes()), 0)
+            << cpu::cpu_path_name(p) << " differs from the portable path, hd " << hd;
+      }
+    }
 }
 
 }  // namespace
