@@ -43,30 +43,34 @@ Status rms_norm(KernelContext& ctx, const fb::OpNodeUnion& op) {
   const int64_t d = x.dim(x.rank() - 1), rows = d ? x.numel() / d : 0;
   SB_CHECK_OR_RETURN(w.numel() == d, StatusCode::kInvalidArgument, "weight %s does not match the last dim %lld",
                      shape_str(w.shape()).c_str(), (long long)d);
-  std::vector<float> xf = widen_f32(x);
   const std::vector<float> wf = widen_f32(w);
+  Tensor res, sum;
   if (n->residual) {  // s = round(x + residual): Binary Add's bits, written to `sum`
-    SB_ASSIGN_OR_RETURN(Tensor res, ctx.in(n->residual.get()));
+    SB_ASSIGN_OR_RETURN(res, ctx.in(n->residual.get()));
     SB_CHECK_OR_RETURN(res.shape() == x.shape() && res.dtype() == x.dtype(), StatusCode::kInvalidArgument,
                        "residual %s does not match x %s", shape_str(res.shape()).c_str(), shape_str(x.shape()).c_str());
-    const std::vector<float> rf = widen_f32(res);
-    SB_ASSIGN_OR_RETURN(Tensor sum, Tensor::uninitialized(x.dtype(), x.shape()));
-    for (size_t i = 0; i < xf.size(); ++i) {
-      store_f32(sum.mutable_data(), sum.dtype(), static_cast<int64_t>(i), xf[i] + rf[i]);
-      xf[i] = load_f32(sum.data(), sum.dtype(), static_cast<int64_t>(i));
-    }
-    SB_RETURN_IF_ERROR(ctx.out(n->sum.get(), std::move(sum)));
+    SB_ASSIGN_OR_RETURN(sum, Tensor::uninitialized(x.dtype(), x.shape()));
   }
   const bool tree = n->order == fb::NormOrder::Tree32;
   const float inv_d = inverse_count(d);
   SB_ASSIGN_OR_RETURN(Tensor out, Tensor::uninitialized(x.dtype(), x.shape()));
+  // Row by row on every thread: the row widened (and summed with the residual), then normalized.
   parallel_for(rows, 1, [&](int64_t r0, int64_t r1) {
+    std::vector<float> xr(static_cast<size_t>(d));
     for (int64_t r = r0; r < r1; ++r) {
-      const float* xr = xf.data() + r * d;
-      const float inv = rms_scale(xr, d, inv_d, n->eps, tree);
-      for (int64_t i = 0; i < d; ++i) store_f32(out.mutable_data(), out.dtype(), r * d + i, (xr[i] * inv) * wf[i]);
+      for (int64_t i = 0; i < d; ++i) xr[static_cast<size_t>(i)] = load_f32(x.data(), x.dtype(), r * d + i);
+      if (sum.defined())
+        for (int64_t i = 0; i < d; ++i) {
+          store_f32(sum.mutable_data(), sum.dtype(), r * d + i,
+                    xr[static_cast<size_t>(i)] + load_f32(res.data(), res.dtype(), r * d + i));
+          xr[static_cast<size_t>(i)] = load_f32(sum.data(), sum.dtype(), r * d + i);
+        }
+      const float inv = rms_scale(xr.data(), d, inv_d, n->eps, tree);
+      for (int64_t i = 0; i < d; ++i)
+        store_f32(out.mutable_data(), out.dtype(), r * d + i, (xr[static_cast<size_t>(i)] * inv) * wf[static_cast<size_t>(i)]);
     }
   });
+  if (sum.defined()) SB_RETURN_IF_ERROR(ctx.out(n->sum.get(), std::move(sum)));
   return ctx.out(n->out.get(), std::move(out));
 }
 
