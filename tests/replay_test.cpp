@@ -136,6 +136,26 @@ TEST(Replay, HeldTensorsAreNeverOverwritten) {
   }
 }
 
+// A step that cannot replay (two new tokens: other shapes) writes the caches in place: the
+// recording's hold on them is no reason to copy them.
+TEST(Replay, StepsBesideARecordingUpdateTheCachesInPlace) {
+  auto p = tiny_program();
+  ASSERT_TRUE(p);
+  for (const std::string& dev : test_devices()) {
+    if (dev == "cpu") continue;
+    SCOPED_TRACE(dev);
+    auto s = open(p, dev, true);
+    if (!s) continue;
+    std::vector<Step> steps = generate(*s, 4);
+    ASSERT_TRUE(steps.back().replayed);
+    const void* before = s->mutable_buffer("layers.0.k_cache").value().data();
+    Step two = run(*s, {steps.back().next, 7}, 5 + 4);
+    ASSERT_TRUE(two.status.is_ok()) << two.status.to_string();
+    EXPECT_FALSE(two.replayed);
+    EXPECT_EQ(s->mutable_buffer("layers.0.k_cache").value().data(), before) << "the cache was copied";
+  }
+}
+
 TEST(Replay, PositionsOutsideTheRecordingAndResetRunNormally) {
   auto p = tiny_program();
   ASSERT_TRUE(p);

@@ -107,7 +107,9 @@ struct Interpreter::Recording {
   };
   std::vector<Range> ranges;                         // input values read on the device
   std::vector<std::pair<uint32_t, Tensor>> outputs;  // tensor outputs, written by the work
-  std::vector<std::pair<uint32_t, Tensor>> buffers;  // mutable buffers, updated in place
+  // Mutable buffers' storage, updated in place (identities only: a reference here would make
+  // every normal execution copy the buffers before writing them).
+  std::vector<std::pair<uint32_t, const void*>> buffers;
   std::vector<Value> values;                         // every value slot at the end
   std::vector<uint8_t> value_written;
 };

@@ -102,7 +102,8 @@ void Interpreter::keep_recording(std::unique_ptr<Recording> r, bool ok) {
     else if (value_use_[v] == Use::kDynamic)
       r->ranges.push_back({v, guard_[v].first, guard_[v].second});
   }
-  for (const auto& mb : ir.mutable_buffers) r->buffers.emplace_back(mb->tid->idx(), tensors_[mb->tid->idx()]);
+  for (const auto& mb : ir.mutable_buffers)
+    r->buffers.emplace_back(mb->tid->idx(), tensors_[mb->tid->idx()].storage_id());
   r->values = values_;
   r->value_written = value_written_;
   if (recording_) ++failed_recordings_;  // the previous one was never replayed
@@ -115,7 +116,6 @@ bool Interpreter::replayable() const {
   auto own = [&](const Tensor& t) {
     long n = 0;
     for (const auto& [slot, x] : r.outputs) n += x.shares_storage(t);
-    for (const auto& [slot, x] : r.buffers) n += x.shares_storage(t);
     for (const Tensor& x : r.staged) n += x.shares_storage(t);
     return n;
   };
@@ -132,9 +132,10 @@ bool Interpreter::replayable() const {
     if (values_[g.slot].is_float || values_[g.slot].i < g.lo || values_[g.slot].i > g.hi) return false;
   // The buffers the work updates are still the slots' storage, and nobody else holds them (an
   // execution would copy them first); nobody holds an output the work would overwrite.
-  for (const auto& [slot, t] : r.buffers) {
+  for (const auto& [slot, storage] : r.buffers) {
     const Tensor& now = tensors_[slot];
-    if (!now.shares_storage(t) || now.storage_use_count() - 1 - own(t) - device_->queued_refs(t) != 0) return false;
+    if (now.storage_id() != storage || now.storage_use_count() - 1 - own(now) - device_->queued_refs(now) != 0)
+      return false;
   }
   for (const auto& [slot, t] : r.outputs)
     if (t.storage_use_count() - own(t) - device_->queued_refs(t) != 0) return false;
