@@ -156,6 +156,30 @@ TEST(Replay, StepsBesideARecordingUpdateTheCachesInPlace) {
   }
 }
 
+// A buffer assigned a new value each step (out of place: its storage changes during the step)
+// is never replayed from a stale recording: every step is the CPU's.
+TEST(Replay, ABufferAssignedOutOfPlaceKeepsEveryStepExact) {
+  ProgramBuilder b;
+  TensorRef state = b.mutable_buffer("state", DType::kF32, {4});
+  TensorRef x = b.input("x", DType::kF32, {4});
+  TensorRef next = b.add(state, x);
+  b.assign(state, next);
+  b.output("y", b.mul(next, b.full({1}, DType::kF32, 2.0)));
+  auto program = Program::from_bytes(b.serialize().value(), "assign");
+  ASSERT_TRUE(program.is_ok()) << program.status().to_string();
+  for (const std::string& dev : test_devices()) {
+    SCOPED_TRACE(dev);
+    auto s = open(*program, dev, true);
+    if (!s) continue;
+    for (int step = 1; step <= 6; ++step) {
+      ASSERT_TRUE(s->set_input("x", Tensor::from_vector(DType::kF32, {4}, std::vector<float>{1, 2, 3, 4}).value()).is_ok());
+      ASSERT_TRUE(s->execute().is_ok());
+      const float* y = s->output("y").value().data_as<float>();
+      EXPECT_EQ(y[3], 8.0f * static_cast<float>(step)) << "step " << step;
+    }
+  }
+}
+
 TEST(Replay, PositionsOutsideTheRecordingAndResetRunNormally) {
   auto p = tiny_program();
   ASSERT_TRUE(p);

@@ -64,6 +64,7 @@ Status attention(KernelContext& ctx, const fb::OpNodeUnion& op) {
     SB_ASSIGN_OR_RETURN(pos, dynamic_arg(ctx, n->pos.get()));
   } else {
     SB_ASSIGN_OR_RETURN(pos.value, ctx.resolve(n->pos.get()));
+    SB_ASSIGN_OR_RETURN(pos.words, dynamic_words(ctx));  // bound, read at word 0 (always 0)
   }
   SB_ASSIGN_OR_RETURN(ops::AttentionDims d,
                       ops::attention_dims(q, kc, vc, n->sinks ? &sinks : nullptr, pos.value, n->seq_major));

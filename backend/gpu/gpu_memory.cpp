@@ -121,10 +121,14 @@ Result<Tensor> MappedRuntime::device_tensor(const Tensor& t) {
 
 Result<BufferRef> MappedRuntime::scratch(size_t bytes, uint32_t fill_word) {
   SB_ASSIGN_OR_RETURN(Tensor t, alloc(DType::kU32, {static_cast<int64_t>((bytes + 3) / 4)}));
-  auto* w = t.mutable_data_as<uint32_t>();
-  for (int64_t i = 0; i < t.numel(); ++i) w[i] = fill_word;
-  if (keeping_fills_) fills_.emplace_back(t, fill_word);
+  fill(t, fill_word);
   return bind(t, false);
+}
+
+void MappedRuntime::fill(const Tensor& t, uint32_t word) {
+  auto* w = t.mutable_data_as<uint32_t>();
+  for (uint64_t i = 0; i < t.nbytes() / 4; ++i) w[i] = word;
+  if (keeping_fills_) fills_.emplace_back(t, word);
 }
 
 BufferRef MappedRuntime::error_word() const {
@@ -201,7 +205,7 @@ void MappedRuntime::release_kept(const Kept& k) {
 void MappedRuntime::refill(const Kept& k) {
   for (const auto& [t, word] : k.fills) {
     auto* w = t.mutable_data_as<uint32_t>();
-    for (int64_t i = 0; i < t.numel(); ++i) w[i] = word;
+    for (uint64_t i = 0; i < t.nbytes() / 4; ++i) w[i] = word;
   }
 }
 

@@ -53,6 +53,7 @@ class MappedRuntime : public GpuRuntime {
   Result<Tensor> alloc(DType dtype, Shape shape) override;
   Result<BufferRef> bind(const Tensor& t, bool constant) override;
   Result<BufferRef> scratch(size_t bytes, uint32_t fill_word) override;
+  void fill(const Tensor& t, uint32_t word) override;
   Result<Tensor> device_tensor(const Tensor& t) override;
   BufferRef error_word() const override;
   long queued_refs(const Tensor& t) const override;

@@ -31,6 +31,8 @@ struct DynamicArg {
   BufferRef words;
 };
 Result<DynamicArg> dynamic_arg(KernelContext& ctx, const fb::IntOrVidT* v);
+// The dynamic-value words' binding alone (for a kernel that declares it but takes v baked in).
+Result<BufferRef> dynamic_words(KernelContext& ctx);
 // The tensor in `tid` bound for a kernel (kept in *keep when given).
 Result<BufferRef> bind_in(KernelContext& ctx, const fb::Tid* tid, Tensor* keep = nullptr);
 // n as a kernel's u32 count; kUnimplemented past the kernels' 2^31 limit.

@@ -46,6 +46,9 @@ class GpuRuntime {
   virtual Result<Tensor> device_tensor(const Tensor& t) = 0;
   // A scratch buffer of `bytes`, every word set to fill_word.
   virtual Result<BufferRef> scratch(size_t bytes, uint32_t fill_word) = 0;
+  // Sets every word of the device tensor t to `word` now, and again before each replay of
+  // the submission being recorded (a value kernels expect to find, like scratch's fill).
+  virtual void fill(const Tensor& t, uint32_t word) = 0;
   // The status word kernels raise SB_ERR_* bits in (reset at each sync).
   virtual BufferRef error_word() const = 0;
   // Records one dispatch of `kernel` over `invocations` threads (a 2D grid of

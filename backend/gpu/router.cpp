@@ -29,8 +29,7 @@ Status router(KernelContext& ctx, const fb::OpNodeUnion& op) {
   SB_ASSIGN_OR_RETURN(BufferRef bw, rt.bind(weights, false));
   SB_ASSIGN_OR_RETURN(BufferRef bi, rt.bind(indices, false));
   if (rt.cross_dispatch_handoff()) {  // -1 until the router writes: see qmm_row_glu_2k_dot4's wait
-    int32_t* idx = indices.mutable_data_as<int32_t>();
-    std::fill(idx, idx + indices.numel(), -1);
+    rt.fill(indices, 0xffffffffu);  // refilled before every replay too
     moe_handoff(ctx) = {bi, bw, {}, {}, 0};
   }
   SB_CHECK_OR_RETURN(e <= 1024 && n->k <= 64, StatusCode::kUnimplemented,

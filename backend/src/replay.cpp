@@ -33,6 +33,9 @@ Status Interpreter::execute() {
   }
   value_use_.assign(value_use_.size(), Use::kUnread);
   guarded_.assign(guarded_.size(), 0);
+  if (rec)  // the buffers' storage the recorded work will update (it must stay the same)
+    for (const auto& mb : prog_.ir->mutable_buffers)
+      rec->buffers.emplace_back(mb->tid->idx(), tensors_[mb->tid->idx()].storage_id());
   Status st = run_chain(prog_.ir->main_chain, 0);
   Status done = device_->sync();  // always drain queued work, even after an error
   if (rec) keep_recording(std::move(rec), st.is_ok() && done.is_ok());
@@ -90,6 +93,10 @@ void Interpreter::keep_recording(std::unique_ptr<Recording> r, bool ok) {
     if (prog_.roles[io->idx] != SlotRole::kTemp) ok = false;
     r->outputs.emplace_back(io->idx, tensors_[io->idx]);
   }
+  // A buffer that took new storage during the step (a copy-on-write, a buffer assigned a new
+  // value): the work read the old storage, which a replay would read again.
+  for (const auto& [slot, storage] : r->buffers)
+    if (tensors_[slot].storage_id() != storage) ok = false;
   if (!ok || !r->work) {  // a failed execution leaves the recording there is
     ++failed_recordings_;
     return;
@@ -102,8 +109,6 @@ void Interpreter::keep_recording(std::unique_ptr<Recording> r, bool ok) {
     else if (value_use_[v] == Use::kDynamic)
       r->ranges.push_back({v, guard_[v].first, guard_[v].second});
   }
-  for (const auto& mb : ir.mutable_buffers)
-    r->buffers.emplace_back(mb->tid->idx(), tensors_[mb->tid->idx()].storage_id());
   r->values = values_;
   r->value_written = value_written_;
   if (recording_) ++failed_recordings_;  // the previous one was never replayed
