@@ -7,6 +7,7 @@
 #include <unistd.h>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 
 #include "op_harness.h"
 #include "test_util.h"
@@ -101,7 +102,9 @@ TEST(Replay, DecodeStepsReplayWithTheBitsOfEveryRun) {
   }
 }
 
-TEST(Replay, HeldTensorsAreNeverOverwritten) {
+// body on a session of each GPU test device after a prompt and `steps` decode steps (the last
+// one a replay).
+void after_replays(int steps, const std::function<void(Session&, const std::vector<Step>&)>& body) {
   auto p = tiny_program();
   ASSERT_TRUE(p);
   for (const std::string& dev : test_devices()) {
@@ -109,8 +112,15 @@ TEST(Replay, HeldTensorsAreNeverOverwritten) {
     SCOPED_TRACE(dev);
     auto s = open(p, dev, true);
     if (!s) continue;
-    std::vector<Step> steps = generate(*s, 4);  // step 4 was a replay
-    ASSERT_TRUE(steps.back().replayed);
+    const std::vector<Step> done = generate(*s, steps);
+    ASSERT_TRUE(done.back().replayed);
+    body(*s, done);
+  }
+}
+
+TEST(Replay, HeldTensorsAreNeverOverwritten) {
+  after_replays(4, [](Session& session, const std::vector<Step>& steps) {
+    Session* s = &session;
     int64_t pos = 5 + 4;
     // An output the caller holds: the next step runs normally and leaves it alone.
     Tensor held = s->output("logits").value();
@@ -133,27 +143,19 @@ TEST(Replay, HeldTensorsAreNeverOverwritten) {
     Step d = run(*s, {c.next}, pos++);
     ASSERT_TRUE(c.status.is_ok() && d.status.is_ok());
     EXPECT_TRUE(d.replayed);
-  }
+  });
 }
 
 // A step that cannot replay (two new tokens: other shapes) writes the caches in place: the
 // recording's hold on them is no reason to copy them.
 TEST(Replay, StepsBesideARecordingUpdateTheCachesInPlace) {
-  auto p = tiny_program();
-  ASSERT_TRUE(p);
-  for (const std::string& dev : test_devices()) {
-    if (dev == "cpu") continue;
-    SCOPED_TRACE(dev);
-    auto s = open(p, dev, true);
-    if (!s) continue;
-    std::vector<Step> steps = generate(*s, 4);
-    ASSERT_TRUE(steps.back().replayed);
-    const void* before = s->mutable_buffer("layers.0.k_cache").value().data();
-    Step two = run(*s, {steps.back().next, 7}, 5 + 4);
+  after_replays(4, [](Session& s, const std::vector<Step>& steps) {
+    const void* before = s.mutable_buffer("layers.0.k_cache").value().data();
+    Step two = run(s, {steps.back().next, 7}, 5 + 4);
     ASSERT_TRUE(two.status.is_ok()) << two.status.to_string();
     EXPECT_FALSE(two.replayed);
-    EXPECT_EQ(s->mutable_buffer("layers.0.k_cache").value().data(), before) << "the cache was copied";
-  }
+    EXPECT_EQ(s.mutable_buffer("layers.0.k_cache").value().data(), before) << "the cache was copied";
+  });
 }
 
 // A buffer assigned a new value each step (out of place: its storage changes during the step)
