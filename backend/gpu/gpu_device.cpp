@@ -214,7 +214,7 @@ Result<BufferRef> dynamic_words(KernelContext& ctx) {
 
 Result<DynamicArg> dynamic_arg(KernelContext& ctx, const fb::IntOrVidT* v) {
   SB_ASSIGN_OR_RETURN(KernelContext::DynamicValue d, ctx.resolve_dynamic(v));
-  SB_ASSIGN_OR_RETURN(BufferRef words, static_cast<GpuDevice&>(ctx.device()).dynamic_values());
+  SB_ASSIGN_OR_RETURN(BufferRef words, dynamic_words(ctx));
   return DynamicArg{d.value, d.word, words};
 }
 

@@ -125,9 +125,15 @@ Result<BufferRef> MappedRuntime::scratch(size_t bytes, uint32_t fill_word) {
   return bind(t, false);
 }
 
-void MappedRuntime::fill(const Tensor& t, uint32_t word) {
+namespace {
+void fill_words(const Tensor& t, uint32_t word) {
   auto* w = t.mutable_data_as<uint32_t>();
   for (uint64_t i = 0; i < t.nbytes() / 4; ++i) w[i] = word;
+}
+}  // namespace
+
+void MappedRuntime::fill(const Tensor& t, uint32_t word) {
+  fill_words(t, word);
   if (keeping_fills_) fills_.emplace_back(t, word);
 }
 
@@ -203,10 +209,7 @@ void MappedRuntime::release_kept(const Kept& k) {
 }
 
 void MappedRuntime::refill(const Kept& k) {
-  for (const auto& [t, word] : k.fills) {
-    auto* w = t.mutable_data_as<uint32_t>();
-    for (uint64_t i = 0; i < t.nbytes() / 4; ++i) w[i] = word;
-  }
+  for (const auto& [t, word] : k.fills) fill_words(t, word);
 }
 
 uint32_t MappedRuntime::finish_submission() {

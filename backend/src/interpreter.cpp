@@ -276,17 +276,15 @@ Result<int64_t> Interpreter::resolve(const fb::IntOrVidT* v) {
 }
 
 Result<KernelContext::DynamicValue> Interpreter::resolve_dynamic(const fb::IntOrVidT* v) {
-  // Literals, computed values and float inputs go in the kernel's arguments (baked in).
-  if (!v->is_vid || !value_is_input_[v->vid->idx()] || values_[v->vid->idx()].is_float) {
-    SB_ASSIGN_OR_RETURN(int64_t x, resolve(v));
-    return DynamicValue{x, 0};
-  }
-  const uint32_t id = v->vid->idx();
-  SB_CHECK_OR_RETURN(value_written_[id], StatusCode::kInvalidProgram,
-                     "reads value slot %u, which no executed instruction wrote", id);
-  if (value_use_[id] == Use::kUnread) value_use_[id] = Use::kDynamic;
-  const Value& val = values_[id];
-  return DynamicValue{val.is_float ? static_cast<int64_t>(val.f) : val.i, dyn_word_[id]};
+  // Literals, computed values and float inputs go in the kernel's arguments (baked in: resolve's
+  // static read); an integer input is read on the device unless something baked it in already.
+  const uint32_t id = v->is_vid ? v->vid->idx() : 0;
+  const bool on_device = v->is_vid && value_is_input_[id] && !values_[id].is_float;
+  const Use before = on_device ? value_use_[id] : Use::kUnread;
+  SB_ASSIGN_OR_RETURN(int64_t x, resolve(v));
+  if (!on_device) return DynamicValue{x, 0};
+  value_use_[id] = before == Use::kStatic ? Use::kStatic : Use::kDynamic;
+  return DynamicValue{x, dyn_word_[id]};
 }
 
 void Interpreter::guard_dynamic(const fb::IntOrVidT* v, int64_t lo, int64_t hi) {
