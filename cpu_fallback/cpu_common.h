@@ -42,6 +42,7 @@ void register_combine_kernels(KernelRegistry& r);
 void register_norm_kernels(KernelRegistry& r);
 void register_attention_kernels(KernelRegistry& r);
 void register_rope_kernels(KernelRegistry& r);
+void register_linear_attention_kernels(KernelRegistry& r);
 
 // out[t, d] = base + sum_{j < slots} weights[t, j] * y[t * slots + j, d], slot order;
 // base = sigmoid(gate[t]) * shared[t, d] | shared[t, d] | 0 (undefined tensors: absent).

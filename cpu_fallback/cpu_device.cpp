@@ -25,6 +25,7 @@ class CpuDevice final : public Device {
     register_norm_kernels(registry_);
     register_attention_kernels(registry_);
     register_rope_kernels(registry_);
+    register_linear_attention_kernels(registry_);
   }
   const std::string& name() const override { return name_; }
   const KernelRegistry& kernels() const override { return registry_; }

@@ -91,6 +91,7 @@ Status unary(KernelContext& ctx, const fb::OpNodeUnion& op) {
         case fb::UnaryOp::Silu: r = exact::silu(v); break;
         case fb::UnaryOp::Tanh: r = exact::tanh(v); break;
         case fb::UnaryOp::GeluTanh: r = exact::gelu_tanh(v); break;
+        case fb::UnaryOp::Softplus: r = exact::softplus(v); break;
       }
       store_f32(out.mutable_data(), x.dtype(), i, r);
     }

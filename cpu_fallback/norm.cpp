@@ -51,6 +51,12 @@ Status rms_norm(KernelContext& ctx, const fb::OpNodeUnion& op) {
                        "residual %s does not match x %s", shape_str(res.shape()).c_str(), shape_str(x.shape()).c_str());
     SB_ASSIGN_OR_RETURN(sum, Tensor::uninitialized(x.dtype(), x.shape()));
   }
+  Tensor gate;
+  if (n->gate) {  // gated: out = round(round(x r w) * silu(gate))
+    SB_ASSIGN_OR_RETURN(gate, ctx.in(n->gate.get()));
+    SB_CHECK_OR_RETURN(gate.shape() == x.shape() && gate.dtype() == x.dtype(), StatusCode::kInvalidArgument,
+                       "gate %s does not match x %s", shape_str(gate.shape()).c_str(), shape_str(x.shape()).c_str());
+  }
   const bool tree = n->order == fb::NormOrder::Tree32;
   const float inv_d = inverse_count(d);
   SB_ASSIGN_OR_RETURN(Tensor out, Tensor::uninitialized(x.dtype(), x.shape()));
@@ -66,8 +72,11 @@ Status rms_norm(KernelContext& ctx, const fb::OpNodeUnion& op) {
           xr[static_cast<size_t>(i)] = load_f32(sum.data(), sum.dtype(), r * d + i);
         }
       const float inv = rms_scale(xr.data(), d, inv_d, n->eps, tree);
-      for (int64_t i = 0; i < d; ++i)
-        store_f32(out.mutable_data(), out.dtype(), r * d + i, (xr[static_cast<size_t>(i)] * inv) * wf[static_cast<size_t>(i)]);
+      for (int64_t i = 0; i < d; ++i) {
+        float y = (xr[static_cast<size_t>(i)] * inv) * wf[static_cast<size_t>(i)];
+        if (gate.defined()) y = round_to(y, out.dtype()) * exact::silu(load_f32(gate.data(), gate.dtype(), r * d + i));
+        store_f32(out.mutable_data(), out.dtype(), r * d + i, y);
+      }
     }
   });
   if (sum.defined()) SB_RETURN_IF_ERROR(ctx.out(n->sum.get(), std::move(sum)));

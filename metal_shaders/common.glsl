@@ -191,6 +191,36 @@ float sb_sigmoid(float x) {
   precise float e = 1.0 + sb_exp(-x);
   return sb_rcp(e);
 }
+// exact::log1p and exact::softplus (backend/ops/exact_math.h).
+float sb_log1p(float u) {
+  if (sb_isnan(u) || sb_gt(u, 3.4028235e38)) return u;
+  if (sb_is_zero(u)) return u;
+  precise float w = 1.0 + u;
+  precise float c = u - (w - 1.0);
+  int e = int(floatBitsToUint(w) >> 23) - 127;
+  precise float m = uintBitsToFloat((floatBitsToUint(w) & 0x007fffffu) | 0x3f800000u);
+  if (sb_gt(m, 1.41421354)) {
+    m = m * 0.5;
+    e = e + 1;
+  }
+  precise float f = m - 1.0;
+  precise float s = f * sb_rcp(2.0 + f);
+  precise float z = s * s;
+  precise float p = 9.09090909e-02;
+  p = p * z + 1.11111111e-01;
+  p = p * z + 1.42857143e-01;
+  p = p * z + 2.0e-01;
+  p = p * z + 3.33333333e-01;
+  p = p * z + 1.0;
+  precise float logm = (s + s) * p;
+  precise float fe = float(e);
+  precise float r = fe * 0.693145751953125 + ((fe * 1.42860677e-06 + logm) + c * sb_rcp(w));
+  return r;
+}
+float sb_softplus(float x) {
+  if (sb_isnan(x) || sb_gt(x, 20.0)) return x;
+  return sb_log1p(sb_exp(x));
+}
 float sb_silu(float x) {
   precise float r = x * sb_sigmoid(x);
   return r;

@@ -113,7 +113,8 @@ float element(uint i) {
   if (args.op == 7u) return sb_sigmoid(v);
   if (args.op == 8u) return sb_silu(v);
   if (args.op == 9u) return sb_tanh(v);
-  return sb_gelu_tanh(v);
+  if (args.op == 10u) return sb_gelu_tanh(v);
+  return sb_softplus(v);
 }
 #endif
 

@@ -20,7 +20,8 @@
 #include "common.glsl"
 
 #ifdef RMS_NORM_TREE
-// RMS_NORM_TREE (RmsNorm order Tree32; pad0 = 1: with a residual). Thread -> output: workgroup
+// RMS_NORM_TREE (RmsNorm order Tree32; pad0 = 1: with a residual; gated = 1: binding 1 is the
+// gate, out = round(round(x r w) * silu(gate))). Thread -> output: workgroup
 // g computes row g; its 256 threads load s_i = round(x_i + residual_i) (or x_i) into shared
 // memory at once (rows past SB_NORM_ROW_MAX recompute s_i from memory instead); threads 0..31
 // hold dot32's partials (thread l adds s_i * s_i for i = l, l + 32, ... in order), thread 0 the
@@ -80,6 +81,10 @@ void main() {
     float b = per == 2u ? (staged ? s_row[i + 1u] : s_at(base + i + 1u)) : 0.0;
     precise float lo = (a * inv) * SB_LOAD(w, args.dtype, i);
     precise float hi = per == 2u ? (b * inv) * SB_LOAD(w, args.dtype, i + 1u) : 0.0;
+    if (args.gated != 0u) {
+      lo = sb_round_to(lo, args.dtype) * sb_silu(SB_LOAD(res, args.dtype, base + i));
+      if (per == 2u) hi = sb_round_to(hi, args.dtype) * sb_silu(SB_LOAD(res, args.dtype, base + i + 1u));
+    }
     o[r * words + k] = sb_encode_word(lo, hi, args.dtype);
     if (args.pad0 != 0u) sum_o[r * words + k] = sb_encode_word(a, b, args.dtype);
   }

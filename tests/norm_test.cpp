@@ -36,6 +36,7 @@ const UnaryCase kUnary[] = {
     {"tanh", &ProgramBuilder::tanh, [](double x) { return std::tanh(x); }, 0.5, 9, 8},
     {"gelu_tanh", &ProgramBuilder::gelu_tanh,
      [](double x) { return 0.5 * x * (1 + std::tanh(0.7978845608 * (x + 0.044715 * x * x * x))); }, 0.5, 9, 8},
+    {"softplus", &ProgramBuilder::softplus, [](double x) { return x > 20 ? x : std::log1p(std::exp(x)); }, -30, 30, 6},
 };
 
 TEST(ExactUnary, EveryRoutineWithinItsUlpBoundAndBitwise) {

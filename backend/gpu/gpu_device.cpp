@@ -114,6 +114,7 @@ GpuDevice::GpuDevice(std::unique_ptr<Runtime> rt, std::string name) : rt_(std::m
   register_norm(registry_);
   register_attention(registry_);
   register_rope(registry_);
+  register_linear_attention(registry_);
   register_reduce(registry_);
 }
 

@@ -90,6 +90,7 @@ static_assert(sizeof(MatmulArgs) == 48 && sizeof(NormArgs) == 32 && offsetof(Nor
 static_assert(sizeof(AttentionArgs) == 72 && offsetof(AttentionArgs, scale) == 32 &&
               offsetof(AttentionArgs, row0) == 48 && offsetof(AttentionArgs, pos_word) == 68);
 static_assert(sizeof(RopeArgs) == 48 && offsetof(RopeArgs, eps) == 32);
+static_assert(sizeof(ConvArgs) == 32 && sizeof(DeltaArgs) == 48 && offsetof(DeltaArgs, scale) == 44);
 static_assert(sizeof(RouterArgs) == 48 && offsetof(RouterArgs, routed_scaling_factor) == 32);
 // 128 bytes is the smallest push-constant space Vulkan guarantees (lavapipe's limit).
 static_assert(sizeof(BinaryArgs) <= 128 && sizeof(QmmGluArgs) <= 128);

@@ -64,6 +64,7 @@ void register_matmul(KernelRegistry& r);
 void register_norm(KernelRegistry& r);
 void register_attention(KernelRegistry& r);
 void register_rope(KernelRegistry& r);
+void register_linear_attention(KernelRegistry& r);
 void register_reduce(KernelRegistry& r);
 
 // --- kernels other families call ----------------------------------------------------

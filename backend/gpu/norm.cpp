@@ -56,7 +56,12 @@ Status rms_norm_tree(KernelContext& ctx, const fb::RmsNormNodeT& n) {
   Tensor x, w, res;
   SB_ASSIGN_OR_RETURN(BufferRef bx, bind_in(ctx, n.x.get(), &x));
   SB_ASSIGN_OR_RETURN(BufferRef bw, bind_in(ctx, n.weight.get(), &w));
-  BufferRef br = bx;  // never read without a residual
+  BufferRef br = bx;  // never read without a residual or a gate
+  if (n.gate) {
+    SB_ASSIGN_OR_RETURN(br, bind_in(ctx, n.gate.get(), &res));
+    SB_CHECK_OR_RETURN(res.shape() == x.shape() && !n.residual, StatusCode::kInvalidArgument,
+                       "gate %s does not match x %s", shape_str(res.shape()).c_str(), shape_str(x.shape()).c_str());
+  }
   if (n.residual) {
     SB_ASSIGN_OR_RETURN(br, bind_in(ctx, n.residual.get(), &res));
     SB_CHECK_OR_RETURN(res.shape() == x.shape(), StatusCode::kInvalidArgument, "residual %s does not match x %s",
@@ -83,7 +88,7 @@ Status rms_norm_tree(KernelContext& ctx, const fb::RmsNormNodeT& n) {
                    n.eps,
                    static_cast<uint32_t>(x.dtype()),
                    n.residual ? 1u : 0u,
-                   0};
+                   n.gate ? 1u : 0u};
   if (rows > 0)
     SB_RETURN_IF_ERROR(
         rt.dispatch("rms_norm_tree", {bx, br, bw, bo, bs}, &args, sizeof(args), static_cast<uint64_t>(rows) * 256));

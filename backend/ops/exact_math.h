@@ -122,4 +122,39 @@ inline float gelu_tanh(float x) {
   return 0.5f * x * (1.0f + tanh(u));
 }
 
+// log(1 + u) for u >= 0 (the domain softplus needs; NaN -> NaN, +inf -> +inf). w = 1 + u and
+// its rounding error c = u - (w - 1) (exact); w = 2^e m with m in [sqrt(1/2), sqrt(2)), f = m - 1,
+// s = f * rcp(2 + f), log m = 2s (1 + s^2/3 + ... + s^10/11) in Horner form; the result
+// e ln2_hi + (e ln2_lo + log m + c * rcp(w)). Max error about 4 ulp.
+inline float log1p(float u) {
+  if (u != u || u > 3.4028235e38f) return u;
+  if (u == 0.0f) return u;
+  const float w = 1.0f + u;
+  const float c = u - (w - 1.0f);
+  int e = static_cast<int>(f32_bits(w) >> 23) - 127;
+  float m = f32_from_bits((f32_bits(w) & 0x007fffffu) | 0x3f800000u);
+  if (m > 1.41421354f) {
+    m = m * 0.5f;
+    e = e + 1;
+  }
+  const float f = m - 1.0f;
+  const float s = f * rcp(2.0f + f);
+  const float z = s * s;
+  float p = 9.09090909e-02f;  // 1/11
+  p = p * z + 1.11111111e-01f;  // 1/9
+  p = p * z + 1.42857143e-01f;  // 1/7
+  p = p * z + 2.0e-01f;         // 1/5
+  p = p * z + 3.33333333e-01f;  // 1/3
+  p = p * z + 1.0f;
+  const float logm = (s + s) * p;
+  const float fe = static_cast<float>(e);
+  return fe * 0.693145751953125f + ((fe * 1.42860677e-06f + logm) + c * rcp(w));
+}
+
+// PyTorch's softplus (beta 1, threshold 20): x > 20 -> x, else log1p(exp(x)).
+inline float softplus(float x) {
+  if (x != x || x > 20.0f) return x;
+  return log1p(exp(x));
+}
+
 }  // namespace switchboard::exact

@@ -28,6 +28,13 @@ class Rules {
   Status check_gather_qmm(const fb::GatherQmmNodeT& n, const std::string& path) const;
   Status check_router(const fb::RouterNodeT& n, const std::string& path) const;
   Status check_attention(const fb::AttentionNodeT& n, const std::string& path) const;
+  Status check_causal_conv1d(const fb::CausalConv1dNodeT& n, const std::string& path) const;
+  Status check_gated_delta_rule(const fb::GatedDeltaRuleNodeT& n, const std::string& path) const;
+  // A static dim of `t` equal to `want` (when both are static), else the error names path.
+  Status dim_is(const fb::Tid* t, size_t i, int64_t want, const std::string& path, const char* what) const {
+    if (dim(t, i) < 0 || want < 0 || dim(t, i) == want) return Status::ok();
+    return error(path, strformat("dim %zu is %lld, %s is %lld", i, (long long)dim(t, i), what, (long long)want));
+  }
 
   DType dt(const fb::Tid* t) const { return decls_(t).dtype; }
   size_t rank(const fb::Tid* t) const { return decls_(t).dims.size(); }
@@ -51,6 +58,37 @@ class Rules {
 
   const SlotDecls& decls_;
 };
+
+Status Rules::check_causal_conv1d(const fb::CausalConv1dNodeT& n, const std::string& path) const {
+  const fb::Tid *x = n.x.get(), *w = n.weight.get(), *st = n.state.get();
+  SB_RETURN_IF_ERROR(expect(is_float(x) && rank(x) == 2, path + ".x", "must be a 2-D float tensor [m, C]"));
+  SB_RETURN_IF_ERROR(expect(rank(w) == 2, path + ".weight", "must have rank 2 [C, K]"));
+  SB_RETURN_IF_ERROR(expect(rank(st) == 2, path + ".state", "must have rank 2 [K - 1, C]"));
+  SB_RETURN_IF_ERROR(same_dtype(x, w, path, "x", "weight"));
+  SB_RETURN_IF_ERROR(same_dtype(x, st, path, "x", "state"));
+  SB_RETURN_IF_ERROR(expect(dim(w, 1) != 0, path + ".weight", "has a kernel of width 0"));
+  SB_RETURN_IF_ERROR(dim_is(w, 0, dim(x, 1), path + ".weight", "x's channel count"));
+  SB_RETURN_IF_ERROR(dim_is(st, 1, dim(x, 1), path + ".state", "x's channel count"));
+  SB_RETURN_IF_ERROR(dim_is(st, 0, dim(w, 1) < 0 ? -1 : dim(w, 1) - 1, path + ".state", "the kernel width - 1"));
+  return same_dtype(x, n.out.get(), path, "x", "out");
+}
+
+Status Rules::check_gated_delta_rule(const fb::GatedDeltaRuleNodeT& n, const std::string& path) const {
+  const fb::Tid *qkv = n.qkv.get(), *st = n.state.get();
+  SB_RETURN_IF_ERROR(expect(is_float(qkv) && rank(qkv) == 2, path + ".qkv", "must be a 2-D float tensor [m, C]"));
+  SB_RETURN_IF_ERROR(
+      expect(dt(st) == DType::kF32 && rank(st) == 3, path + ".state", "must be a 3-D f32 tensor [hv, dk, dv]"));
+  for (const auto& [t, name] : {std::pair{n.a.get(), "a"}, {n.b.get(), "b"}}) {
+    SB_RETURN_IF_ERROR(same_dtype(qkv, t, path, "qkv", name));
+    SB_RETURN_IF_ERROR(expect(rank(t) == 2, path + "." + name, "must have rank 2 [m, hv]"));
+    SB_RETURN_IF_ERROR(dim_is(t, 1, dim(st, 0), path + "." + name, "the state's head count"));
+  }
+  for (const auto& [t, name] : {std::pair{n.a_log.get(), "a_log"}, {n.dt_bias.get(), "dt_bias"}}) {
+    SB_RETURN_IF_ERROR(expect(is_float(t) && rank(t) == 1, path + "." + name, "must be a 1-D float tensor [hv]"));
+    SB_RETURN_IF_ERROR(dim_is(t, 0, dim(st, 0), path + "." + name, "the state's head count"));
+  }
+  return same_dtype(qkv, n.out.get(), path, "qkv", "out");
+}
 
 // Static dims must agree; a dynamic one is checked when the op runs (ops::attention_dims).
 Status Rules::check_attention(const fb::AttentionNodeT& n, const std::string& path) const {
@@ -390,9 +428,17 @@ Status Rules::check_moe_op(const fb::OpNodeUnion& op, const std::string& path) c
         SB_RETURN_IF_ERROR(same_dtype(n.x.get(), n.sum.get(), path, "x", "sum"));
         SB_RETURN_IF_ERROR(expect(rank(n.residual.get()) == rank(n.x.get()), path + ".residual", "must have x's rank"));
       }
+      if (n.gate) {
+        SB_RETURN_IF_ERROR(same_dtype(n.x.get(), n.gate.get(), path, "x", "gate"));
+        SB_RETURN_IF_ERROR(expect(rank(n.gate.get()) == rank(n.x.get()) && !n.residual, path + ".gate",
+                                  "must have x's rank (and no residual)"));
+        SB_RETURN_IF_ERROR(expect(n.order == fb::NormOrder::Tree32, path + ".gate", "needs order Tree32"));
+      }
       return same_dtype(n.x.get(), n.out.get(), path, "x", "out");
     }
     case fb::OpNode::AttentionNode: return check_attention(*op.AsAttentionNode(), path);
+    case fb::OpNode::CausalConv1dNode: return check_causal_conv1d(*op.AsCausalConv1dNode(), path);
+    case fb::OpNode::GatedDeltaRuleNode: return check_gated_delta_rule(*op.AsGatedDeltaRuleNode(), path);
     case fb::OpNode::RopeNode: {
       const auto& n = *op.AsRopeNode();
       const fb::Tid *x = n.x.get(), *c = n.cos.get(), *s = n.sin.get();

@@ -156,6 +156,40 @@ Result<RopeDims> rope_dims(const Tensor& x, const Tensor& cos, const Tensor& sin
   return d;
 }
 
+Result<ConvDims> causal_conv1d_dims(const Tensor& x, const Tensor& weight, const Tensor& state, int64_t pos) {
+  SB_CHECK_OR_RETURN(x.rank() == 2 && weight.rank() == 2 && state.rank() == 2, StatusCode::kInvalidArgument,
+                     "x %s, weight %s, state %s: need [m, C], [C, K], [K - 1, C]", shape_str(x.shape()).c_str(),
+                     shape_str(weight.shape()).c_str(), shape_str(state.shape()).c_str());
+  ConvDims d{x.dim(0), x.dim(1), weight.dim(1)};
+  SB_CHECK_OR_RETURN(d.k >= 1 && weight.dim(0) == d.c && state.shape() == (Shape{d.k - 1, d.c}),
+                     StatusCode::kInvalidArgument, "x %s, weight %s, state %s: need [m, C], [C, K >= 1], [K - 1, C]",
+                     shape_str(x.shape()).c_str(), shape_str(weight.shape()).c_str(), shape_str(state.shape()).c_str());
+  SB_CHECK_OR_RETURN(pos >= 0, StatusCode::kOutOfRange, "pos %lld is negative", (long long)pos);
+  return d;
+}
+
+Result<DeltaDims> gated_delta_rule_dims(const Tensor& qkv, const Tensor& a, const Tensor& b, const Tensor& a_log,
+                                        const Tensor& dt_bias, const Tensor& state, int64_t pos) {
+  SB_CHECK_OR_RETURN(qkv.rank() == 2 && state.rank() == 3, StatusCode::kInvalidArgument,
+                     "qkv %s, state %s: need [m, C] and [hv, dk, dv]", shape_str(qkv.shape()).c_str(),
+                     shape_str(state.shape()).c_str());
+  DeltaDims d{qkv.dim(0), 0, state.dim(0), state.dim(1), state.dim(2), qkv.dim(1)};
+  const Shape heads{d.m, d.hv}, one{d.hv};
+  SB_CHECK_OR_RETURN(a.shape() == heads && b.shape() == heads && a_log.shape() == one && dt_bias.shape() == one,
+                     StatusCode::kInvalidArgument, "a %s, b %s, a_log %s, dt_bias %s: need [%lld, %lld] and [%lld]",
+                     shape_str(a.shape()).c_str(), shape_str(b.shape()).c_str(), shape_str(a_log.shape()).c_str(),
+                     shape_str(dt_bias.shape()).c_str(), (long long)d.m, (long long)d.hv, (long long)d.hv);
+  const int64_t qk = d.width - d.hv * d.dv;
+  SB_CHECK_OR_RETURN(d.hv > 0 && d.dk > 0 && d.dv > 0 && qk > 0 && qk % (2 * d.dk) == 0, StatusCode::kInvalidArgument,
+                     "qkv width %lld is not 2 hk * %lld + %lld * %lld", (long long)d.width, (long long)d.dk,
+                     (long long)d.hv, (long long)d.dv);
+  d.hk = qk / (2 * d.dk);
+  SB_CHECK_OR_RETURN(d.hv % d.hk == 0, StatusCode::kInvalidArgument, "%lld value heads are not a multiple of %lld key heads",
+                     (long long)d.hv, (long long)d.hk);
+  SB_CHECK_OR_RETURN(pos >= 0, StatusCode::kOutOfRange, "pos %lld is negative", (long long)pos);
+  return d;
+}
+
 Status check_slice_update(const Tensor& u, const Tensor& dst, int64_t axis, int64_t start) {
   SB_CHECK_OR_RETURN(u.rank() == dst.rank(), StatusCode::kInvalidArgument, "update rank differs from dst");
   for (int64_t k = 0; k < dst.rank(); ++k)

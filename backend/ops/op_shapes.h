@@ -69,6 +69,20 @@ struct RopeDims {
 Result<RopeDims> rope_dims(const Tensor& x, const Tensor& cos, const Tensor& sin, int64_t pos,
                            const Tensor* norm_weight = nullptr, const Tensor* cache = nullptr);
 
+// CausalConv1d: x [m, C], weight [C, K] (K >= 1), state [K - 1, C]; pos >= 0.
+struct ConvDims {
+  int64_t m = 0, c = 0, k = 0;
+};
+Result<ConvDims> causal_conv1d_dims(const Tensor& x, const Tensor& weight, const Tensor& state, int64_t pos);
+
+// GatedDeltaRule: qkv [m, 2 hk dk + hv dv], a / b [m, hv], a_log / dt_bias [hv], state [hv, dk, dv]
+// f32, hv a multiple of hk; pos >= 0.
+struct DeltaDims {
+  int64_t m = 0, hk = 0, hv = 0, dk = 0, dv = 0, width = 0;
+};
+Result<DeltaDims> gated_delta_rule_dims(const Tensor& qkv, const Tensor& a, const Tensor& b, const Tensor& a_log,
+                                        const Tensor& dt_bias, const Tensor& state, int64_t pos);
+
 // RmsNorm's inv_d: the f32 nearest 1/d (computed once by the host; every device gets these bits).
 inline float inverse_count(int64_t d) { return d ? static_cast<float>(1.0 / static_cast<double>(d)) : 0.0f; }
 

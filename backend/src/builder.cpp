@@ -144,6 +144,7 @@ TensorRef ProgramBuilder::sigmoid(TensorRef x) { return unary(*s_, x, fb::UnaryO
 TensorRef ProgramBuilder::silu(TensorRef x) { return unary(*s_, x, fb::UnaryOp::Silu, "silu"); }
 TensorRef ProgramBuilder::tanh(TensorRef x) { return unary(*s_, x, fb::UnaryOp::Tanh, "tanh"); }
 TensorRef ProgramBuilder::gelu_tanh(TensorRef x) { return unary(*s_, x, fb::UnaryOp::GeluTanh, "gelu_tanh"); }
+TensorRef ProgramBuilder::softplus(TensorRef x) { return unary(*s_, x, fb::UnaryOp::Softplus, "softplus"); }
 
 TensorRef ProgramBuilder::softmax(TensorRef x) {
   if (!s_->ok(x, "softmax")) return {};

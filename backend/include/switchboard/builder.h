@@ -148,6 +148,8 @@ class ProgramBuilder {
   TensorRef silu(TensorRef x);
   TensorRef tanh(TensorRef x);
   TensorRef gelu_tanh(TensorRef x);
+  // x > 20 ? x : log1p(exp(x)) (PyTorch's softplus).
+  TensorRef softplus(TensorRef x);
   // Along the last axis.
   TensorRef softmax(TensorRef x);
   // x * rsqrt(mean(x^2) + eps) * weight along the last axis (weight: [d]).
@@ -174,6 +176,17 @@ class ProgramBuilder {
   // result also written to its rows pos .. pos + m - 1.
   TensorRef rope(TensorRef x, TensorRef cos, TensorRef sin, IntOrValue pos, TensorRef norm_weight = {},
                  float eps = 1e-6f, TensorRef cache = {});
+  // --- linear attention (Gated DeltaNet; schema v7) ---------------------------
+  // RMSNorm (order Tree32) of x [..., d] times weight [d], times silu(gate) (gate: x's shape).
+  TensorRef gated_rms_norm(TensorRef x, TensorRef gate, TensorRef weight, float eps);
+  // Causal depthwise conv1d of x [m, C] with weight [C, K] over the rows, the K - 1 rows
+  // before row 0 kept in state [K - 1, C] (a mutable buffer; pos == 0: zeros), then SiLU.
+  TensorRef causal_conv1d(TensorRef x, TensorRef weight, TensorRef state, IntOrValue pos, bool silu = true);
+  // The gated delta rule (schema GatedDeltaRuleNode) of qkv [m, 2 hk dk + hv dv] with gates
+  // a, b [m, hv], a_log, dt_bias [hv] and state [hv, dk, dv] f32 (a mutable buffer; pos == 0:
+  // zeros) -> [m, hv, dv], token by token.
+  TensorRef gated_delta_rule(TensorRef qkv, TensorRef a, TensorRef b, TensorRef a_log, TensorRef dt_bias,
+                             TensorRef state, IntOrValue pos, float scale, bool l2norm = true);
   TensorRef cast(TensorRef x, DType dtype);
   TensorRef reshape(TensorRef x, const std::vector<IntOrValue>& shape);
   TensorRef slice(TensorRef x, int axis, IntOrValue start, IntOrValue stop);
