@@ -98,13 +98,21 @@ TensorRef attention(Emit& e, const Step& s, int64_t layer, TensorRef h) {
   const ModelConfig& c = e.c;
   ProgramBuilder& b = e.b;
   const int64_t hq = c.heads, hk = c.kv_heads, hd = c.head_dim;
-  Emit::Linear wq = e.linear(layer_name(layer, "attn.q"), hq * hd, c.hidden, c.qkv_bias);
+  // With an output gate, q_proj gives per head [query hd | gate hd] (HF's view [m, hq, 2 hd]).
+  const int64_t gated = c.attn_output_gate ? 2 : 1;
+  Emit::Linear wq = e.linear(layer_name(layer, "attn.q"), gated * hq * hd, c.hidden, c.qkv_bias);
   Emit::Linear wk = e.linear(layer_name(layer, "attn.k"), hk * hd, c.hidden, c.qkv_bias);
   Emit::Linear wv = e.linear(layer_name(layer, "attn.v"), hk * hd, c.hidden, c.qkv_bias);
   TensorRef q = e.apply(wq, h), k = e.apply(wk, h), v = e.apply(wv, h);
   if (c.qk_norm == QkNorm::kWhole) {
     q = e.norm(q, layer_name(layer, "attn.q_norm"), hq * hd);
     k = e.norm(k, layer_name(layer, "attn.k_norm"), hk * hd);
+  }
+  TensorRef gate;
+  if (c.attn_output_gate) {
+    q = b.reshape(q, {s.m, hq, 2 * hd});
+    gate = b.reshape(b.slice(q, 2, hd, 2 * hd), {s.m, hq * hd});
+    q = b.slice(q, 2, 0, hd);
   }
   q = b.reshape(q, {s.m, hq, hd});
   k = b.reshape(k, {s.m, hk, hd});
@@ -127,7 +135,34 @@ TensorRef attention(Emit& e, const Step& s, int64_t layer, TensorRef h) {
   TensorRef sinks = c.attn_sinks ? e.constant(layer_name(layer, "attn.sinks"), e.act, {hq}) : TensorRef{};
   TensorRef o =
       b.attention(q, kc, vc, s.pos, as_dtype(1.0 / std::sqrt(static_cast<double>(hd)), e.act), window, sinks, true);
+  if (gate.valid()) o = b.mul(o, b.sigmoid(gate));
   return e.apply(e.linear(layer_name(layer, "attn.o"), c.hidden, hq * hd, c.o_bias), o);
+}
+
+// Gated DeltaNet (Qwen3-Next / Qwen3.5 linear attention): projections to [q | k | v], z, b, a;
+// the causal conv (+ SiLU) with its state; the gated delta rule with its state (token by token:
+// a prefill gives decode's bits); the gated RMSNorm with z; out_proj.
+TensorRef linear_attention(Emit& e, const Step& s, int64_t layer, TensorRef h) {
+  const ModelConfig& c = e.c;
+  ProgramBuilder& b = e.b;
+  const int64_t hv = c.lin_v_heads, dv = c.lin_v_dim, width = c.lin_conv_dim();
+  auto name = [&](const char* rest) { return layer_name(layer, rest); };
+  TensorRef mixed = e.apply(e.linear(name("lin.qkv"), width, c.hidden, false), h);
+  TensorRef z = e.apply(e.linear(name("lin.z"), hv * dv, c.hidden, false), h);
+  TensorRef beta_in = e.apply(e.linear(name("lin.b"), hv, c.hidden, false), h);
+  TensorRef a = e.apply(e.linear(name("lin.a"), hv, c.hidden, false), h);
+  TensorRef conv_w = e.constant(name("lin.conv"), e.act, {width, c.lin_conv});
+  TensorRef conv_state = b.mutable_buffer(name("lin.conv_state"), e.act, {c.lin_conv - 1, width});
+  TensorRef conv = b.causal_conv1d(mixed, conv_w, conv_state, s.pos);
+  // A_log and dt_bias in f32: HF adds and exponentiates them in f32.
+  TensorRef a_log = e.constant(name("lin.a_log"), DType::kF32, {hv});
+  TensorRef dt_bias = e.constant(name("lin.dt_bias"), DType::kF32, {hv});
+  TensorRef state = b.mutable_buffer(name("lin.state"), DType::kF32, {hv, c.lin_k_dim, dv});
+  e.decode_bytes += 2.0 * static_cast<double>(hv * c.lin_k_dim * dv * 4);  // the state, read and written a token
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.lin_k_dim)));
+  TensorRef o = b.gated_delta_rule(conv, a, beta_in, a_log, dt_bias, state, s.pos, scale);
+  o = b.gated_rms_norm(o, b.reshape(z, {s.m, hv, dv}), e.constant(name("lin.norm"), e.act, {dv}), c.rms_eps);
+  return e.apply(e.linear(name("lin.out"), c.hidden, hv * dv, false), b.reshape(o, {s.m, hv * dv}));
 }
 
 // gate/up/down SwiGLU (or the config's GLU) with float or quantized linears.
@@ -194,7 +229,9 @@ Status emit_decoder(const ModelConfig& c, const ExportFormat& f, ProgramBuilder&
   TensorRef h = e.norm(x, layer_name(0, "attn_norm"), c.hidden);
   for (int64_t i = 0; i < c.layers; ++i) {
     auto scope = b.tmp_scope();
-    ProgramBuilder::AddNorm an = e.add_norm(x, attention(e, s, i, h), layer_name(i, "ffn_norm"), c.hidden);
+    const bool linear = !c.linear_layer.empty() && c.linear_layer[static_cast<size_t>(i)];
+    TensorRef mixed = linear ? linear_attention(e, s, i, h) : attention(e, s, i, h);
+    ProgramBuilder::AddNorm an = e.add_norm(x, mixed, layer_name(i, "ffn_norm"), c.hidden);
     TensorRef y = c.moe_layer[static_cast<size_t>(i)] ? moe_ffn(e, i, an.out)
                                                       : dense_ffn(e, layer_name(i, "mlp"), c.dense_ffn, an.out);
     an = e.add_norm(an.sum, y, i + 1 < c.layers ? layer_name(i + 1, "attn_norm") : "final_norm", c.hidden);
@@ -217,8 +254,10 @@ Status emit_decoder(const ModelConfig& c, const ExportFormat& f, ProgramBuilder&
   b.set_attribute("model.layers", c.layers);
   b.set_attribute("model.decode_weight_bytes", static_cast<int64_t>(e.decode_bytes));
   // KV-cache bytes one decode step reads per cached position (keys and values, all layers).
+  int64_t attention_layers = 0;
+  for (int64_t i = 0; i < c.layers; ++i) attention_layers += c.linear_layer.empty() || !c.linear_layer[static_cast<size_t>(i)];
   b.set_attribute("model.kv_bytes_per_position",
-                  2 * c.layers * c.kv_heads * c.head_dim * static_cast<int64_t>(dtype_size(e.act)));
+                  2 * attention_layers * c.kv_heads * c.head_dim * static_cast<int64_t>(dtype_size(e.act)));
   return b.status();
 }
 

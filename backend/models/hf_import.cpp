@@ -22,6 +22,7 @@
 #include "switchboard/switchboard.h"
 #include "element_access.h"
 #include "file_io.h"
+#include "log.h"
 #include "no_throw.h"
 #include "materialize.h"
 
@@ -327,13 +328,14 @@ Result<Tensor> hf_expert_bias(Checkpoint& ck, const std::string& p, const std::s
 // several (HF's per-expert or fused gate_up experts). MLX's stacked switch_mlp experts
 // are one tensor each.
 std::string tensor_name(const Checkpoint& ck, const ModelConfig& c, const std::string& logical) {
-  if (logical == "embed") return "model.embed_tokens.weight";
-  if (logical == "final_norm") return "model.norm.weight";
+  const std::string& m = c.weight_prefix;
+  if (logical == "embed") return m + "embed_tokens.weight";
+  if (logical == "final_norm") return m + "norm.weight";
   if (logical == "lm_head")
-    return c.tie_embeddings && !ck.has("lm_head.weight") ? "model.embed_tokens.weight" : "lm_head.weight";
+    return c.tie_embeddings && !ck.has("lm_head.weight") ? m + "embed_tokens.weight" : "lm_head.weight";
   // layers.<i>.<rest>
   const size_t dot = logical.find('.', 7);
-  const std::string p = "model.layers." + logical.substr(7, dot - 7) + ".", rest = logical.substr(dot + 1);
+  const std::string p = m + "layers." + logical.substr(7, dot - 7) + ".", rest = logical.substr(dot + 1);
   static const std::map<std::string, std::string> direct = {
       {"attn_norm", "input_layernorm.weight"},       {"ffn_norm", "post_attention_layernorm.weight"},
       {"attn.q", "self_attn.q_proj.weight"},         {"attn.k", "self_attn.k_proj.weight"},
@@ -345,8 +347,16 @@ std::string tensor_name(const Checkpoint& ck, const ModelConfig& c, const std::s
       {"router.selection_bias", "mlp.gate.e_score_correction_bias"},
       {"shared_gate", "mlp.shared_expert_gate.weight"},
       {"mlp.gate", "mlp.gate_proj.weight"},          {"mlp.up", "mlp.up_proj.weight"},
-      {"mlp.down", "mlp.down_proj.weight"}};
+      {"mlp.down", "mlp.down_proj.weight"},
+      {"lin.a_log", "linear_attn.A_log"},            {"lin.dt_bias", "linear_attn.dt_bias"},
+      {"lin.norm", "linear_attn.norm.weight"},       {"lin.out", "linear_attn.out_proj.weight"}};
   if (auto it = direct.find(rest); it != direct.end()) return p + it->second;
+  // Qwen3.5's separate projections; Qwen3-Next's grouped ones are assembled (hf_linear_attn).
+  static const std::map<std::string, std::string> lin = {{"lin.qkv", "linear_attn.in_proj_qkv.weight"},
+                                                         {"lin.z", "linear_attn.in_proj_z.weight"},
+                                                         {"lin.b", "linear_attn.in_proj_b.weight"},
+                                                         {"lin.a", "linear_attn.in_proj_a.weight"}};
+  if (auto it = lin.find(rest); it != lin.end()) return c.lin_grouped ? "" : p + it->second;
   if (rest == "router") {
     for (const char* name : {"mlp.gate.weight", "mlp.router.weight", "block_sparse_moe.gate.weight"})
       if (ck.has(p + name)) return p + name;
@@ -364,11 +374,69 @@ std::string tensor_name(const Checkpoint& ck, const ModelConfig& c, const std::s
   return "";
 }
 
-// Our logical name -> the tensor(s) of the checkpoint, as f32 in our layout.
+// Rows `rows` of the checkpoint's [n, k] tensor `name` (dequantized when MLX-quantized).
+Result<Tensor> gather_rows(Checkpoint& ck, const std::string& name, int64_t n, int64_t k,
+                           const std::vector<int64_t>& rows) {
+  SB_ASSIGN_OR_RETURN(Tensor w, get_shaped(ck, name, {n, k}));
+  SB_ASSIGN_OR_RETURN(Tensor out, Tensor::uninitialized(DType::kF32, {static_cast<int64_t>(rows.size()), k}));
+  for (size_t r = 0; r < rows.size(); ++r)
+    std::memcpy(out.mutable_data_as<float>() + static_cast<int64_t>(r) * k, w.data_as<float>() + rows[r] * k,
+                static_cast<size_t>(k) * sizeof(float));
+  return out;
+}
+
+// Qwen3-Next's in_proj_qkvz rows come in key-head groups [q_g | k_g | v of its r value heads |
+// z of them], in_proj_ba's in groups [b of the r heads | a of them]: regrouped into our
+// [q | k | v], z, b and a (value head h = g r + j reads key head g).
+Result<Tensor> hf_grouped_linear_attn(Checkpoint& ck, const ModelConfig& c, const std::string& p,
+                                      const std::string& rest) {
+  const int64_t hk = c.lin_k_heads, dk = c.lin_k_dim, dv = c.lin_v_dim, r = c.lin_v_heads / hk;
+  const int64_t group = 2 * dk + 2 * r * dv;
+  std::vector<int64_t> rows;
+  auto run = [&](int64_t start, int64_t len) {
+    for (int64_t i = 0; i < len; ++i) rows.push_back(start + i);
+  };
+  if (rest == "lin.b" || rest == "lin.a") {
+    for (int64_t g = 0; g < hk; ++g) run(g * 2 * r + (rest == "lin.a" ? r : 0), r);
+    return gather_rows(ck, p + "linear_attn.in_proj_ba.weight", hk * 2 * r, c.hidden, rows);
+  }
+  if (rest == "lin.qkv") {
+    for (int64_t part = 0; part < 2; ++part)  // all q heads, then all k heads
+      for (int64_t g = 0; g < hk; ++g) run(g * group + part * dk, dk);
+    for (int64_t g = 0; g < hk; ++g) run(g * group + 2 * dk, r * dv);
+  } else {
+    for (int64_t g = 0; g < hk; ++g) run(g * group + 2 * dk + r * dv, r * dv);
+  }
+  return gather_rows(ck, p + "linear_attn.in_proj_qkvz.weight", hk * group, c.hidden, rows);
+}
+
+bool is_norm(const std::string& logical) {
+  for (const char* n : {"attn_norm", "ffn_norm", "attn.q_norm", "attn.k_norm"})
+    if (ends_with(logical, n)) return true;
+  return logical == "final_norm";
+}
+
+Result<Tensor> hf_fetch_layout(Checkpoint& ck, const ModelConfig& c, const std::string& logical, const Shape& want);
+
+// Our logical name -> the tensor(s) of the checkpoint, as f32 in our layout; zero-centred
+// norms (Qwen3-Next, Qwen3.5) become 1 + w here, in f32 as HF computes it.
 Result<Tensor> hf_fetch(Checkpoint& ck, const ModelConfig& c, const std::string& logical, const Shape& want) {
+  SB_ASSIGN_OR_RETURN(Tensor t, hf_fetch_layout(ck, c, logical, want));
+  if (!c.norm_plus_one || !is_norm(logical)) return t;
+  SB_ASSIGN_OR_RETURN(Tensor out, Tensor::uninitialized(DType::kF32, t.shape()));  // t may be the mapped file
+  for (int64_t i = 0; i < t.numel(); ++i) out.mutable_data_as<float>()[i] = 1.0f + t.data_as<float>()[i];
+  return out;
+}
+
+Result<Tensor> hf_fetch_layout(Checkpoint& ck, const ModelConfig& c, const std::string& logical, const Shape& want) {
   if (std::string name = tensor_name(ck, c, logical); !name.empty()) return get_shaped(ck, name, want);
   const size_t dot = logical.find('.', 7);
-  const std::string p = "model.layers." + logical.substr(7, dot - 7) + ".", rest = logical.substr(dot + 1);
+  const std::string p = c.weight_prefix + "layers." + logical.substr(7, dot - 7) + ".", rest = logical.substr(dot + 1);
+  if (rest == "lin.conv") {  // conv1d.weight [C, 1, K]
+    SB_ASSIGN_OR_RETURN(Tensor w, get_shaped(ck, p + "linear_attn.conv1d.weight", {want[0], 1, want[1]}));
+    return w.reshaped(want);
+  }
+  if (rest.rfind("lin.", 0) == 0) return hf_grouped_linear_attn(ck, c, p, rest);
   if (rest.rfind("experts.", 0) == 0) {
     const std::string proj = rest.substr(8, rest.find('.', 8) - 8);
     if (ends_with(rest, ".bias")) return hf_expert_bias(ck, p, proj, want);
@@ -632,7 +700,15 @@ static Status export_hf_impl(const std::string& hf_dir, const std::string& out_d
   };
   return write_model(out_dir, c, f, [&](const WeightSink& sink) -> Status {
     SB_RETURN_IF_ERROR(materialize(c, f, fetch, o.progress, sink, raw));
-    if (auto extra = ck->unused(); !extra.empty())
+    std::vector<std::string> extra = ck->unused();
+    // A text-only export leaves Qwen3.5's vision model and the multi-token-prediction head out.
+    const auto skipped = std::remove_if(extra.begin(), extra.end(), [](const std::string& n) {
+      return n.rfind("model.visual.", 0) == 0 || n.rfind("mtp.", 0) == 0;
+    });
+    if (const auto n = extra.end() - skipped; n > 0)
+      log::warn("{}: {} tensors of the vision model / multi-token prediction skipped (text only)", hf_dir, n);
+    extra.erase(skipped, extra.end());
+    if (!extra.empty())
       return make_error(StatusCode::kInvalidArgument, "%s: tensor '%s' is not used by a %s model (%zu unused in all)",
                         ck->file_of(extra[0]).c_str(), extra[0].c_str(), c.family.c_str(), extra.size());
     return Status::ok();

@@ -135,6 +135,48 @@ Status parse_moe_layers(const Reader& r, ModelConfig* c) {
   return Status::ok();
 }
 
+// Qwen3-Next / Qwen3.5: which layers are linear attention (layer_types, else every
+// full_attention_interval-th layer is full attention), the Gated DeltaNet sizes, the gated
+// attention output, zero-centred norms and the sigmoid-gated shared expert.
+Status parse_hybrid(const Reader& r, ModelConfig* c) {
+  c->qk_norm = QkNorm::kPerHead;
+  c->attn_output_gate = c->norm_plus_one = true;
+  c->lin_grouped = c->family == "qwen3_next";
+  if (c->family != "qwen3_next") c->renormalize = true;  // Qwen3.5's router always renormalizes
+  SB_RETURN_IF_ERROR(r.integer("shared_expert_intermediate_size", &c->shared_ffn, false));
+  c->shared_gate = c->shared_ffn > 0;
+  SB_RETURN_IF_ERROR(r.integer("linear_num_key_heads", &c->lin_k_heads));
+  SB_RETURN_IF_ERROR(r.integer("linear_num_value_heads", &c->lin_v_heads));
+  SB_RETURN_IF_ERROR(r.integer("linear_key_head_dim", &c->lin_k_dim));
+  SB_RETURN_IF_ERROR(r.integer("linear_value_head_dim", &c->lin_v_dim));
+  SB_RETURN_IF_ERROR(r.integer("linear_conv_kernel_dim", &c->lin_conv));
+  if (c->lin_k_heads <= 0 || c->lin_k_heads > 1024 || c->lin_v_heads <= 0 || c->lin_v_heads > 1024 ||
+      c->lin_v_heads % c->lin_k_heads != 0)
+    return r.error("linear_num_value_heads", strformat("%lld must be a positive multiple of linear_num_key_heads (%lld)",
+                                                       (long long)c->lin_v_heads, (long long)c->lin_k_heads));
+  if (c->lin_k_dim <= 0 || c->lin_k_dim > 1024) return r.error("linear_key_head_dim", "must lie in [1, 1024]");
+  if (c->lin_v_dim <= 0 || c->lin_v_dim > 1024) return r.error("linear_value_head_dim", "must lie in [1, 1024]");
+  if (c->lin_conv < 1 || c->lin_conv > 64)
+    return r.error("linear_conv_kernel_dim", strformat("%lld is outside [1, 64]", (long long)c->lin_conv));
+  int64_t interval = 4;
+  SB_RETURN_IF_ERROR(r.integer("full_attention_interval", &interval, false));
+  if (interval < 1) return r.error("full_attention_interval", "must be >= 1");
+  c->linear_layer.assign(static_cast<size_t>(c->layers), false);
+  for (int64_t i = 0; i < c->layers; ++i) c->linear_layer[static_cast<size_t>(i)] = (i + 1) % interval != 0;
+  if (const Json* types = r.find("layer_types")) {
+    if (!types->is_array() || static_cast<int64_t>(types->size()) != c->layers)
+      return r.error("layer_types", strformat("must list one type per layer (%lld), has %s", (long long)c->layers,
+                                              types->is_array() ? std::to_string(types->size()).c_str() : "no list"));
+    for (size_t i = 0; i < types->size(); ++i) {
+      const Json& t = (*types)[i];
+      if (t != "linear_attention" && t != "full_attention")
+        return r.error("layer_types", strformat("entry %zu is %s (linear_attention, full_attention)", i, clip(t.dump()).c_str()));
+      c->linear_layer[i] = t == "linear_attention";
+    }
+  }
+  return Status::ok();
+}
+
 Status parse_family(const Reader& r, ModelConfig* c) {
   const std::string& f = c->family;
   bool attention_bias = false;
@@ -197,11 +239,15 @@ Status parse_family(const Reader& r, ModelConfig* c) {
       for (size_t i = 0; i < types->size(); ++i)
         if ((*types)[i] == "sliding_attention") c->sliding_window[i] = window;
     }
+  } else if (f == "qwen3_next" || f == "qwen3_5_moe_text") {
+    SB_RETURN_IF_ERROR(parse_hybrid(r, c));
   } else if (f == "deepseek_v3" || f == "deepseek_v2") {
     return r.error("model_type", "'" + clip(f) +
                                      "': multi-head latent attention is not supported (its router is: see glm4_moe)");
   } else {
-    return r.error("model_type", "'" + clip(f) + "' is not supported (qwen3_moe, qwen2_moe, mixtral, olmoe, glm4_moe, gpt_oss)");
+    return r.error("model_type", "'" + clip(f) +
+                                     "' is not supported (qwen3_moe, qwen2_moe, mixtral, olmoe, glm4_moe, gpt_oss, "
+                                     "qwen3_next, qwen3_5_moe)");
   }
   return Status::ok();
 }
@@ -213,10 +259,18 @@ Result<ModelConfig> parse_hf_config_text(const std::string& text, const std::str
   const Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object())
     return make_error(StatusCode::kInvalidArgument, "%s: not a JSON object", origin.c_str());
-  Reader r(j, origin);
+  Reader top(j, origin);
   ModelConfig c;
   c.origin = origin;
-  SB_RETURN_IF_ERROR(r.string("model_type", &c.family, true));
+  SB_RETURN_IF_ERROR(top.string("model_type", &c.family, true));
+  // Qwen3.5's checkpoints wrap the text model (model.language_model.*) beside a vision model.
+  const Json* nested = c.family == "qwen3_5_moe" ? top.find("text_config") : nullptr;
+  if (c.family == "qwen3_5_moe" && (!nested || !nested->is_object())) return top.error("text_config", "missing");
+  Reader r(nested ? *nested : j, nested ? origin + ": text_config" : origin);
+  if (nested) {
+    c.family = "qwen3_5_moe_text";
+    c.weight_prefix = "model.language_model.";
+  }
   SB_RETURN_IF_ERROR(r.integer("vocab_size", &c.vocab));
   SB_RETURN_IF_ERROR(r.integer("hidden_size", &c.hidden));
   SB_RETURN_IF_ERROR(r.integer("num_hidden_layers", &c.layers));
@@ -231,7 +285,8 @@ Result<ModelConfig> parse_hf_config_text(const std::string& text, const std::str
   int64_t max_pos = 4096;
   SB_RETURN_IF_ERROR(r.integer("max_position_embeddings", &max_pos, false));
   c.max_seq = std::min<int64_t>(max_pos, 4096);
-  SB_RETURN_IF_ERROR(r.boolean("tie_word_embeddings", &c.tie_embeddings));
+  SB_RETURN_IF_ERROR(top.boolean("tie_word_embeddings", &c.tie_embeddings));
+  if (nested) SB_RETURN_IF_ERROR(r.boolean("tie_word_embeddings", &c.tie_embeddings));
   for (const char* key : {"num_experts", "num_local_experts", "n_routed_experts"})
     SB_RETURN_IF_ERROR(r.integer(key, &c.experts, false));
   SB_RETURN_IF_ERROR(r.integer("num_experts_per_tok", &c.top_k, false));
@@ -242,9 +297,9 @@ Result<ModelConfig> parse_hf_config_text(const std::string& text, const std::str
   SB_RETURN_IF_ERROR(parse_activation(r, &c));
   SB_RETURN_IF_ERROR(parse_moe_layers(r, &c));
   SB_RETURN_IF_ERROR(parse_family(r, &c));
-  if (const Json* q = r.find("quantization")) {  // mlx-lm's: {"group_size": G, "bits": B, per-path overrides}
+  if (const Json* q = top.find("quantization")) {  // mlx-lm's: {"group_size": G, "bits": B, per-path overrides}
     if (!q->is_object()) return r.error("quantization", "must be an object");
-    Reader rq(*q, origin + ": quantization");
+    Reader rq(*q, origin + ": quantization");  // mlx-lm writes it beside text_config
     int64_t bits = 0, gs = 0;
     SB_RETURN_IF_ERROR(rq.integer("bits", &bits));
     SB_RETURN_IF_ERROR(rq.integer("group_size", &gs));
@@ -295,6 +350,15 @@ Status check_config(const ModelConfig& c) {
   if (static_cast<int64_t>(c.moe_layer.size()) != c.layers) return bad("moe_layer needs one entry per layer", c.layers);
   if (!c.sliding_window.empty() && static_cast<int64_t>(c.sliding_window.size()) != c.layers)
     return bad("sliding_window needs one entry per layer", c.layers);
+  if (!c.linear_layer.empty()) {
+    if (static_cast<int64_t>(c.linear_layer.size()) != c.layers) return bad("layer_types needs one entry per layer", c.layers);
+    if (c.lin_k_heads <= 0 || c.lin_v_heads <= 0 || c.lin_v_heads % c.lin_k_heads != 0 || c.lin_k_heads > 1024 ||
+        c.lin_v_heads > 1024)
+      return bad("linear_num_value_heads must be a positive multiple of linear_num_key_heads", c.lin_v_heads);
+    if (c.lin_k_dim <= 0 || c.lin_v_dim <= 0 || c.lin_k_dim > 1024 || c.lin_v_dim > 1024)
+      return bad("linear key and value head dims must lie in [1, 1024]", c.lin_k_dim);
+    if (c.lin_conv < 1 || c.lin_conv > 64) return bad("linear_conv_kernel_dim must lie in [1, 64]", c.lin_conv);
+  }
   bool any_moe = false, any_dense = false;
   for (bool m : c.moe_layer) (m ? any_moe : any_dense) = true;
   if (any_moe && (c.experts <= 0 || c.top_k <= 0 || c.top_k > c.experts))
@@ -310,6 +374,7 @@ Status check_config(const ModelConfig& c) {
 int64_t input_width(const ModelConfig& c, const std::string& linear) {
   auto ends = [&](const char* x) { return ends_with(linear, x); };
   if (ends("attn.o")) return c.heads * c.head_dim;
+  if (ends("lin.out")) return c.lin_v_heads * c.lin_v_dim;
   if (!ends(".down")) return c.hidden;
   return linear.find(".experts.") != std::string::npos ? c.expert_ffn
          : linear.find(".shared.") != std::string::npos ? c.shared_ffn
@@ -332,7 +397,7 @@ Status check_format(const ModelConfig& c, const ExportFormat& f) {
   if (!quant_group_allowed(f.group_size))
     return make_error(StatusCode::kInvalidArgument, "%s %d: allowed are 32, 64, 128", group_name.c_str(),
                       f.group_size);
-  for (int64_t k : {c.hidden, c.heads * c.head_dim, c.expert_ffn, c.dense_ffn, c.shared_ffn})
+  for (int64_t k : {c.hidden, c.heads * c.head_dim, c.expert_ffn, c.dense_ffn, c.shared_ffn, c.lin_v_heads * c.lin_v_dim})
     if (k > 0 && k % f.group_size != 0)
       return make_error(StatusCode::kInvalidArgument, "%s %d does not divide the input width %lld",
                         group_name.c_str(), f.group_size, (long long)k);

@@ -30,7 +30,8 @@ enum class QkNorm { kNone, kPerHead, kWhole };  // whole: over the full q/k proj
 
 struct ModelConfig {
   std::string origin;  // where it was read (config.json's path), named by check_config's errors
-  std::string family;  // HF model_type: qwen3_moe, qwen2_moe, mixtral, olmoe, glm4_moe, gpt_oss
+  std::string family;  // HF model_type: qwen3_moe, qwen2_moe, mixtral, olmoe, glm4_moe, gpt_oss, qwen3_next,
+                       // qwen3_5_moe_text (qwen3_5_moe's text model)
   int64_t vocab = 0, hidden = 0, layers = 0, heads = 0, kv_heads = 0, head_dim = 0;
   float rms_eps = 1e-6f;
   int64_t max_seq = 4096;  // KV cache length
@@ -63,6 +64,17 @@ struct ModelConfig {
   float glu_alpha = 1.702f, glu_limit = 7.0f;
   bool expert_bias = false;     // gpt-oss
   bool tie_embeddings = false;
+
+  // Hybrid models (qwen3_next, qwen3_5_moe): per layer, Gated DeltaNet linear attention
+  // (lin_*: key/value heads and their sizes, the conv width) instead of softmax attention.
+  std::vector<bool> linear_layer;
+  int64_t lin_k_heads = 0, lin_v_heads = 0, lin_k_dim = 0, lin_v_dim = 0, lin_conv = 0;
+  bool lin_grouped = false;       // qwen3_next: in_proj_qkvz / in_proj_ba rows grouped by key head
+  bool norm_plus_one = false;     // RMSNorm weights are zero-centred: x-hat * (1 + w)
+  bool attn_output_gate = false;  // q_proj also yields a per-head gate: o * sigmoid(gate)
+  std::string weight_prefix = "model.";  // the text model's tensors (qwen3_5_moe: model.language_model.)
+  int64_t lin_conv_dim() const { return 2 * lin_k_heads * lin_k_dim + lin_v_heads * lin_v_dim; }
+
   // An MLX-quantized checkpoint (config "quantization"): its default width and group.
   bool mlx_quantized = false;
   int mlx_bits = 0, mlx_group_size = 0;
