@@ -419,6 +419,29 @@ TEST(ExportErrors, ConfigValuesOutOfRange) {
   expect_export_error(e, {"rope_theta must be a finite number > 1"});
 }
 
+// Qwen3-Next / Qwen3.5 configs and checkpoints that cannot make a model: one error naming the
+// file and the key (or tensor).
+TEST(ExportErrors, HybridConfigAndTensors) {
+  fs::path d = copy_fixture("qwen3_next", "lin_heads");
+  edit_config(d, "\"linear_num_value_heads\": 4", "\"linear_num_value_heads\": 3");
+  expect_export_error(d, {"config.json", "linear_num_value_heads", "3 must be a positive multiple of linear_num_key_heads (2)"});
+  d = copy_fixture("qwen3_next", "lin_conv");
+  edit_config(d, "\"linear_conv_kernel_dim\": 4", "\"linear_conv_kernel_dim\": 0");
+  expect_export_error(d, {"config.json", "linear_conv_kernel_dim", "0 is outside [1, 64]"});
+  d = copy_fixture("qwen3_next", "lin_types");
+  edit_config(d, "\"linear_attention\",\n    \"full_attention\",", "\"full_attention\",");
+  expect_export_error(d, {"config.json", "layer_types", "must list one type per layer (3), has 2"});
+  d = copy_fixture("qwen3_5_moe", "lin_text");
+  edit_config(d, "\"text_config\"", "\"text_konfig\"");
+  expect_export_error(d, {"config.json", "text_config: missing"});
+  d = copy_fixture("qwen3_5_moe_text", "lin_a_log");
+  edit_tensors(d, [](auto& ts) {
+    ts.erase(std::remove_if(ts.begin(), ts.end(), [](auto& t) { return t.first == "model.layers.2.linear_attn.A_log"; }),
+             ts.end());
+  });
+  expect_export_error(d, {"tensor 'model.layers.2.linear_attn.A_log' is missing"});
+}
+
 // A sharded checkpoint's index says which files hold the weights; others beside them are ignored,
 // and an index may not point outside the directory.
 TEST(ExportErrors, ShardIndexChoosesTheFiles) {
@@ -481,6 +504,30 @@ TEST(TinyTest, SyntheticWeightsRun) {
   for (const Tensor& l : g.logits)
     for (int64_t v = 0; v < l.numel(); ++v) ASSERT_TRUE(std::isfinite(l.data_as<float>()[v])) << v;
   EXPECT_EQ(models::synthetic_config("nope").status().code(), StatusCode::kInvalidArgument);
+}
+
+// The seed's CI gate in our form: the tiny Qwen3.5 hybrid (export --tiny-test qwen3_5_moe,
+// 4-bit linears), a prompt of 4 tokens (over the sort cutoff: the sorted expert path) and 5
+// new tokens (decode steps: the unsorted path) give these ids on every device. The ids pin the
+// whole numerics contract: any change to an order or a routine shows here first.
+TEST(TinyTest, Qwen35HybridGeneratesTheFixedIds) {
+  models::ExportFormat f;
+  f.bits = 4;
+  f.group_size = 64;
+  auto c = models::tiny_test_config("qwen3_5_moe");
+  ASSERT_TRUE(c.is_ok()) << c.status().to_string();
+  auto w = models::random_weights(*c, f, 2026);  // the CLI's seed
+  ASSERT_TRUE(w.is_ok());
+  const fs::path out = scratch("tiny35");
+  ASSERT_TRUE(models::write_model(out.string(), *c, f, *w).is_ok());
+  auto program = Program::load((out / "program.sbp").string(), LoadOptions{{(out / "weights.safetensors").string()}});
+  ASSERT_TRUE(program.is_ok());
+  int64_t cutoff = -1;
+  EXPECT_TRUE((*program)->attribute("moe.sort_cutoff", &cutoff));
+  EXPECT_EQ(cutoff, 3) << "a 4-token prompt must take the sorted path";
+  const auto g = run_everywhere(out, {1, 2, 3, 4}, 5, nullptr);
+  EXPECT_EQ(g.tokens, (std::vector<int32_t>{234, 185, 204, 174, 33}));
+  EXPECT_EQ(models::tiny_test_config("llama").status().code(), StatusCode::kInvalidArgument);
 }
 
 }  // namespace

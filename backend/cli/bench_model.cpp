@@ -39,6 +39,7 @@ Result<std::shared_ptr<const Program>> synthetic_model(const BenchModelOptions& 
   if (o.layers > 0 && o.layers < c.layers) {
     c.layers = o.layers;
     c.moe_layer.resize(static_cast<size_t>(c.layers));
+    if (!c.linear_layer.empty()) c.linear_layer.resize(static_cast<size_t>(c.layers));
   }
   c.max_seq = o.max_seq > 0 ? o.max_seq : o.prompt_len + o.gen;
   models::ExportFormat f;

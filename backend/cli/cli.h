@@ -32,6 +32,7 @@ int run_bench_moe_layer(const BenchOptions& opts);
 struct ExportCliOptions {
   std::string hf_dir, synthetic, out, dtype = "f32", bit_map;
   bool tiny_test = false;
+  std::string tiny_family;  // --tiny-test's value: "" (qwen2_moe) or qwen3_5_moe
   int bits = 0, group_size = 64;
   int64_t max_seq = 0, layers = 0;
 };

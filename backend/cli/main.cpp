@@ -52,8 +52,8 @@ int main(int argc, char** argv) {
                      "Exported model directory (or its program.sbp); a benchmark-shaped one comes from "
                      "`export --synthetic qwen3-30b-a3b --bits 4`");
   bm_src->add_option("--synthetic", bm.synthetic,
-                     "A benchmark shape built in memory, no export (random codes): qwen3-30b-a3b")
-      ->check(CLI::IsMember({"qwen3-30b-a3b"}));
+                     "A benchmark shape built in memory, no export (random codes): qwen3-30b-a3b, qwen3.5-35b-a3b")
+      ->check(CLI::IsMember({"qwen3-30b-a3b", "qwen3.5-35b-a3b"}));
   bm_src->require_option(1);
   bm_cmd->add_option("--layers", bm.layers, "With --synthetic: only the first N layers (default: all)")
       ->check(CLI::Range(int64_t{1}, int64_t{1024}));
@@ -75,9 +75,14 @@ int main(int argc, char** argv) {
   auto* ex_cmd = app.add_subcommand("export", "Hugging Face checkpoint (or the tiny test model) -> program + weights");
   auto* ex_src = ex_cmd->add_option_group("source", "what to export");
   ex_src->add_option("--hf", ex.hf_dir, "Hugging Face model directory (config.json + *.safetensors)");
-  ex_src->add_flag("--tiny-test", ex.tiny_test, "The deterministic random tiny model (CI, the README demo)");
-  ex_src->add_option("--synthetic", ex.synthetic, "A benchmark-shaped model with random codes (needs --bits): qwen3-30b-a3b")
-      ->check(CLI::IsMember({"qwen3-30b-a3b"}));
+  auto* tiny_opt = ex_src->add_option("--tiny-test", ex.tiny_family,
+                                      "The deterministic random tiny model (CI, the README demo); with the value "
+                                      "qwen3_5_moe the tiny Qwen3.5 hybrid")
+                       ->expected(0, 1)
+                       ->check(CLI::IsMember({"", "qwen2_moe", "qwen3_5_moe"}));
+  ex_src->add_option("--synthetic", ex.synthetic,
+                     "A benchmark-shaped model with random codes (needs --bits): qwen3-30b-a3b, qwen3.5-35b-a3b")
+      ->check(CLI::IsMember({"qwen3-30b-a3b", "qwen3.5-35b-a3b"}));
   ex_src->require_option(1);
   ex_cmd->add_option("--out", ex.out, "Output directory (program.sbp, weights.safetensors)")->required();
   ex_cmd->add_option("--dtype", ex.dtype, "Float weights: f32 | f16 | bf16")->check(CLI::IsMember({"f32", "f16", "bf16"}));
@@ -108,6 +113,7 @@ int main(int argc, char** argv) {
   val_cmd->add_option("--runs", val.runs, "Timed runs per side (median reported)")->check(CLI::Range(1, 100));
 
   CLI11_PARSE(app, argc, argv);
+  ex.tiny_test = tiny_opt->count() > 0;
   // Nothing escapes as an abort: an allocation that fails anywhere below ends the command
   // with a one-line error and exit status 1.
   try {

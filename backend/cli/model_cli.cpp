@@ -97,7 +97,9 @@ int run_export(const ExportCliOptions& o) {
   }
   Status st;
   if (o.tiny_test) {
-    models::ModelConfig c = models::tiny_test_config();
+    auto tiny = models::tiny_test_config(o.tiny_family);
+    if (!tiny) return fail("export", tiny.status());
+    models::ModelConfig c = *tiny;
     if (o.max_seq > 0) c.max_seq = o.max_seq;
     st = models::check_config(c);
     if (st.is_ok()) st = models::check_format(c, e.format);
@@ -113,6 +115,7 @@ int run_export(const ExportCliOptions& o) {
     if (st.is_ok() && o.layers > 0 && o.layers < c->layers) {
       c->layers = o.layers;
       c->moe_layer.resize(static_cast<size_t>(c->layers));
+      if (!c->linear_layer.empty()) c->linear_layer.resize(static_cast<size_t>(c->layers));
     }
     if (st.is_ok() && o.bits == 0) st = make_error(StatusCode::kInvalidArgument, "--synthetic needs --bits");
     if (st.is_ok()) st = models::check_config(*c);

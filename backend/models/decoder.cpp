@@ -196,6 +196,7 @@ TensorRef moe_ffn(Emit& e, int64_t layer, TensorRef h) {
   if (c.shared_gate) shared_gate = b.matmul(h, e.constant(layer_name(layer, "shared_gate.weight"), e.act, {1, c.hidden}));
   MoeExperts x{e.experts(layer, "gate", c.expert_ffn, c.hidden), e.experts(layer, "up", c.expert_ffn, c.hidden),
                e.experts(layer, "down", c.hidden, c.expert_ffn)};
+  x.sort_cutoff = c.sort_cutoff;
   x.activation = c.activation;
   x.alpha = c.glu_alpha;
   x.limit = c.glu_limit;

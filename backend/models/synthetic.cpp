@@ -29,9 +29,58 @@ ModelConfig tiny_test_config() {
   return c;
 }
 
+// The Qwen3.5 hybrid's settings on top of a config's sizes.
+void make_hybrid(ModelConfig& c, int64_t k_heads, int64_t v_heads, int64_t head, int64_t interval) {
+  c.family = "qwen3_5_moe_text";
+  c.qk_norm = QkNorm::kPerHead;
+  c.attn_output_gate = c.norm_plus_one = true;
+  c.partial_rotary = 0.25;
+  c.renormalize = true;
+  c.shared_gate = true;
+  c.lin_k_heads = k_heads;
+  c.lin_v_heads = v_heads;
+  c.lin_k_dim = c.lin_v_dim = head;
+  c.lin_conv = 4;
+  c.linear_layer.assign(static_cast<size_t>(c.layers), false);
+  for (int64_t i = 0; i < c.layers; ++i) c.linear_layer[static_cast<size_t>(i)] = (i + 1) % interval != 0;
+}
+
+Result<ModelConfig> tiny_test_config(const std::string& family) {
+  if (family.empty() || family == "qwen2_moe") return tiny_test_config();
+  if (family != "qwen3_5_moe")
+    return make_error(StatusCode::kInvalidArgument, "--tiny-test %s: known are qwen2_moe (the default), qwen3_5_moe",
+                      family.c_str());
+  ModelConfig c = tiny_test_config();
+  c.head_dim = 32;
+  c.expert_ffn = 64;
+  c.shared_ffn = 64;
+  c.sort_cutoff = 3;  // the seed's gate: a 4-token prompt sorts, decode steps do not
+  make_hybrid(c, 2, 4, 32, 4);
+  return c;
+}
+
 Result<ModelConfig> synthetic_config(const std::string& shape) {
+  if (shape == "qwen3.5-35b-a3b") {
+    ModelConfig c;  // Qwen3.5-35B-A3B's text_config
+    c.vocab = 248320;
+    c.hidden = 2048;
+    c.layers = 40;
+    c.heads = 16;
+    c.kv_heads = 2;
+    c.head_dim = 256;
+    c.rope_theta = 10000000.0;
+    c.moe_layer.assign(40, true);
+    c.experts = 256;
+    c.top_k = 8;
+    c.expert_ffn = 512;
+    c.shared_ffn = 512;
+    c.max_seq = 1024;
+    make_hybrid(c, 16, 32, 128, 4);
+    return c;
+  }
   if (shape != "qwen3-30b-a3b")
-    return make_error(StatusCode::kInvalidArgument, "synthetic model '%s': known is qwen3-30b-a3b", shape.c_str());
+    return make_error(StatusCode::kInvalidArgument, "synthetic model '%s': known are qwen3-30b-a3b, qwen3.5-35b-a3b",
+                      shape.c_str());
   ModelConfig c;  // Qwen3-30B-A3B's config.json
   c.family = "qwen3_moe";
   c.vocab = 151936;

@@ -73,6 +73,7 @@ struct ModelConfig {
   bool norm_plus_one = false;     // RMSNorm weights are zero-centred: x-hat * (1 + w)
   bool attn_output_gate = false;  // q_proj also yields a per-head gate: o * sigmoid(gate)
   std::string weight_prefix = "model.";  // the text model's tensors (qwen3_5_moe: model.language_model.)
+  int64_t sort_cutoff = 4;  // prefills of more rows take the sorted expert path
   int64_t lin_conv_dim() const { return 2 * lin_k_heads * lin_k_dim + lin_v_heads * lin_v_dim; }
 
   // An MLX-quantized checkpoint (config "quantization"): its default width and group.
@@ -171,7 +172,10 @@ Status write_model(const std::string& out_dir, const ModelConfig& c, const Expor
 
 // The deterministic random model of `switchboard export --tiny-test`: vocab 256, hidden
 // 128, 4 layers, 8 experts top-2, expert FFN 128, a sigmoid-gated shared expert of 128.
+// family "qwen3_5_moe": the tiny Qwen3.5 hybrid instead (3 Gated DeltaNet layers and one
+// gated full-attention layer; prompts of more than 3 tokens take the sorted expert path).
 ModelConfig tiny_test_config();
+Result<ModelConfig> tiny_test_config(const std::string& family);
 // Random weights for any config (seeded; scaled so logits are O(1)): the tiny test
 // model and the synthetic benchmark models.
 Status random_weights(const ModelConfig& c, const ExportFormat& f, uint64_t seed, const WeightSink& sink);
@@ -179,7 +183,8 @@ Result<std::vector<std::pair<std::string, Tensor>>> random_weights(const ModelCo
                                                                   uint64_t seed);
 
 // Benchmark-scale shapes made without a download: "qwen3-30b-a3b" (48 layers, 128
-// experts top-8; max_seq 1024). synthetic_weights writes random codes and plausible
+// experts top-8; max_seq 1024), "qwen3.5-35b-a3b" (40 layers, 3 of 4 Gated DeltaNet, 256
+// experts top-8, shared expert; vocab 248,320). synthetic_weights writes random codes and plausible
 // scales directly (seconds, not hours), for speed measurements only.
 Result<ModelConfig> synthetic_config(const std::string& shape);
 Status synthetic_weights(const ModelConfig& c, const ExportFormat& f, uint64_t seed,
