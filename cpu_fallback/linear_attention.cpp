@@ -15,34 +15,32 @@ namespace {
 Status causal_conv1d(KernelContext& ctx, const fb::OpNodeUnion& op) {
   const auto* n = op.AsCausalConv1dNode();
   SB_ASSIGN_OR_RETURN(Tensor x, ctx.in(n->x.get()));
-  SB_ASSIGN_OR_RETURN(Tensor w, ctx.in(n->weight.get()));
+  SB_ASSIGN_OR_RETURN(Tensor wt, ctx.in(n->weight.get()));
   SB_ASSIGN_OR_RETURN(int64_t pos, ctx.resolve(n->pos.get()));
   SB_ASSIGN_OR_RETURN(Tensor state, ctx.inplace(n->state.get()));
-  SB_ASSIGN_OR_RETURN(ConvDims d, causal_conv1d_dims(x, w, state, pos));
+  SB_ASSIGN_OR_RETURN(ConvDims d, causal_conv1d_dims(x, wt, state, pos));
   const DType dt = x.dtype();
   const int64_t hist = d.k - 1;
-  // u: the K - 1 rows before row 0 (zeros when a sequence starts), then x's rows.
-  std::vector<float> u(static_cast<size_t>((hist + d.m) * d.c), 0.0f);
-  if (pos > 0) {
-    const std::vector<float> sf = widen_f32(state);
-    std::copy(sf.begin(), sf.end(), u.begin());
-  }
-  const std::vector<float> xf = widen_f32(x), wf = widen_f32(w);
-  std::copy(xf.begin(), xf.end(), u.begin() + hist * d.c);
   SB_ASSIGN_OR_RETURN(Tensor out, Tensor::uninitialized(dt, x.shape()));
-  parallel_for(d.m, 1, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t)
-      for (int64_t c = 0; c < d.c; ++c) {
+  // Each channel alone: its K - 1 last inputs (zeros when a sequence starts), then its rows in
+  // order; the state keeps the last K - 1 afterwards.
+  parallel_for(d.c, 256, [&](int64_t c0, int64_t c1) {
+    std::vector<float> u(static_cast<size_t>(hist + d.m)), w(static_cast<size_t>(d.k));
+    for (int64_t c = c0; c < c1; ++c) {
+      for (int64_t j = 0; j < d.k; ++j) w[static_cast<size_t>(j)] = load_f32(wt.data(), dt, c * d.k + j);
+      for (int64_t r = 0; r < hist; ++r)
+        u[static_cast<size_t>(r)] = pos > 0 ? load_f32(state.data(), dt, r * d.c + c) : 0.0f;
+      for (int64_t t = 0; t < d.m; ++t) u[static_cast<size_t>(hist + t)] = load_f32(x.data(), dt, t * d.c + c);
+      for (int64_t t = 0; t < d.m; ++t) {
         float acc = 0.0f;
-        for (int64_t j = 0; j < d.k; ++j) acc = acc + wf[static_cast<size_t>(c * d.k + j)] * u[static_cast<size_t>((t + j) * d.c + c)];
+        for (int64_t j = 0; j < d.k; ++j) acc = acc + w[static_cast<size_t>(j)] * u[static_cast<size_t>(t + j)];
         float y = round_to(acc, dt);
         if (n->silu) y = exact::silu(y);
         store_f32(out.mutable_data(), dt, t * d.c + c, y);
       }
+      for (int64_t r = 0; r < hist; ++r) store_f32(state.mutable_data(), dt, r * d.c + c, u[static_cast<size_t>(d.m + r)]);
+    }
   });
-  for (int64_t r = 0; r < hist; ++r)  // the last K - 1 rows of u
-    for (int64_t c = 0; c < d.c; ++c)
-      store_f32(state.mutable_data(), dt, r * d.c + c, u[static_cast<size_t>((d.m + r) * d.c + c)]);
   return ctx.out(n->out.get(), std::move(out));
 }
 
@@ -66,7 +64,8 @@ struct DeltaInputs {
 void delta_head(const DeltaInputs& in, int64_t h, float* s, Tensor& out) {
   const DeltaDims& d = in.d;
   const int64_t kh = h / (d.hv / d.hk), dk = d.dk, dv = d.dv;
-  std::vector<float> q(static_cast<size_t>(dk)), k(static_cast<size_t>(dk)), m(static_cast<size_t>(dv));
+  std::vector<float> q(static_cast<size_t>(dk)), k(static_cast<size_t>(dk)), m(static_cast<size_t>(dv)),
+      o(static_cast<size_t>(dv));
   for (int64_t t = 0; t < d.m; ++t) {
     const float* row = in.qkv.data() + t * d.width;
     std::copy(row + kh * dk, row + (kh + 1) * dk, q.begin());
@@ -81,17 +80,30 @@ void delta_head(const DeltaInputs& in, int64_t h, float* s, Tensor& out) {
     const float g = -exact::exp(in.a_log[static_cast<size_t>(h)]) *
                     exact::softplus(in.a[static_cast<size_t>(t * d.hv + h)] + in.dt_bias[static_cast<size_t>(h)]);
     const float alpha = exact::exp(g);
-    for (int64_t i = 0; i < dk * dv; ++i) s[i] = s[i] * alpha;
+    // Two passes over the state, rows i in order, the columns j side by side (each column's
+    // sums stay in index order): decay and m = S^T k, then the update and o = S^T q.
+    float* mj = m.data();
+    float* oj = o.data();
     std::fill(m.begin(), m.end(), 0.0f);
-    for (int64_t i = 0; i < dk; ++i)
-      for (int64_t j = 0; j < dv; ++j) m[static_cast<size_t>(j)] = m[static_cast<size_t>(j)] + s[i * dv + j] * k[static_cast<size_t>(i)];
-    for (int64_t j = 0; j < dv; ++j) m[static_cast<size_t>(j)] = (v[j] - m[static_cast<size_t>(j)]) * beta;  // the delta
-    for (int64_t i = 0; i < dk; ++i)
-      for (int64_t j = 0; j < dv; ++j) s[i * dv + j] = s[i * dv + j] + k[static_cast<size_t>(i)] * m[static_cast<size_t>(j)];
-    std::fill(m.begin(), m.end(), 0.0f);
-    for (int64_t i = 0; i < dk; ++i)
-      for (int64_t j = 0; j < dv; ++j) m[static_cast<size_t>(j)] = m[static_cast<size_t>(j)] + s[i * dv + j] * q[static_cast<size_t>(i)];
-    for (int64_t j = 0; j < dv; ++j) store_f32(out.mutable_data(), in.dt, (t * d.hv + h) * dv + j, m[static_cast<size_t>(j)]);
+    for (int64_t i = 0; i < dk; ++i) {
+      float* row = s + i * dv;
+      const float ki = k[static_cast<size_t>(i)];
+      for (int64_t j = 0; j < dv; ++j) {
+        row[j] = row[j] * alpha;
+        mj[j] = mj[j] + row[j] * ki;
+      }
+    }
+    for (int64_t j = 0; j < dv; ++j) mj[j] = (v[j] - mj[j]) * beta;  // the delta
+    std::fill(o.begin(), o.end(), 0.0f);
+    for (int64_t i = 0; i < dk; ++i) {
+      float* row = s + i * dv;
+      const float ki = k[static_cast<size_t>(i)], qi = q[static_cast<size_t>(i)];
+      for (int64_t j = 0; j < dv; ++j) {
+        row[j] = row[j] + ki * mj[j];
+        oj[j] = oj[j] + row[j] * qi;
+      }
+    }
+    for (int64_t j = 0; j < dv; ++j) store_f32(out.mutable_data(), in.dt, (t * d.hv + h) * dv + j, oj[j]);
   }
 }
 

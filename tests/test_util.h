@@ -56,8 +56,9 @@ inline std::shared_ptr<const Program> load(const std::vector<uint8_t>& bytes) {
 }
 
 // The tiny test model (group 64, `bits`-bit linears, weights from `seed`) exported to `out`.
-inline Status export_tiny_model(const std::string& out, int bits = 4, uint64_t seed = 2026) {
-  const models::ModelConfig c = models::tiny_test_config();
+inline Status export_tiny_model(const std::string& out, int bits = 4, uint64_t seed = 2026,
+                                const std::string& family = "") {
+  SB_ASSIGN_OR_RETURN(const models::ModelConfig c, models::tiny_test_config(family));
   models::ExportFormat f;
   f.bits = bits;
   f.group_size = 64;
