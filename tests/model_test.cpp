@@ -506,6 +506,49 @@ TEST(TinyTest, SyntheticWeightsRun) {
   EXPECT_EQ(models::synthetic_config("nope").status().code(), StatusCode::kInvalidArgument);
 }
 
+// mlx-lm's conversion of a Qwen3.5 checkpoint (its sanitize): the text model under
+// language_model.model., lm_head under language_model., the vision model as vision_tower.,
+// convs as [C, K, 1] and the zero-centred norms stored as 1 + w. It exports to the program and
+// weights of the transformers layout: the same logits, bit for bit.
+TEST(HfFixture, Qwen35MlxLayoutGivesTheSameBits) {
+  const fs::path d = copy_fixture("qwen3_5_moe", "mlx_layout");
+  edit_tensors(d, [](auto& ts) {
+    auto starts = [](const std::string& n, const char* p) { return n.rfind(p, 0) == 0; };
+    auto ends = [](const std::string& n, const std::string& x) {
+      return n.size() >= x.size() && n.compare(n.size() - x.size(), x.size(), x) == 0;
+    };
+    for (auto& [name, t] : ts) {
+      const bool norm = ends(name, "layernorm.weight") || ends(name, "q_norm.weight") || ends(name, "k_norm.weight") ||
+                        name == "model.language_model.norm.weight";
+      if (norm) {  // 1 + w in f32, as HF computes it
+        Tensor f = Tensor::uninitialized(DType::kF32, t.shape()).value();
+        const std::vector<double> w = t.to_doubles();
+        for (int64_t i = 0; i < t.numel(); ++i) f.mutable_data_as<float>()[i] = 1.0f + static_cast<float>(w[static_cast<size_t>(i)]);
+        t = f;
+      }
+      if (ends(name, "conv1d.weight")) t = t.reshaped({t.dim(0), t.dim(2), 1}).value();
+      if (starts(name, "model.language_model.")) name = "language_model.model." + name.substr(21);
+      else if (starts(name, "model.visual.")) name = "vision_tower." + name.substr(13);
+      else if (name == "lm_head.weight") name = "language_model.lm_head.weight";
+    }
+  });
+  const Reference ref = read_reference(kFixtures / "qwen3_5_moe");
+  std::vector<std::vector<Tensor>> logits;
+  for (const fs::path& src : {kFixtures / "qwen3_5_moe" / "hf", d}) {
+    const fs::path out = scratch("mlx_layout_out_" + std::to_string(logits.size()));
+    models::ExportOptions o;
+    o.max_seq = 64;
+    Status st = models::export_hf(src.string(), out.string(), o);
+    ASSERT_TRUE(st.is_ok()) << st.to_string();
+    const auto g = run_everywhere(out, ref.prompt, static_cast<int64_t>(ref.generated.size()), &ref.generated);
+    EXPECT_EQ(g.tokens, ref.generated);
+    logits.push_back(g.logits);
+  }
+  ASSERT_EQ(logits[0].size(), logits[1].size());
+  for (size_t i = 0; i < logits[0].size(); ++i)
+    EXPECT_EQ(std::memcmp(logits[0][i].data(), logits[1][i].data(), logits[0][i].nbytes()), 0) << "step " << i;
+}
+
 // The seed's CI gate in our form: the tiny Qwen3.5 hybrid (export --tiny-test qwen3_5_moe,
 // 4-bit linears), a prompt of 4 tokens (over the sort cutoff: the sorted expert path) and 5
 // new tokens (decode steps: the unsorted path) give these ids on every device. The ids pin the

@@ -218,6 +218,10 @@ class Checkpoint {
     auto it = where_.find(name);
     return it == where_.end() ? std::string("checkpoint") : files_[it->second]->path();
   }
+  // mlx-lm's conversion of a Qwen3-Next / Qwen3.5 checkpoint: its lm_head's name, and its
+  // zero-centred norms already stored as 1 + w (set by adapt_layout).
+  std::string lm_head = "lm_head.weight";
+  bool norms_shifted = false;
   // Tensors no weight came from (rotary caches excepted).
   std::vector<std::string> unused() const {
     std::vector<std::string> names;
@@ -331,8 +335,7 @@ std::string tensor_name(const Checkpoint& ck, const ModelConfig& c, const std::s
   const std::string& m = c.weight_prefix;
   if (logical == "embed") return m + "embed_tokens.weight";
   if (logical == "final_norm") return m + "norm.weight";
-  if (logical == "lm_head")
-    return c.tie_embeddings && !ck.has("lm_head.weight") ? m + "embed_tokens.weight" : "lm_head.weight";
+  if (logical == "lm_head") return c.tie_embeddings && !ck.has(ck.lm_head) ? m + "embed_tokens.weight" : ck.lm_head;
   // layers.<i>.<rest>
   const size_t dot = logical.find('.', 7);
   const std::string p = m + "layers." + logical.substr(7, dot - 7) + ".", rest = logical.substr(dot + 1);
@@ -418,11 +421,28 @@ bool is_norm(const std::string& logical) {
 
 Result<Tensor> hf_fetch_layout(Checkpoint& ck, const ModelConfig& c, const std::string& logical, const Shape& want);
 
+// Where a hybrid checkpoint keeps its text model: transformers' model. / model.language_model.,
+// or mlx-lm's language_model.model. (its lm_head inside, its norms stored as 1 + w and its
+// convs as [C, K, 1], as mlx-lm's sanitize leaves them).
+void adapt_layout(Checkpoint& ck, ModelConfig& c) {
+  if (c.linear_layer.empty()) return;
+  for (const char* prefix : {"model.", "model.language_model.", "language_model.model."})
+    if (!ck.has(c.weight_prefix + "embed_tokens.weight") && ck.has(std::string(prefix) + "embed_tokens.weight"))
+      c.weight_prefix = prefix;
+  if (!ck.has(ck.lm_head) && ck.has("language_model.lm_head.weight")) ck.lm_head = "language_model.lm_head.weight";
+  for (int64_t i = 0; i < c.layers; ++i) {
+    if (!c.linear_layer[static_cast<size_t>(i)]) continue;
+    const std::string conv = c.weight_prefix + "layers." + std::to_string(i) + ".linear_attn.conv1d.weight";
+    ck.norms_shifted = c.lin_conv > 1 && ck.has(conv) && ck.entry(conv).shape == Shape{c.lin_conv_dim(), c.lin_conv, 1};
+    break;
+  }
+}
+
 // Our logical name -> the tensor(s) of the checkpoint, as f32 in our layout; zero-centred
 // norms (Qwen3-Next, Qwen3.5) become 1 + w here, in f32 as HF computes it.
 Result<Tensor> hf_fetch(Checkpoint& ck, const ModelConfig& c, const std::string& logical, const Shape& want) {
   SB_ASSIGN_OR_RETURN(Tensor t, hf_fetch_layout(ck, c, logical, want));
-  if (!c.norm_plus_one || !is_norm(logical)) return t;
+  if (!c.norm_plus_one || ck.norms_shifted || !is_norm(logical)) return t;
   SB_ASSIGN_OR_RETURN(Tensor out, Tensor::uninitialized(DType::kF32, t.shape()));  // t may be the mapped file
   for (int64_t i = 0; i < t.numel(); ++i) out.mutable_data_as<float>()[i] = 1.0f + t.data_as<float>()[i];
   return out;
@@ -432,8 +452,10 @@ Result<Tensor> hf_fetch_layout(Checkpoint& ck, const ModelConfig& c, const std::
   if (std::string name = tensor_name(ck, c, logical); !name.empty()) return get_shaped(ck, name, want);
   const size_t dot = logical.find('.', 7);
   const std::string p = c.weight_prefix + "layers." + logical.substr(7, dot - 7) + ".", rest = logical.substr(dot + 1);
-  if (rest == "lin.conv") {  // conv1d.weight [C, 1, K]
-    SB_ASSIGN_OR_RETURN(Tensor w, get_shaped(ck, p + "linear_attn.conv1d.weight", {want[0], 1, want[1]}));
+  if (rest == "lin.conv") {  // conv1d.weight: HF's [C, 1, K] or mlx-lm's [C, K, 1] (the same order)
+    const std::string name = p + "linear_attn.conv1d.weight";
+    const bool mlx = ck.has(name) && ck.entry(name).shape == Shape{want[0], want[1], 1};
+    SB_ASSIGN_OR_RETURN(Tensor w, get_shaped(ck, name, mlx ? Shape{want[0], want[1], 1} : Shape{want[0], 1, want[1]}));
     return w.reshaped(want);
   }
   if (rest.rfind("lin.", 0) == 0) return hf_grouped_linear_attn(ck, c, p, rest);
@@ -671,6 +693,7 @@ static Status export_hf_impl(const std::string& hf_dir, const std::string& out_d
                       hf_dir.c_str());
   SB_RETURN_IF_ERROR(check_format(c, o.format));
   SB_ASSIGN_OR_RETURN(auto ck, Checkpoint::open(hf_dir));
+  adapt_layout(*ck, c);
   ExportFormat f = o.format;
   if (c.mlx_quantized) {
     SB_RETURN_IF_ERROR(mlx_format(*ck, c, &f));
@@ -703,7 +726,7 @@ static Status export_hf_impl(const std::string& hf_dir, const std::string& out_d
     std::vector<std::string> extra = ck->unused();
     // A text-only export leaves Qwen3.5's vision model and the multi-token-prediction head out.
     const auto skipped = std::remove_if(extra.begin(), extra.end(), [](const std::string& n) {
-      return n.rfind("model.visual.", 0) == 0 || n.rfind("mtp.", 0) == 0;
+      return n.rfind("model.visual.", 0) == 0 || n.rfind("vision_tower.", 0) == 0 || n.rfind("mtp.", 0) == 0;
     });
     if (const auto n = extra.end() - skipped; n > 0)
       log::warn("{}: {} tensors of the vision model / multi-token prediction skipped (text only)", hf_dir, n);
