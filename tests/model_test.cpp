@@ -506,6 +506,51 @@ TEST(TinyTest, SyntheticWeightsRun) {
   EXPECT_EQ(models::synthetic_config("nope").status().code(), StatusCode::kInvalidArgument);
 }
 
+// Which layers are Gated DeltaNet: layer_types when given, else every full_attention_interval-th
+// layer (1-based) is full attention.
+TEST(HybridConfig, LayerTypesAndInterval) {
+  std::ifstream in(kFixtures / "qwen3_next" / "hf" / "config.json");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto c = models::parse_hf_config_text(text, "next/config.json");
+  ASSERT_TRUE(c.is_ok()) << c.status().to_string();
+  EXPECT_EQ(c->linear_layer, (std::vector<bool>{true, false, true}));
+  EXPECT_TRUE(c->lin_grouped && c->norm_plus_one && c->attn_output_gate && c->shared_gate);
+  const size_t at = text.find("\"layer_types\"");
+  ASSERT_NE(at, std::string::npos);
+  std::string no_types = text;
+  no_types.replace(at, std::string("\"layer_types\"").size(), "\"full_attention_interval\": 2, \"unused_types\"");
+  c = models::parse_hf_config_text(no_types, "next/config.json");
+  ASSERT_TRUE(c.is_ok()) << c.status().to_string();
+  EXPECT_EQ(c->linear_layer, (std::vector<bool>{true, false, true}));
+  no_types.replace(no_types.find("\"full_attention_interval\": 2"), 28, "\"full_attention_interval\": 4");
+  c = models::parse_hf_config_text(no_types, "next/config.json");
+  ASSERT_TRUE(c.is_ok()) << c.status().to_string();
+  EXPECT_EQ(c->linear_layer, (std::vector<bool>{true, true, true}));
+  std::string bad = text;
+  bad.replace(bad.find("\"full_attention\""), 16, "\"sliding_attention\"");
+  EXPECT_NE(models::parse_hf_config_text(bad, "next/config.json").status().message().find(
+                "next/config.json: layer_types: entry 1 is \"sliding_attention\""),
+            std::string::npos);
+}
+
+// Per-expert bit maps (8-bit, 2-bit and pruned experts) on the tiny hybrid: every device gives
+// the same bits.
+TEST(TinyTest, Qwen35HybridWithABitMap) {
+  models::ExportFormat f;
+  f.bits = 4;
+  f.group_size = 64;
+  f.expert_bits[0] = {{0, 8}, {1, 0}, {2, 2}};
+  f.expert_bits[3] = {{5, 8}, {6, 0}};
+  auto c = models::tiny_test_config("qwen3_5_moe");
+  ASSERT_TRUE(c.is_ok());
+  auto w = models::random_weights(*c, f, 7);
+  ASSERT_TRUE(w.is_ok()) << w.status().to_string();
+  const fs::path out = scratch("tiny35_bits");
+  ASSERT_TRUE(models::write_model(out.string(), *c, f, *w).is_ok());
+  const auto g = run_everywhere(out, {9, 8, 7, 6, 5, 4}, 6, nullptr);
+  EXPECT_EQ(g.tokens.size(), 6u);
+}
+
 // mlx-lm's conversion of a Qwen3.5 checkpoint (its sanitize): the text model under
 // language_model.model., lm_head under language_model., the vision model as vision_tower.,
 // convs as [C, K, 1] and the zero-centred norms stored as 1 + w. It exports to the program and
