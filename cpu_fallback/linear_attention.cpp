@@ -38,7 +38,8 @@ Status causal_conv1d(KernelContext& ctx, const fb::OpNodeUnion& op) {
         if (n->silu) y = exact::silu(y);
         store_f32(out.mutable_data(), dt, t * d.c + c, y);
       }
-      for (int64_t r = 0; r < hist; ++r) store_f32(state.mutable_data(), dt, r * d.c + c, u[static_cast<size_t>(d.m + r)]);
+      for (int64_t r = 0; r < hist; ++r)
+        store_f32(state.mutable_data(), dt, r * d.c + c, u[static_cast<size_t>(d.m + r)]);
     }
   });
   return ctx.out(n->out.get(), std::move(out));

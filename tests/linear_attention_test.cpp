@@ -23,7 +23,6 @@ Tensor random(DType t, const Shape& shape, std::mt19937& rng, double lo, double 
   return optest::random_tensor(t, shape, rng, std::uniform_real_distribution<double>(lo, hi));
 }
 
-
 // --- CausalConv1d ------------------------------------------------------------------------
 
 struct Conv {
@@ -55,7 +54,8 @@ TEST(CausalConv1d, MatchesTheFormulaOnEveryDevice) {
         for (int64_t ch = 0; ch < c.c; ++ch) {
           float acc = 0.0f;
           for (int64_t j = 0; j < c.k; ++j)
-            acc = acc + static_cast<float>(w[static_cast<size_t>(ch * c.k + j)]) * static_cast<float>(u(t - c.k + 1 + j, ch));
+            acc = acc +
+                  static_cast<float>(w[static_cast<size_t>(ch * c.k + j)]) * static_cast<float>(u(t - c.k + 1 + j, ch));
           const double yv = optest::round_to(c.dt, acc);
           y.values.push_back(optest::round_to(c.dt, exact::silu(static_cast<float>(yv))));
         }
@@ -68,7 +68,8 @@ TEST(CausalConv1d, MatchesTheFormulaOnEveryDevice) {
 }
 
 // Rows 0..n-1 in calls of the given sizes; each call's outputs and the state after the last.
-std::vector<Tensor> run_split(Session& s, const std::string& in_name, const Tensor& x, const std::vector<int64_t>& sizes,
+std::vector<Tensor> run_split(Session& s, const std::string& in_name, const Tensor& x,
+                              const std::vector<int64_t>& sizes,
                               const std::vector<std::pair<std::string, Tensor>>& rows_extra = {}) {
   std::vector<Tensor> outs;
   int64_t pos = 0;
@@ -78,7 +79,8 @@ std::vector<Tensor> run_split(Session& s, const std::string& in_name, const Tens
       Shape sh = t.shape();
       sh[0] = n;
       Tensor r = Tensor::uninitialized(t.dtype(), sh).value();
-      std::memcpy(r.mutable_data(), static_cast<const uint8_t*>(t.data()) + pos * w * dtype_size(t.dtype()), r.nbytes());
+      std::memcpy(r.mutable_data(), static_cast<const uint8_t*>(t.data()) + pos * w * dtype_size(t.dtype()),
+                  r.nbytes());
       return r;
     };
     EXPECT_TRUE(s.set_input(in_name, rows(x)).is_ok());
@@ -152,8 +154,10 @@ void delta_program(ProgramBuilder& b, const Delta& c, bool dynamic) {
 
 Inputs delta_inputs(const Delta& c, uint32_t seed) {
   std::mt19937 rng(seed);
-  return {{"x", random(c.dt, {c.m, width(c)}, rng, -1.5, 1.5)}, {"a", random(c.dt, {c.m, c.hv}, rng, -3, 3)},
-          {"b", random(c.dt, {c.m, c.hv}, rng, -3, 3)},       {"a_log", random(c.dt, {c.hv}, rng, -2, 1)},
+  return {{"x", random(c.dt, {c.m, width(c)}, rng, -1.5, 1.5)},
+          {"a", random(c.dt, {c.m, c.hv}, rng, -3, 3)},
+          {"b", random(c.dt, {c.m, c.hv}, rng, -3, 3)},
+          {"a_log", random(c.dt, {c.hv}, rng, -2, 1)},
           {"dt_bias", random(c.dt, {c.hv}, rng, -1, 1)}};
 }
 
@@ -183,7 +187,8 @@ Expected delta_reference(const Delta& c, const Inputs& in) {
       l2(q);
       l2(k);
       for (float& e : q) e = e * c.scale;
-      const float beta = static_cast<float>(optest::round_to(c.dt, exact::sigmoid(bv[static_cast<size_t>(t * c.hv + h)])));
+      const float beta =
+          static_cast<float>(optest::round_to(c.dt, exact::sigmoid(bv[static_cast<size_t>(t * c.hv + h)])));
       const float g = -exact::exp(al[static_cast<size_t>(h)]) *
                       exact::softplus(a[static_cast<size_t>(t * c.hv + h)] + db[static_cast<size_t>(h)]);
       const float alpha = exact::exp(g);
@@ -208,14 +213,16 @@ Expected delta_reference(const Delta& c, const Inputs& in) {
 }
 
 TEST(GatedDeltaRule, MatchesTheFormulaOnEveryDevice) {
-  for (const Delta& c : {Delta{DType::kF32, 5, 2, 4, 16, 8, 0.25f}, Delta{DType::kBF16, 3, 1, 2, 8, 70, 0.35355339f},
-                         Delta{DType::kF16, 2, 2, 2, 32, 12, 0.5f}, Delta{DType::kF32, 2, 1, 1, 128, 64, 0.088388346f}}) {
+  for (const Delta& c :
+       {Delta{DType::kF32, 5, 2, 4, 16, 8, 0.25f}, Delta{DType::kBF16, 3, 1, 2, 8, 70, 0.35355339f},
+        Delta{DType::kF16, 2, 2, 2, 32, 12, 0.5f}, Delta{DType::kF32, 2, 1, 1, 128, 64, 0.088388346f}}) {
     SCOPED_TRACE(::testing::Message() << dtype_name(c.dt) << " m=" << c.m << " hk=" << c.hk << " hv=" << c.hv
                                       << " dk=" << c.dk << " dv=" << c.dv);
     ProgramBuilder b;
     delta_program(b, c, false);
-    optest::check_op(b, delta_inputs(c, static_cast<uint32_t>(c.dk + c.dv)),
-                     [&](const Inputs& in) { return delta_reference(c, in); }, Tolerance::exact());
+    optest::check_op(
+        b, delta_inputs(c, static_cast<uint32_t>(c.dk + c.dv)),
+        [&](const Inputs& in) { return delta_reference(c, in); }, Tolerance::exact());
   }
 }
 
@@ -256,7 +263,8 @@ TEST(GatedRmsNorm, MatchesTheFormulaOnEveryDevice) {
     TensorRef x = b.input("x", dt, {rows, d}), z = b.input("z", dt, {rows, d}), w = b.input("w", dt, {d});
     b.output("y", b.gated_rms_norm(x, z, w, 1e-6f));
     std::mt19937 rng(3);
-    Inputs in{{"x", random(dt, {rows, d}, rng, -3, 3)}, {"z", random(dt, {rows, d}, rng, -4, 4)},
+    Inputs in{{"x", random(dt, {rows, d}, rng, -3, 3)},
+              {"z", random(dt, {rows, d}, rng, -4, 4)},
               {"w", random(dt, {d}, rng, 0.5, 1.5)}};
     auto ref = [&](const Inputs& i) {
       const std::vector<double> xv = i.at("x").to_doubles(), zv = i.at("z").to_doubles(), wv = i.at("w").to_doubles();
@@ -271,7 +279,8 @@ TEST(GatedRmsNorm, MatchesTheFormulaOnEveryDevice) {
           for (int l = 0; l < hh; ++l) p[l] = p[l] + p[l + hh];
         const float inv = exact::rsqrt(p[0] * static_cast<float>(1.0 / d) + 1e-6f);
         for (int64_t e = 0; e < d; ++e) {
-          const float n = (static_cast<float>(xv[static_cast<size_t>(r * d + e)]) * inv) * static_cast<float>(wv[static_cast<size_t>(e)]);
+          const float n = (static_cast<float>(xv[static_cast<size_t>(r * d + e)]) * inv) *
+                          static_cast<float>(wv[static_cast<size_t>(e)]);
           const float g = exact::silu(static_cast<float>(zv[static_cast<size_t>(r * d + e)]));
           y.values.push_back(optest::round_to(dt, static_cast<float>(optest::round_to(dt, n)) * g));
         }
@@ -288,10 +297,11 @@ TEST(Softplus, EdgeValues) {
   b.output("y", b.softplus(b.input("x", DType::kF32, {static_cast<int64_t>(v.size())})));
   auto ref = [&](const Inputs&) {
     // log1p(e^x) = ln 2 at 0; x past the threshold 20 (and +inf) is x; e^x underflows to 0 below -87.
-    return Expected{{"y", RefTensor{{static_cast<int64_t>(v.size())},
-                                    {static_cast<double>(exact::softplus(0.0f)), static_cast<double>(exact::softplus(0.0f)),
-                                     INFINITY, 0.0, NAN, std::log1p(std::exp(20.0)), 20.5, 0.0, std::log(2.0), std::log(2.0)},
-                                    {}}}};
+    return Expected{
+        {"y", RefTensor{{static_cast<int64_t>(v.size())},
+                        {static_cast<double>(exact::softplus(0.0f)), static_cast<double>(exact::softplus(0.0f)),
+                         INFINITY, 0.0, NAN, std::log1p(std::exp(20.0)), 20.5, 0.0, std::log(2.0), std::log(2.0)},
+                        {}}}};
   };
   EXPECT_NEAR(exact::softplus(0.0f), std::log(2.0), 1e-7);
   optest::check_op(b, {{"x", optest::make(DType::kF32, {static_cast<int64_t>(v.size())}, v)}}, ref,
@@ -303,7 +313,8 @@ TEST(LinearAttentionRules, BadOperandsNameTheField) {
     ProgramBuilder b;
     TensorRef x = b.input("x", DType::kF32, {2, 4});
     b.causal_conv1d(x, b.input("w", DType::kF32, {4, 0}), b.mutable_buffer("s", DType::kF32, {0, 4}), 0);
-    EXPECT_NE(b.status().message().find("weight: has a kernel of width 0"), std::string::npos) << b.status().to_string();
+    EXPECT_NE(b.status().message().find("weight: has a kernel of width 0"), std::string::npos)
+        << b.status().to_string();
   }
   {
     ProgramBuilder b;
@@ -331,8 +342,10 @@ TEST(GatedDeltaRule, HeadCountsThatDoNotDivideAreAnError) {
   b.output("y", b.gated_delta_rule(x, a, a, b.input("l", DType::kF32, {3}), b.input("d", DType::kF32, {3}),
                                    b.mutable_buffer("s", DType::kF32, {3, 4, 4}), 0, 0.5f));
   std::mt19937 rng(1);
-  Inputs in{{"x", random(DType::kF32, {1, 28}, rng, -1, 1)}, {"a", random(DType::kF32, {1, 3}, rng, -1, 1)},
-            {"l", random(DType::kF32, {3}, rng, -1, 1)}, {"d", random(DType::kF32, {3}, rng, -1, 1)}};
+  Inputs in{{"x", random(DType::kF32, {1, 28}, rng, -1, 1)},
+            {"a", random(DType::kF32, {1, 3}, rng, -1, 1)},
+            {"l", random(DType::kF32, {3}, rng, -1, 1)},
+            {"d", random(DType::kF32, {3}, rng, -1, 1)}};
   optest::check_op_error(b, in, "3 value heads are not a multiple of 2 key heads");
 }
 

@@ -424,7 +424,8 @@ TEST(ExportErrors, ConfigValuesOutOfRange) {
 TEST(ExportErrors, HybridConfigAndTensors) {
   fs::path d = copy_fixture("qwen3_next", "lin_heads");
   edit_config(d, "\"linear_num_value_heads\": 4", "\"linear_num_value_heads\": 3");
-  expect_export_error(d, {"config.json", "linear_num_value_heads", "3 must be a positive multiple of linear_num_key_heads (2)"});
+  expect_export_error(
+      d, {"config.json", "linear_num_value_heads", "3 must be a positive multiple of linear_num_key_heads (2)"});
   d = copy_fixture("qwen3_next", "lin_conv");
   edit_config(d, "\"linear_conv_kernel_dim\": 4", "\"linear_conv_kernel_dim\": 0");
   expect_export_error(d, {"config.json", "linear_conv_kernel_dim", "0 is outside [1, 64]"});
@@ -436,8 +437,9 @@ TEST(ExportErrors, HybridConfigAndTensors) {
   expect_export_error(d, {"config.json", "text_config: missing"});
   d = copy_fixture("qwen3_5_moe_text", "lin_a_log");
   edit_tensors(d, [](auto& ts) {
-    ts.erase(std::remove_if(ts.begin(), ts.end(), [](auto& t) { return t.first == "model.layers.2.linear_attn.A_log"; }),
-             ts.end());
+    ts.erase(
+        std::remove_if(ts.begin(), ts.end(), [](auto& t) { return t.first == "model.layers.2.linear_attn.A_log"; }),
+        ts.end());
   });
   expect_export_error(d, {"tensor 'model.layers.2.linear_attn.A_log' is missing"});
 }
@@ -528,8 +530,10 @@ TEST(HybridConfig, LayerTypesAndInterval) {
   EXPECT_EQ(c->linear_layer, (std::vector<bool>{true, true, true}));
   std::string bad = text;
   bad.replace(bad.find("\"full_attention\""), 16, "\"sliding_attention\"");
-  EXPECT_NE(models::parse_hf_config_text(bad, "next/config.json").status().message().find(
-                "next/config.json: layer_types: entry 1 is \"sliding_attention\""),
+  EXPECT_NE(models::parse_hf_config_text(bad, "next/config.json")
+                .status()
+                .message()
+                .find("next/config.json: layer_types: entry 1 is \"sliding_attention\""),
             std::string::npos);
 }
 
@@ -568,13 +572,17 @@ TEST(HfFixture, Qwen35MlxLayoutGivesTheSameBits) {
       if (norm) {  // 1 + w in f32, as HF computes it
         Tensor f = Tensor::uninitialized(DType::kF32, t.shape()).value();
         const std::vector<double> w = t.to_doubles();
-        for (int64_t i = 0; i < t.numel(); ++i) f.mutable_data_as<float>()[i] = 1.0f + static_cast<float>(w[static_cast<size_t>(i)]);
+        for (int64_t i = 0; i < t.numel(); ++i)
+          f.mutable_data_as<float>()[i] = 1.0f + static_cast<float>(w[static_cast<size_t>(i)]);
         t = f;
       }
       if (ends(name, "conv1d.weight")) t = t.reshaped({t.dim(0), t.dim(2), 1}).value();
-      if (starts(name, "model.language_model.")) name = "language_model.model." + name.substr(21);
-      else if (starts(name, "model.visual.")) name = "vision_tower." + name.substr(13);
-      else if (name == "lm_head.weight") name = "language_model.lm_head.weight";
+      if (starts(name, "model.language_model."))
+        name = "language_model.model." + name.substr(21);
+      else if (starts(name, "model.visual."))
+        name = "vision_tower." + name.substr(13);
+      else if (name == "lm_head.weight")
+        name = "language_model.lm_head.weight";
     }
   });
   const Reference ref = read_reference(kFixtures / "qwen3_5_moe");

@@ -101,7 +101,8 @@ TEST(Replay, DecodeStepsReplayWithTheBitsOfEveryRun) {
           ASSERT_EQ(got.size(), want.size());
           for (size_t i = 0; i < got.size(); ++i) {
             ASSERT_TRUE(got[i].status.is_ok()) << got[i].status.to_string();
-            EXPECT_TRUE(same_bits(got[i].logits, want[i].logits)) << "pass " << pass << " step " << i << " replay " << replay;
+            EXPECT_TRUE(same_bits(got[i].logits, want[i].logits))
+                << "pass " << pass << " step " << i << " replay " << replay;
             // Prefill, the first decode step (new shapes), the recorded one; then replays.
             EXPECT_EQ(got[i].replayed, replay && (pass > 0 ? i >= 1 : i >= 3)) << "pass " << pass << " step " << i;
           }

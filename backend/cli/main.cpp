@@ -51,8 +51,9 @@ int main(int argc, char** argv) {
   bm_src->add_option("--program", bm.program,
                      "Exported model directory (or its program.sbp); a benchmark-shaped one comes from "
                      "`export --synthetic qwen3-30b-a3b --bits 4`");
-  bm_src->add_option("--synthetic", bm.synthetic,
-                     "A benchmark shape built in memory, no export (random codes): qwen3-30b-a3b, qwen3.5-35b-a3b")
+  bm_src
+      ->add_option("--synthetic", bm.synthetic,
+                   "A benchmark shape built in memory, no export (random codes): qwen3-30b-a3b, qwen3.5-35b-a3b")
       ->check(CLI::IsMember({"qwen3-30b-a3b", "qwen3.5-35b-a3b"}));
   bm_src->require_option(1);
   bm_cmd->add_option("--layers", bm.layers, "With --synthetic: only the first N layers (default: all)")
@@ -75,13 +76,15 @@ int main(int argc, char** argv) {
   auto* ex_cmd = app.add_subcommand("export", "Hugging Face checkpoint (or the tiny test model) -> program + weights");
   auto* ex_src = ex_cmd->add_option_group("source", "what to export");
   ex_src->add_option("--hf", ex.hf_dir, "Hugging Face model directory (config.json + *.safetensors)");
-  auto* tiny_opt = ex_src->add_option("--tiny-test", ex.tiny_family,
-                                      "The deterministic random tiny model (CI, the README demo); with the value "
-                                      "qwen3_5_moe the tiny Qwen3.5 hybrid")
+  auto* tiny_opt = ex_src
+                       ->add_option("--tiny-test", ex.tiny_family,
+                                    "The deterministic random tiny model (CI, the README demo); with the value "
+                                    "qwen3_5_moe the tiny Qwen3.5 hybrid")
                        ->expected(0, 1)
                        ->check(CLI::IsMember({"", "qwen2_moe", "qwen3_5_moe"}));
-  ex_src->add_option("--synthetic", ex.synthetic,
-                     "A benchmark-shaped model with random codes (needs --bits): qwen3-30b-a3b, qwen3.5-35b-a3b")
+  ex_src
+      ->add_option("--synthetic", ex.synthetic,
+                   "A benchmark-shaped model with random codes (needs --bits): qwen3-30b-a3b, qwen3.5-35b-a3b")
       ->check(CLI::IsMember({"qwen3-30b-a3b", "qwen3.5-35b-a3b"}));
   ex_src->require_option(1);
   ex_cmd->add_option("--out", ex.out, "Output directory (program.sbp, weights.safetensors)")->required();

@@ -62,8 +62,8 @@ Status causal_conv1d(KernelContext& ctx, const fb::OpNodeUnion& op) {
   args.pos_word = pos.word;
   args.silu = n->silu ? 1u : 0u;
   if (d.c > 0)
-    SB_RETURN_IF_ERROR(rt.dispatch("causal_conv1d", {bx, bw, st.ref, bo, pos.words}, &args, sizeof(args),
-                                   words_of(x.dtype(), d.c)));
+    SB_RETURN_IF_ERROR(
+        rt.dispatch("causal_conv1d", {bx, bw, st.ref, bo, pos.words}, &args, sizeof(args), words_of(x.dtype(), d.c)));
   SB_RETURN_IF_ERROR(keep_state(ctx, n->state.get(), st));
   return ctx.out(n->out.get(), std::move(out));
 }
@@ -81,8 +81,8 @@ Status gated_delta_rule(KernelContext& ctx, const fb::OpNodeUnion& op) {
   SB_ASSIGN_OR_RETURN(DynamicArg pos, dynamic_arg(ctx, n->pos.get()));
   SB_ASSIGN_OR_RETURN(ops::DeltaDims d, ops::gated_delta_rule_dims(qkv, a, b, a_log, dt_bias, st.dev, pos.value));
   guard_any_position(ctx, n->pos.get());
-  SB_CHECK_OR_RETURN(d.dk <= 128, StatusCode::kUnimplemented, "GatedDeltaRule on the GPU: key heads of %lld (up to 128)",
-                     (long long)d.dk);
+  SB_CHECK_OR_RETURN(d.dk <= 128, StatusCode::kUnimplemented,
+                     "GatedDeltaRule on the GPU: key heads of %lld (up to 128)", (long long)d.dk);
   SB_CHECK_OR_RETURN(a_log.dtype() == dt_bias.dtype(), StatusCode::kUnimplemented,
                      "GatedDeltaRule on the GPU: a_log (%s) and dt_bias (%s) of different dtypes",
                      dtype_name(a_log.dtype()), dtype_name(dt_bias.dtype()));

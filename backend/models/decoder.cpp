@@ -256,7 +256,8 @@ Status emit_decoder(const ModelConfig& c, const ExportFormat& f, ProgramBuilder&
   b.set_attribute("model.decode_weight_bytes", static_cast<int64_t>(e.decode_bytes));
   // KV-cache bytes one decode step reads per cached position (keys and values, all layers).
   int64_t attention_layers = 0;
-  for (int64_t i = 0; i < c.layers; ++i) attention_layers += c.linear_layer.empty() || !c.linear_layer[static_cast<size_t>(i)];
+  for (int64_t i = 0; i < c.layers; ++i)
+    attention_layers += c.linear_layer.empty() || !c.linear_layer[static_cast<size_t>(i)];
   b.set_attribute("model.kv_bytes_per_position",
                   2 * attention_layers * c.kv_heads * c.head_dim * static_cast<int64_t>(dtype_size(e.act)));
   return b.status();

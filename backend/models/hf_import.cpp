@@ -16,15 +16,15 @@
 #include <set>
 #include <sstream>
 
+#include "element_access.h"
+#include "file_io.h"
+#include "log.h"
+#include "materialize.h"
+#include "no_throw.h"
 #include "quantize.h"
 #include "safetensors.h"
 #include "switchboard/model.h"
 #include "switchboard/switchboard.h"
-#include "element_access.h"
-#include "file_io.h"
-#include "log.h"
-#include "no_throw.h"
-#include "materialize.h"
 
 namespace switchboard::models {
 namespace {
@@ -340,19 +340,29 @@ std::string tensor_name(const Checkpoint& ck, const ModelConfig& c, const std::s
   const size_t dot = logical.find('.', 7);
   const std::string p = m + "layers." + logical.substr(7, dot - 7) + ".", rest = logical.substr(dot + 1);
   static const std::map<std::string, std::string> direct = {
-      {"attn_norm", "input_layernorm.weight"},       {"ffn_norm", "post_attention_layernorm.weight"},
-      {"attn.q", "self_attn.q_proj.weight"},         {"attn.k", "self_attn.k_proj.weight"},
-      {"attn.v", "self_attn.v_proj.weight"},         {"attn.o", "self_attn.o_proj.weight"},
-      {"attn.q.bias", "self_attn.q_proj.bias"},      {"attn.k.bias", "self_attn.k_proj.bias"},
-      {"attn.v.bias", "self_attn.v_proj.bias"},      {"attn.o.bias", "self_attn.o_proj.bias"},
-      {"attn.q_norm", "self_attn.q_norm.weight"},    {"attn.k_norm", "self_attn.k_norm.weight"},
-      {"attn.sinks", "self_attn.sinks"},             {"router.bias", "mlp.router.bias"},
+      {"attn_norm", "input_layernorm.weight"},
+      {"ffn_norm", "post_attention_layernorm.weight"},
+      {"attn.q", "self_attn.q_proj.weight"},
+      {"attn.k", "self_attn.k_proj.weight"},
+      {"attn.v", "self_attn.v_proj.weight"},
+      {"attn.o", "self_attn.o_proj.weight"},
+      {"attn.q.bias", "self_attn.q_proj.bias"},
+      {"attn.k.bias", "self_attn.k_proj.bias"},
+      {"attn.v.bias", "self_attn.v_proj.bias"},
+      {"attn.o.bias", "self_attn.o_proj.bias"},
+      {"attn.q_norm", "self_attn.q_norm.weight"},
+      {"attn.k_norm", "self_attn.k_norm.weight"},
+      {"attn.sinks", "self_attn.sinks"},
+      {"router.bias", "mlp.router.bias"},
       {"router.selection_bias", "mlp.gate.e_score_correction_bias"},
       {"shared_gate", "mlp.shared_expert_gate.weight"},
-      {"mlp.gate", "mlp.gate_proj.weight"},          {"mlp.up", "mlp.up_proj.weight"},
+      {"mlp.gate", "mlp.gate_proj.weight"},
+      {"mlp.up", "mlp.up_proj.weight"},
       {"mlp.down", "mlp.down_proj.weight"},
-      {"lin.a_log", "linear_attn.A_log"},            {"lin.dt_bias", "linear_attn.dt_bias"},
-      {"lin.norm", "linear_attn.norm.weight"},       {"lin.out", "linear_attn.out_proj.weight"}};
+      {"lin.a_log", "linear_attn.A_log"},
+      {"lin.dt_bias", "linear_attn.dt_bias"},
+      {"lin.norm", "linear_attn.norm.weight"},
+      {"lin.out", "linear_attn.out_proj.weight"}};
   if (auto it = direct.find(rest); it != direct.end()) return p + it->second;
   // Qwen3.5's separate projections; Qwen3-Next's grouped ones are assembled (hf_linear_attn).
   static const std::map<std::string, std::string> lin = {{"lin.qkv", "linear_attn.in_proj_qkv.weight"},

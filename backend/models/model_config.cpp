@@ -152,8 +152,9 @@ Status parse_hybrid(const Reader& r, ModelConfig* c) {
   SB_RETURN_IF_ERROR(r.integer("linear_conv_kernel_dim", &c->lin_conv));
   if (c->lin_k_heads <= 0 || c->lin_k_heads > 1024 || c->lin_v_heads <= 0 || c->lin_v_heads > 1024 ||
       c->lin_v_heads % c->lin_k_heads != 0)
-    return r.error("linear_num_value_heads", strformat("%lld must be a positive multiple of linear_num_key_heads (%lld)",
-                                                       (long long)c->lin_v_heads, (long long)c->lin_k_heads));
+    return r.error("linear_num_value_heads",
+                   strformat("%lld must be a positive multiple of linear_num_key_heads (%lld)",
+                             (long long)c->lin_v_heads, (long long)c->lin_k_heads));
   if (c->lin_k_dim <= 0 || c->lin_k_dim > 1024) return r.error("linear_key_head_dim", "must lie in [1, 1024]");
   if (c->lin_v_dim <= 0 || c->lin_v_dim > 1024) return r.error("linear_value_head_dim", "must lie in [1, 1024]");
   if (c->lin_conv < 1 || c->lin_conv > 64)
@@ -170,7 +171,8 @@ Status parse_hybrid(const Reader& r, ModelConfig* c) {
     for (size_t i = 0; i < types->size(); ++i) {
       const Json& t = (*types)[i];
       if (t != "linear_attention" && t != "full_attention")
-        return r.error("layer_types", strformat("entry %zu is %s (linear_attention, full_attention)", i, clip(t.dump()).c_str()));
+        return r.error("layer_types",
+                       strformat("entry %zu is %s (linear_attention, full_attention)", i, clip(t.dump()).c_str()));
       c->linear_layer[i] = t == "linear_attention";
     }
   }
@@ -351,7 +353,8 @@ Status check_config(const ModelConfig& c) {
   if (!c.sliding_window.empty() && static_cast<int64_t>(c.sliding_window.size()) != c.layers)
     return bad("sliding_window needs one entry per layer", c.layers);
   if (!c.linear_layer.empty()) {
-    if (static_cast<int64_t>(c.linear_layer.size()) != c.layers) return bad("layer_types needs one entry per layer", c.layers);
+    if (static_cast<int64_t>(c.linear_layer.size()) != c.layers)
+      return bad("layer_types needs one entry per layer", c.layers);
     if (c.lin_k_heads <= 0 || c.lin_v_heads <= 0 || c.lin_v_heads % c.lin_k_heads != 0 || c.lin_k_heads > 1024 ||
         c.lin_v_heads > 1024)
       return bad("linear_num_value_heads must be a positive multiple of linear_num_key_heads", c.lin_v_heads);
@@ -397,7 +400,8 @@ Status check_format(const ModelConfig& c, const ExportFormat& f) {
   if (!quant_group_allowed(f.group_size))
     return make_error(StatusCode::kInvalidArgument, "%s %d: allowed are 32, 64, 128", group_name.c_str(),
                       f.group_size);
-  for (int64_t k : {c.hidden, c.heads * c.head_dim, c.expert_ffn, c.dense_ffn, c.shared_ffn, c.lin_v_heads * c.lin_v_dim})
+  for (int64_t k :
+       {c.hidden, c.heads * c.head_dim, c.expert_ffn, c.dense_ffn, c.shared_ffn, c.lin_v_heads * c.lin_v_dim})
     if (k > 0 && k % f.group_size != 0)
       return make_error(StatusCode::kInvalidArgument, "%s %d does not divide the input width %lld",
                         group_name.c_str(), f.group_size, (long long)k);

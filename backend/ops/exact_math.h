@@ -140,7 +140,7 @@ inline float log1p(float u) {
   const float f = m - 1.0f;
   const float s = f * rcp(2.0f + f);
   const float z = s * s;
-  float p = 9.09090909e-02f;  // 1/11
+  float p = 9.09090909e-02f;    // 1/11
   p = p * z + 1.11111111e-01f;  // 1/9
   p = p * z + 1.42857143e-01f;  // 1/7
   p = p * z + 2.0e-01f;         // 1/5

@@ -184,8 +184,8 @@ Result<DeltaDims> gated_delta_rule_dims(const Tensor& qkv, const Tensor& a, cons
                      "qkv width %lld is not 2 hk * %lld + %lld * %lld", (long long)d.width, (long long)d.dk,
                      (long long)d.hv, (long long)d.dv);
   d.hk = qk / (2 * d.dk);
-  SB_CHECK_OR_RETURN(d.hv % d.hk == 0, StatusCode::kInvalidArgument, "%lld value heads are not a multiple of %lld key heads",
-                     (long long)d.hv, (long long)d.hk);
+  SB_CHECK_OR_RETURN(d.hv % d.hk == 0, StatusCode::kInvalidArgument,
+                     "%lld value heads are not a multiple of %lld key heads", (long long)d.hv, (long long)d.hk);
   SB_CHECK_OR_RETURN(pos >= 0, StatusCode::kOutOfRange, "pos %lld is negative", (long long)pos);
   return d;
 }

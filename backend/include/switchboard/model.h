@@ -69,11 +69,11 @@ struct ModelConfig {
   // (lin_*: key/value heads and their sizes, the conv width) instead of softmax attention.
   std::vector<bool> linear_layer;
   int64_t lin_k_heads = 0, lin_v_heads = 0, lin_k_dim = 0, lin_v_dim = 0, lin_conv = 0;
-  bool lin_grouped = false;       // qwen3_next: in_proj_qkvz / in_proj_ba rows grouped by key head
-  bool norm_plus_one = false;     // RMSNorm weights are zero-centred: x-hat * (1 + w)
-  bool attn_output_gate = false;  // q_proj also yields a per-head gate: o * sigmoid(gate)
+  bool lin_grouped = false;              // qwen3_next: in_proj_qkvz / in_proj_ba rows grouped by key head
+  bool norm_plus_one = false;            // RMSNorm weights are zero-centred: x-hat * (1 + w)
+  bool attn_output_gate = false;         // q_proj also yields a per-head gate: o * sigmoid(gate)
   std::string weight_prefix = "model.";  // the text model's tensors (qwen3_5_moe: model.language_model.)
-  int64_t sort_cutoff = 4;  // prefills of more rows take the sorted expert path
+  int64_t sort_cutoff = 4;               // prefills of more rows take the sorted expert path
   int64_t lin_conv_dim() const { return 2 * lin_k_heads * lin_k_dim + lin_v_heads * lin_v_dim; }
 
   // An MLX-quantized checkpoint (config "quantization"): its default width and group.
