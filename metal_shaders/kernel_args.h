@@ -113,15 +113,7 @@
 
 // norm.comp: x viewed as [rows, d] (SOFTMAX; RMS_NORM with weight [d], inv_d = f32(1/d)).
 #define SB_NORM_ROW_MAX 4096  // longest row the workgroup-per-row variants stage in shared memory
-#define SB_NORM_ARGS \
-  uint rows;         \
-  uint d;            \
-  uint dtype;        \
-  float inv_d;       \
-  float eps;         \
-  uint out_dtype;    \
-  uint pad0;         \
-  uint gated;
+#define SB_NORM_ARGS uint rows; uint d; uint dtype; float inv_d; float eps; uint out_dtype; uint pad0; uint gated;
 // attention.comp: ATTENTION (order Decomposed): one workgroup per (query row, head), scratch
 // holds each row's len + 1 floats. Blocked32: rows row0 .. row0 + rows - 1 in this dispatch,
 // nb key blocks a row; scratch holds (m_b, l_b) per (row, head, block), then o_b [hd] each;
@@ -140,30 +132,11 @@
 
 // linear_attention.comp CAUSAL_CONV1D: x [m, c] (words of `per` channels), weight [c, k], state
 // [k - 1, c]; row 0's position pos + dyn[pos_word] (0: the state reads as zeros); silu: 0 or 1.
-#define SB_CONV_ARGS \
-  uint m;            \
-  uint c;            \
-  uint k;            \
-  uint dtype;        \
-  uint pos;          \
-  uint pos_word;     \
-  uint silu;         \
-  uint pad0;
+#define SB_CONV_ARGS uint m; uint c; uint k; uint dtype; uint pos; uint pos_word; uint silu; uint pad0;
 // linear_attention.comp GATED_DELTA_RULE: qkv [m, width], a / b [m, hv], a_log / dt_bias [hv]
 // (their dtype ab_dtype), state [hv, dk, dv] f32, out [m, hv, dv]; hk key heads; position as above.
-#define SB_DELTA_ARGS \
-  uint m;             \
-  uint hk;            \
-  uint hv;            \
-  uint dk;            \
-  uint dv;            \
-  uint width;         \
-  uint dtype;         \
-  uint ab_dtype;      \
-  uint pos;           \
-  uint pos_word;      \
-  uint l2norm;        \
-  float scale;
+#define SB_DELTA_ARGS uint m; uint hk; uint hv; uint dk; uint dv; uint width; uint dtype; uint ab_dtype; \
+  uint pos; uint pos_word; uint l2norm; float scale;
 
 // probe.comp: the start-up check of a device's arithmetic against the contract.
 #define SB_PROBE_ARGS uint n; uint pad0; uint pad1; uint pad2;
@@ -196,12 +169,8 @@ struct MatmulArgs { SB_MATMUL_ARGS };
 struct NormArgs { SB_NORM_ARGS };
 struct AttentionArgs { SB_ATTENTION_ARGS };
 struct RopeArgs { SB_ROPE_ARGS };
-struct ConvArgs {
-  SB_CONV_ARGS
-};
-struct DeltaArgs {
-  SB_DELTA_ARGS
-};
+struct ConvArgs { SB_CONV_ARGS };
+struct DeltaArgs { SB_DELTA_ARGS };
 struct RouterArgs { SB_ROUTER_ARGS };
 struct ArgsortArgs { SB_ARGSORT_ARGS };
 }  // namespace switchboard::kernels
