@@ -7,18 +7,8 @@ namespace switchboard {
 
 using namespace builder_detail;
 
-namespace {
-
-bool all_ok(BuilderState& s, std::initializer_list<TensorRef> ts, const char* op) {
-  for (TensorRef t : ts)
-    if (!s.ok(t, op)) return false;
-  return s.status.is_ok();
-}
-
-}  // namespace
-
 TensorRef ProgramBuilder::gated_rms_norm(TensorRef x, TensorRef gate, TensorRef weight, float eps) {
-  if (!all_ok(*s_, {x, gate, weight}, "gated_rms_norm")) return {};
+  if (!required_ok(*s_, {x, gate, weight}, "gated_rms_norm")) return {};
   TensorRef o = s_->new_slot(SlotRole::kTemp, s_->slots[x.id].dtype, s_->slots[x.id].shape);
   auto n = std::make_unique<fb::RmsNormNodeT>();
   n->x = tid(x);
@@ -32,7 +22,7 @@ TensorRef ProgramBuilder::gated_rms_norm(TensorRef x, TensorRef gate, TensorRef 
 }
 
 TensorRef ProgramBuilder::causal_conv1d(TensorRef x, TensorRef weight, TensorRef state, IntOrValue pos, bool silu) {
-  if (!all_ok(*s_, {x, weight, state}, "causal_conv1d")) return {};
+  if (!required_ok(*s_, {x, weight, state}, "causal_conv1d")) return {};
   TensorRef o = s_->new_slot(SlotRole::kTemp, s_->slots[x.id].dtype, s_->slots[x.id].shape);
   auto n = std::make_unique<fb::CausalConv1dNodeT>();
   n->x = tid(x);
@@ -47,7 +37,7 @@ TensorRef ProgramBuilder::causal_conv1d(TensorRef x, TensorRef weight, TensorRef
 
 TensorRef ProgramBuilder::gated_delta_rule(TensorRef qkv, TensorRef a, TensorRef b, TensorRef a_log, TensorRef dt_bias,
                                            TensorRef state, IntOrValue pos, float scale, bool l2norm) {
-  if (!all_ok(*s_, {qkv, a, b, a_log, dt_bias, state}, "gated_delta_rule")) return {};
+  if (!required_ok(*s_, {qkv, a, b, a_log, dt_bias, state}, "gated_delta_rule")) return {};
   const std::vector<Dim>&xd = s_->slots[qkv.id].shape, &sd = s_->slots[state.id].shape;
   if (xd.size() != 2 || sd.size() != 3) {
     s_->fail("gated_delta_rule: needs qkv [m, C] and state [hv, dk, dv]");

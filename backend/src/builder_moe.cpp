@@ -10,12 +10,6 @@ namespace {
 
 std::unique_ptr<fb::Tid> opt(TensorRef t) { return t.valid() ? tid(t) : nullptr; }
 
-bool all_ok(BuilderState& s, std::initializer_list<TensorRef> ts, const char* op) {
-  for (TensorRef t : ts)
-    if (t.valid() && !s.ok(t, op)) return false;
-  return s.status.is_ok();
-}
-
 // Rows (dim 0) of a slot's shape.
 Dim rows_of(const BuilderState& s, TensorRef t) { return s.slots[t.id].shape.empty() ? Dim(1) : s.slots[t.id].shape[0]; }
 

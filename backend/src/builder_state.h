@@ -147,6 +147,19 @@ namespace builder_detail {
 
 inline std::unique_ptr<fb::Tid> tid(TensorRef t) { return std::make_unique<fb::Tid>(t.id); }
 
+// Every given operand usable by `op` (absent ones skipped: optional) and no earlier failure;
+// required_ok: every operand must be given.
+inline bool all_ok(BuilderState& s, std::initializer_list<TensorRef> ts, const char* op) {
+  for (TensorRef t : ts)
+    if (t.valid() && !s.ok(t, op)) return false;
+  return s.status.is_ok();
+}
+inline bool required_ok(BuilderState& s, std::initializer_list<TensorRef> ts, const char* op) {
+  for (TensorRef t : ts)
+    if (!s.ok(t, op)) return false;
+  return s.status.is_ok();
+}
+
 inline std::unique_ptr<fb::IntOrVidT> iov(IntOrValue v) {
   auto r = std::make_unique<fb::IntOrVidT>();
   if (v.is_literal()) {
