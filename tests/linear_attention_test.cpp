@@ -334,6 +334,25 @@ TEST(LinearAttentionRules, BadOperandsNameTheField) {
   }
 }
 
+// Shapes past the GPU kernels' register windows are refused when a GPU session opens (not in a
+// step whose earlier layers already advanced their states); the CPU runs them.
+TEST(LinearAttentionRules, GpuRefusesWideShapesWhenTheSessionOpens) {
+  ProgramBuilder b;
+  TensorRef x = b.input("x", DType::kF32, {2, 4});
+  b.output("y", b.causal_conv1d(x, b.input("w", DType::kF32, {4, 9}), b.mutable_buffer("s", DType::kF32, {8, 4}), 0));
+  auto program = Program::from_bytes(b.serialize().value(), "wide");
+  ASSERT_TRUE(program.is_ok());
+  for (const std::string& dev : optest::test_devices()) {
+    auto s = Session::create(*program, SessionOptions{dev});
+    if (dev == "cpu") {
+      EXPECT_TRUE(s.is_ok()) << s.status().to_string();
+      continue;
+    }
+    ASSERT_FALSE(s.is_ok()) << dev;
+    EXPECT_NE(s.status().message().find("CausalConv1d wider than 8 taps"), std::string::npos) << s.status().to_string();
+  }
+}
+
 TEST(GatedDeltaRule, HeadCountsThatDoNotDivideAreAnError) {
   // width 2 * hk * 4 + 3 * 4 with hk = 2: 3 value heads are not a multiple of 2 key heads.
   ProgramBuilder b;

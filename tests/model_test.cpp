@@ -602,6 +602,65 @@ TEST(HfFixture, Qwen35MlxLayoutGivesTheSameBits) {
     EXPECT_EQ(std::memcmp(logits[0][i].data(), logits[1][i].data(), logits[0][i].nbytes()), 0) << "step " << i;
 }
 
+// An MLX-quantized Qwen3-Next keeps in_proj_qkvz / in_proj_ba head-grouped: the export moves
+// their codes, scales and biases row by row into our [q | k | v], z, b, a (no re-quantizing, at
+// their own width even where it is not the config's).
+// The fixture without its shared expert (48 wide, no group of 32 divides it).
+TEST(HfFixture, Qwen3NextMlxGroupedCodesMoveAsTheyAre) {
+  const fs::path d = copy_fixture("qwen3_next", "mlx_grouped");
+  edit_config(d, "\"shared_expert_intermediate_size\": 48", "\"shared_expert_intermediate_size\": 0");
+  edit_config(d, "\"model_type\": \"qwen3_next\"",
+              "\"model_type\": \"qwen3_next\", \"quantization\": {\"group_size\": 32, \"bits\": 8}");
+  std::map<std::string, Tensor> codes;  // in_proj codes, as written
+  edit_tensors(d, [&](auto& ts) {
+    std::vector<std::pair<std::string, Tensor>> kept;
+    for (auto& [name, t] : ts) {
+      if (name.find("shared_expert") != std::string::npos) continue;
+      const bool grouped = name.find("in_proj_qkvz.weight") != std::string::npos ||
+                           name.find("in_proj_ba.weight") != std::string::npos;
+      if (!grouped) {
+        kept.emplace_back(name, t);
+        continue;
+      }
+      Tensor f = Tensor::uninitialized(DType::kF32, t.shape()).value();
+      const std::vector<double> v = t.to_doubles();
+      for (size_t i = 0; i < v.size(); ++i) f.mutable_data_as<float>()[i] = static_cast<float>(v[i]);
+      auto q = affine_quantize(f, 4, 64, DType::kBF16);  // not the config's 8 / 32: a per-path width
+      ASSERT_TRUE(q.is_ok());
+      const std::string stem = name.substr(0, name.size() - 7);  // without ".weight"
+      codes[name] = q->w;
+      kept.emplace_back(name, q->w);
+      kept.emplace_back(stem + ".scales", q->scales);
+      kept.emplace_back(stem + ".biases", q->biases);
+    }
+    ts = kept;
+  });
+  const fs::path out = scratch("mlx_grouped_out");
+  models::ExportOptions o;
+  o.max_seq = 64;
+  Status st = models::export_hf(d.string(), out.string(), o);
+  ASSERT_TRUE(st.is_ok()) << st.to_string();
+  // HF's regrouping: in_proj_qkvz viewed [hk = 2, q 16 | k 16 | v 2 x 16 | z 2 x 16] rows of 8 words
+  // (64 inputs at 4 bits); ours is [q heads | k heads | v heads] then z.
+  auto w = SafetensorsFile::open((out / "weights.safetensors").string());
+  ASSERT_TRUE(w.is_ok());
+  const Tensor src = codes.at("model.layers.0.linear_attn.in_proj_qkvz.weight");
+  const Tensor qkv = (*w)->tensor("layers.0.lin.qkv.weight").value();
+  const int64_t words = 8, group = 96;  // 64 inputs x 4 bits; rows per key-head group
+  std::vector<int64_t> rows;
+  for (int64_t part : {0, 16})
+    for (int64_t g = 0; g < 2; ++g)
+      for (int64_t i = 0; i < 16; ++i) rows.push_back(g * group + part + i);
+  for (int64_t g = 0; g < 2; ++g)
+    for (int64_t i = 0; i < 32; ++i) rows.push_back(g * group + 32 + i);
+  ASSERT_EQ(qkv.numel(), static_cast<int64_t>(rows.size()) * words);
+  for (size_t r = 0; r < rows.size(); ++r)
+    EXPECT_EQ(std::memcmp(qkv.data_as<uint32_t>() + r * words, src.data_as<uint32_t>() + rows[r] * words, words * 4), 0)
+        << "row " << r;
+  const auto g = run_everywhere(out, {3, 17, 42, 99}, 4, nullptr);
+  EXPECT_EQ(g.tokens.size(), 4u);
+}
+
 // The seed's CI gate in our form: the tiny Qwen3.5 hybrid (export --tiny-test qwen3_5_moe,
 // 4-bit linears), a prompt of 4 tokens (over the sort cutoff: the sorted expert path) and 5
 // new tokens (decode steps: the unsorted path) give these ids on every device. The ids pin the

@@ -126,6 +126,8 @@ class KernelContext {
   virtual Result<DynamicValue> resolve_dynamic(const fb::IntOrVidT* v) = 0;
   virtual void guard_dynamic(const fb::IntOrVidT* v, int64_t lo, int64_t hi) = 0;
   virtual DType declared_dtype(const fb::Tid* tid) const = 0;
+  // Dim i of the slot's declaration: its static size, or -1 (dynamic, or no such dim).
+  virtual int64_t declared_dim(const fb::Tid* tid, size_t i) const = 0;
   // True for constant slots: their contents never change, so derived data
   // (e.g. repacked weights) may be cached.
   virtual bool is_constant(const fb::Tid* tid) const = 0;

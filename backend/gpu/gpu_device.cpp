@@ -191,6 +191,19 @@ Status GpuDevice::can_run(const fb::OpNodeUnion& op, const KernelContext& ctx) c
                  ? refuse("Mean (the start-up probe found its division not correctly rounded)")
                  : Status::ok();
     }
+    // The kernels' register arrays (linear_attention.comp): refused when the session opens, not
+    // half way through a step whose earlier layers already advanced their states.
+    case fb::OpNode::CausalConv1dNode:
+      return ctx.declared_dim(op.AsCausalConv1dNode()->weight.get(), 1) > 8
+                 ? refuse("CausalConv1d wider than 8 taps (the kernel's register window)")
+                 : Status::ok();
+    case fb::OpNode::GatedDeltaRuleNode: {
+      const auto* n = op.AsGatedDeltaRuleNode();
+      if (ctx.declared_dim(n->state.get(), 1) > 128) return refuse("GatedDeltaRule with key heads over 128");
+      return ctx.declared_dtype(n->a_log.get()) != ctx.declared_dtype(n->dt_bias.get())
+                 ? refuse("GatedDeltaRule with a_log and dt_bias of different dtypes")
+                 : Status::ok();
+    }
     case fb::OpNode::ArgmaxNode:
       return !all_float(ctx, {op.AsArgmaxNode()->x.get()}) && !int64
                  ? refuse("integer Argmax (the device has no 64-bit integers)")

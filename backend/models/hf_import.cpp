@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <set>
 #include <sstream>
@@ -399,28 +400,54 @@ Result<Tensor> gather_rows(Checkpoint& ck, const std::string& name, int64_t n, i
 }
 
 // Qwen3-Next's in_proj_qkvz rows come in key-head groups [q_g | k_g | v of its r value heads |
-// z of them], in_proj_ba's in groups [b of the r heads | a of them]: regrouped into our
-// [q | k | v], z, b and a (value head h = g r + j reads key head g).
-Result<Tensor> hf_grouped_linear_attn(Checkpoint& ck, const ModelConfig& c, const std::string& p,
-                                      const std::string& rest) {
+// z of them], in_proj_ba's in groups [b of the r heads | a of them]: our [q | k | v], z, b and a
+// are rows of them (value head h = g r + j reads key head g).
+struct GroupedRows {
+  std::string source;  // the checkpoint tensor
+  int64_t n = 0;       // its rows
+  std::vector<int64_t> rows;
+};
+std::optional<GroupedRows> grouped_rows(const ModelConfig& c, const std::string& logical) {
+  if (!c.lin_grouped || logical.rfind("layers.", 0) != 0) return std::nullopt;
+  const size_t dot = logical.find('.', 7);
+  const std::string p = c.weight_prefix + "layers." + logical.substr(7, dot - 7) + ".", rest = logical.substr(dot + 1);
   const int64_t hk = c.lin_k_heads, dk = c.lin_k_dim, dv = c.lin_v_dim, r = c.lin_v_heads / hk;
   const int64_t group = 2 * dk + 2 * r * dv;
-  std::vector<int64_t> rows;
+  GroupedRows g;
   auto run = [&](int64_t start, int64_t len) {
-    for (int64_t i = 0; i < len; ++i) rows.push_back(start + i);
+    for (int64_t i = 0; i < len; ++i) g.rows.push_back(start + i);
   };
   if (rest == "lin.b" || rest == "lin.a") {
-    for (int64_t g = 0; g < hk; ++g) run(g * 2 * r + (rest == "lin.a" ? r : 0), r);
-    return gather_rows(ck, p + "linear_attn.in_proj_ba.weight", hk * 2 * r, c.hidden, rows);
+    for (int64_t k = 0; k < hk; ++k) run(k * 2 * r + (rest == "lin.a" ? r : 0), r);
+    g.source = p + "linear_attn.in_proj_ba.weight";
+    g.n = hk * 2 * r;
+    return g;
   }
   if (rest == "lin.qkv") {
     for (int64_t part = 0; part < 2; ++part)  // all q heads, then all k heads
-      for (int64_t g = 0; g < hk; ++g) run(g * group + part * dk, dk);
-    for (int64_t g = 0; g < hk; ++g) run(g * group + 2 * dk, r * dv);
+      for (int64_t k = 0; k < hk; ++k) run(k * group + part * dk, dk);
+    for (int64_t k = 0; k < hk; ++k) run(k * group + 2 * dk, r * dv);
+  } else if (rest == "lin.z") {
+    for (int64_t k = 0; k < hk; ++k) run(k * group + 2 * dk + r * dv, r * dv);
   } else {
-    for (int64_t g = 0; g < hk; ++g) run(g * group + 2 * dk + r * dv, r * dv);
+    return std::nullopt;
   }
-  return gather_rows(ck, p + "linear_attn.in_proj_qkvz.weight", hk * group, c.hidden, rows);
+  g.source = p + "linear_attn.in_proj_qkvz.weight";
+  g.n = hk * group;
+  return g;
+}
+
+// Rows `rows` of t viewed as [n, *] (any dtype: codes, scales and biases are moved as bytes).
+Result<Tensor> take_rows(const Tensor& t, int64_t n, const std::vector<int64_t>& rows) {
+  const int64_t cols = n > 0 ? t.numel() / n : 0;
+  SB_CHECK_OR_RETURN(n > 0 && cols * n == t.numel(), StatusCode::kInvalidArgument, "tensor %s does not have %lld rows",
+                     shape_str(t.shape()).c_str(), (long long)n);
+  SB_ASSIGN_OR_RETURN(Tensor out, Tensor::uninitialized(t.dtype(), {static_cast<int64_t>(rows.size()), cols}));
+  const size_t row_bytes = static_cast<size_t>(cols) * dtype_size(t.dtype());
+  for (size_t r = 0; r < rows.size(); ++r)
+    std::memcpy(static_cast<uint8_t*>(out.mutable_data()) + r * row_bytes,
+                static_cast<const uint8_t*>(t.data()) + static_cast<size_t>(rows[r]) * row_bytes, row_bytes);
+  return out;
 }
 
 bool is_norm(const std::string& logical) {
@@ -468,7 +495,7 @@ Result<Tensor> hf_fetch_layout(Checkpoint& ck, const ModelConfig& c, const std::
     SB_ASSIGN_OR_RETURN(Tensor w, get_shaped(ck, name, mlx ? Shape{want[0], want[1], 1} : Shape{want[0], 1, want[1]}));
     return w.reshaped(want);
   }
-  if (rest.rfind("lin.", 0) == 0) return hf_grouped_linear_attn(ck, c, p, rest);
+  if (auto g = grouped_rows(c, logical)) return gather_rows(ck, g->source, g->n, c.hidden, g->rows);
   if (rest.rfind("experts.", 0) == 0) {
     const std::string proj = rest.substr(8, rest.find('.', 8) - 8);
     if (ends_with(rest, ".bias")) return hf_expert_bias(ck, p, proj, want);
@@ -505,7 +532,9 @@ Status mlx_format(const Checkpoint& ck, const ModelConfig& c, ExportFormat* f) {
   bool first = true;
   for (const WeightSpec& s : weight_specs(c, *f)) {
     if (s.dtype != DType::kU32) continue;
-    const std::string base = strip(s.name, ".weight"), name = tensor_name(ck, c, base);
+    const std::string base = strip(s.name, ".weight");
+    const auto grouped = grouped_rows(c, base);
+    const std::string name = grouped ? grouped->source : tensor_name(ck, c, base);
     if (name.empty() || !ck.has(name)) continue;  // fused HF experts etc.: quantized at export
     const int64_t width = input_width(c, base);
     SB_ASSIGN_OR_RETURN(auto q, mlx_quant(ck, name, width));
@@ -712,15 +741,23 @@ static Status export_hf_impl(const std::string& hf_dir, const std::string& out_d
   Fetch fetch = [&](const std::string& logical, const Shape& want) { return hf_fetch(*ck, c, logical, want); };
   RawFetch raw = [&](const std::string& base, const WeightSpec& w, const WeightSpec& s,
                      std::vector<std::pair<std::string, Tensor>>* out) -> Result<bool> {
-    const std::string name = tensor_name(*ck, c, base);
+    // Qwen3-Next's grouped projections: our rows of its codes, scales and biases, moved as they are.
+    const auto grouped = grouped_rows(c, base);
+    const std::string name = grouped ? grouped->source : tensor_name(*ck, c, base);
     if (!c.mlx_quantized || name.empty() || !ck->has(strip(name, ".weight") + ".scales")) return false;
     const std::string stem = strip(name, ".weight");
     SB_ASSIGN_OR_RETURN(Tensor codes, ck->raw(name));
+    if (grouped) {
+      SB_ASSIGN_OR_RETURN(codes, take_rows(codes, grouped->n, grouped->rows));
+    }
     auto shaped = codes.reshaped(w.shape);
     if (!shaped) return shape_error(*ck, name, codes.shape(), w.shape);
     out->emplace_back(w.name, *shaped);
     for (const char* part : {".scales", ".biases"}) {
       SB_ASSIGN_OR_RETURN(Tensor t, ck->raw(stem + part));
+      if (grouped) {
+        SB_ASSIGN_OR_RETURN(t, take_rows(t, grouped->n, grouped->rows));
+      }
       if (t.dtype() != f.scale_dtype) {
         SB_ASSIGN_OR_RETURN(Tensor wide, widen(t));
         SB_ASSIGN_OR_RETURN(t, to_dtype(wide, f.scale_dtype));

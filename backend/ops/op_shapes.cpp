@@ -2,6 +2,7 @@
 #include "op_shapes.h"
 
 #include <algorithm>
+#include <climits>
 
 #include "dim_rules.h"
 #include "element_access.h"
@@ -164,7 +165,8 @@ Result<ConvDims> causal_conv1d_dims(const Tensor& x, const Tensor& weight, const
   SB_CHECK_OR_RETURN(d.k >= 1 && weight.dim(0) == d.c && state.shape() == (Shape{d.k - 1, d.c}),
                      StatusCode::kInvalidArgument, "x %s, weight %s, state %s: need [m, C], [C, K >= 1], [K - 1, C]",
                      shape_str(x.shape()).c_str(), shape_str(weight.shape()).c_str(), shape_str(state.shape()).c_str());
-  SB_CHECK_OR_RETURN(pos >= 0, StatusCode::kOutOfRange, "pos %lld is negative", (long long)pos);
+  SB_CHECK_OR_RETURN(pos >= 0 && pos <= INT32_MAX, StatusCode::kOutOfRange, "pos %lld is outside [0, 2^31)",
+                     (long long)pos);
   return d;
 }
 
@@ -186,7 +188,8 @@ Result<DeltaDims> gated_delta_rule_dims(const Tensor& qkv, const Tensor& a, cons
   d.hk = qk / (2 * d.dk);
   SB_CHECK_OR_RETURN(d.hv % d.hk == 0, StatusCode::kInvalidArgument,
                      "%lld value heads are not a multiple of %lld key heads", (long long)d.hv, (long long)d.hk);
-  SB_CHECK_OR_RETURN(pos >= 0, StatusCode::kOutOfRange, "pos %lld is negative", (long long)pos);
+  SB_CHECK_OR_RETURN(pos >= 0 && pos <= INT32_MAX, StatusCode::kOutOfRange, "pos %lld is outside [0, 2^31)",
+                     (long long)pos);
   return d;
 }
 

@@ -69,14 +69,15 @@ struct RopeDims {
 Result<RopeDims> rope_dims(const Tensor& x, const Tensor& cos, const Tensor& sin, int64_t pos,
                            const Tensor* norm_weight = nullptr, const Tensor* cache = nullptr);
 
-// CausalConv1d: x [m, C], weight [C, K] (K >= 1), state [K - 1, C]; pos >= 0.
+// CausalConv1d: x [m, C], weight [C, K] (K >= 1), state [K - 1, C]; 0 <= pos < 2^31 (the GPUs read it as
+// a 32-bit word).
 struct ConvDims {
   int64_t m = 0, c = 0, k = 0;
 };
 Result<ConvDims> causal_conv1d_dims(const Tensor& x, const Tensor& weight, const Tensor& state, int64_t pos);
 
 // GatedDeltaRule: qkv [m, 2 hk dk + hv dv], a / b [m, hv], a_log / dt_bias [hv], state [hv, dk, dv]
-// f32, hv a multiple of hk; pos >= 0.
+// f32, hv a multiple of hk; 0 <= pos < 2^31.
 struct DeltaDims {
   int64_t m = 0, hk = 0, hv = 0, dk = 0, dv = 0, width = 0;
 };

@@ -299,6 +299,11 @@ DType Interpreter::declared_dtype(const fb::Tid* tid) const {
   return static_cast<DType>(prog_.ir->tensor_meta[tid->idx()]->dtype);
 }
 
+int64_t Interpreter::declared_dim(const fb::Tid* tid, size_t i) const {
+  const auto& shape = prog_.ir->tensor_meta[tid->idx()]->shape;
+  return i < shape.size() && shape[i] ? shape[i]->size : -1;
+}
+
 Status Interpreter::set_input(size_t index, Tensor value) {
   const fb::IoSlotT& io = *prog_.ir->inputs[index];
   const fb::TensorMetaT& m = *prog_.ir->tensor_meta[io.idx];

@@ -52,6 +52,7 @@ class Interpreter final : public KernelContext {
   Result<DynamicValue> resolve_dynamic(const fb::IntOrVidT* v) override;
   void guard_dynamic(const fb::IntOrVidT* v, int64_t lo, int64_t hi) override;
   DType declared_dtype(const fb::Tid* tid) const override;
+  int64_t declared_dim(const fb::Tid* tid, size_t i) const override;
   bool is_constant(const fb::Tid* tid) const override { return prog_.roles[tid->idx()] == SlotRole::kConstant; }
   void retain(std::shared_ptr<const void> obj) override { retained_.emplace(obj.get(), std::move(obj)); }
   Device& device() override { return *device_; }
