@@ -65,6 +65,9 @@ class Device {
   // Waits for queued work; returns the errors the device found in it (an index out of
   // range, say). Devices that run kernels synchronously have nothing to wait for.
   virtual Status sync() { return Status::ok(); }
+  // True when the work queued since the last sync holds so much memory that the interpreter
+  // should sync between two ops (a long prefill's temporaries, freed only once it finished).
+  virtual bool wants_flush() const { return false; }
   // Device time of the work the last sync() waited for, in microseconds; -1 if unknown.
   virtual double last_device_us() const { return -1; }
   // Host time spent recording the last sync's GPU work (us); -1 where not measured.

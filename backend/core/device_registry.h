@@ -20,6 +20,9 @@ struct DeviceOptions {
   bool gpu_handoff = true;      // decode kernels wait for each other's values, where known safe
   bool pipeline_stats = false;  // log each pipeline's compiler statistics (info level)
   std::string spirv_dir;        // kernel development: DIR/<kernel>.spv replaces a built-in kernel
+  // Memory one submission may allocate before the interpreter syncs between ops (0: an eighth
+  // of the device memory free when first needed).
+  uint64_t gpu_flush_bytes = 0;
 };
 // The environment's choices ($SWITCHBOARD_GPU_MMA, ... through env.h).
 DeviceOptions default_device_options();

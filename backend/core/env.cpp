@@ -28,6 +28,8 @@ EnvDefaults read_env() {
   e.gpu_int8_mma = !flag_off(std::getenv("SWITCHBOARD_GPU_MMA"));
   e.gpu_int_dot = !flag_off(std::getenv("SWITCHBOARD_GPU_DOT"));
   e.gpu_handoff = !flag_off(std::getenv("SWITCHBOARD_GPU_HANDOFF"));
+  if (const char* v = std::getenv("SWITCHBOARD_GPU_FLUSH_MB"); v && *v)
+    e.gpu_flush_bytes = static_cast<uint64_t>(std::strtoull(v, nullptr, 10)) << 20;
   e.gpu_replay = !flag_off(std::getenv("SWITCHBOARD_GPU_REPLAY"));
   e.pipeline_stats = flag_on(std::getenv("SWITCHBOARD_PIPELINE_STATS"));
   if (const char* v = std::getenv("SWITCHBOARD_SPIRV_DIR"); v && *v) e.spirv_dir = v;

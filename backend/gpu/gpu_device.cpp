@@ -24,6 +24,7 @@ class GpuDevice final : public Device {
   Fusion fuse(const std::vector<std::unique_ptr<fb::InstructionT>>& ins, size_t i,
               const PrivateTemp& private_temp) const override;
   Status sync() override { return rt_->sync(); }
+  bool wants_flush() const override { return rt_->wants_flush(); }
   double last_device_us() const override { return rt_->last_gpu_us(); }
   double last_record_us() const override { return rt_->last_record_us(); }
   uint64_t dispatches() const override { return rt_->dispatches(); }

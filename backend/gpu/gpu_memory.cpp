@@ -82,6 +82,8 @@ Result<Tensor> MappedRuntime::alloc(DType dtype, Shape shape) {
                      "a %s tensor of %llu bytes exceeds the device's storage-buffer range (%llu bytes)",
                      shape_str(shape).c_str(), (unsigned long long)bytes, (unsigned long long)max_range_);
   SB_ASSIGN_OR_RETURN(std::shared_ptr<uint8_t> mem, MemoryPool::take(pool_, bytes));
+  if (inflight_budget_ == 0) inflight_budget_ = std::max<uint64_t>(uint64_t{256} << 20, memory_bytes() / 8);
+  inflight_bytes_ += bytes;
   uint8_t* p = mem.get();
   return Tensor::wrap(dtype, std::move(shape), std::move(mem), p);
 }
@@ -214,6 +216,7 @@ void MappedRuntime::refill(const Kept& k) {
 
 uint32_t MappedRuntime::finish_submission() {
   ++submissions_;
+  inflight_bytes_ = 0;
   keep_.clear();
   kept_.clear();
   fills_.clear();

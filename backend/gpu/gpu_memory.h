@@ -57,9 +57,11 @@ class MappedRuntime : public GpuRuntime {
   Result<Tensor> device_tensor(const Tensor& t) override;
   BufferRef error_word() const override;
   long queued_refs(const Tensor& t) const override;
+  bool wants_flush() const override { return inflight_bytes_ > inflight_budget_; }
 
  protected:
   Status init(std::shared_ptr<MemoryPool> pool, uint64_t max_range, uint64_t alignment);
+  void set_flush_bytes(uint64_t bytes) { inflight_budget_ = bytes; }  // 0: decided on first use
   // Runs numerics_probe (probe.comp) and compares it bit for bit with the CPU's
   // contract arithmetic; sets exact_division_. An error refuses the device.
   Status probe_numerics();
@@ -85,6 +87,10 @@ class MappedRuntime : public GpuRuntime {
 
  private:
   uint64_t max_range_ = 0, alignment_ = 16;
+  // Bytes allocated since the last finished submission: the queued work keeps every tensor it
+  // binds until then, so a long prefill holds all its temporaries; past the budget (an eighth of
+  // the device memory free when first asked) the interpreter syncs between ops.
+  uint64_t inflight_bytes_ = 0, inflight_budget_ = 0;
   // Operands of recorded dispatches, and how many of them hold each storage.
   std::vector<Tensor> keep_;
   std::unordered_map<const void*, long> kept_, recorded_;  // storage -> queued / recorded references

@@ -77,6 +77,8 @@ class GpuRuntime {
   // Memory the heap tensors live in has free now (Vulkan: VK_EXT_memory_budget, else the
   // heap size: an upper bound on any claim); 0 when unknown.
   virtual uint64_t memory_bytes() const { return 0; }
+  // Device::wants_flush: memory allocated since the last finished submission passed the budget.
+  virtual bool wants_flush() const { return false; }
   // GPU time of the last submission, first dispatch start to last dispatch end (us);
   // -1 when the device has no timer.
   virtual double last_gpu_us() const { return -1; }

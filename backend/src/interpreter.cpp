@@ -142,6 +142,13 @@ void Interpreter::clear_transient() {
     if (!value_is_input_[v]) value_written_[v] = 0;
 }
 
+// Between two ops nothing is half bound: a sync there lets the queued work's temporaries go.
+Status Interpreter::flush_if_wanted() {
+  if (!device_->wants_flush()) return Status::ok();
+  Status st = device_->sync();
+  return st.is_ok() ? st : st.annotate("a sync to free the queued work's memory");
+}
+
 Status Interpreter::run_chain(uint32_t chain, uint32_t depth) {
   const auto& ins = prog_.ir->chains[chain]->instructions;
   for (size_t i = 0; i < ins.size(); ++i) {
@@ -158,10 +165,12 @@ Status Interpreter::run_chain(uint32_t chain, uint32_t depth) {
                            std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count(),
                            device_->name());
       i += f.span - 1;
+      SB_RETURN_IF_ERROR(flush_if_wanted());
       continue;
     }
     Status st = plan_[chain][i] ? plan_[chain][i](*this, op) : run_host_op(op, depth);
     if (!st.is_ok()) return st.annotate(strformat("chains[%u].instructions[%zu].%s", chain, i, op_name(op.type)));
+    SB_RETURN_IF_ERROR(flush_if_wanted());
     if (log::op_log_enabled() && op.type != fb::OpNode::IfNode) {
       double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
       std::string shapes;

@@ -59,6 +59,7 @@ class Interpreter final : public KernelContext {
 
  private:
   Status run_chain(uint32_t chain, uint32_t depth);
+  Status flush_if_wanted();
   Status run_host_op(const fb::OpNodeUnion& op, uint32_t depth);
   void clear_transient();
   // replay.cpp: recording an execution and replaying it.

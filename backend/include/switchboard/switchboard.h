@@ -119,6 +119,11 @@ struct SessionOptions {
   // the kernels read on the device (the position) submit the recorded work again. Unset:
   // $SWITCHBOARD_GPU_REPLAY ("0" turns it off), else on where the device can record.
   std::optional<bool> gpu_replay;
+  // GPU memory one execution may allocate before the work queued so far is finished (a sync
+  // between two ops) so its temporaries can be reused: long prefills stay within the device.
+  // Unset: $SWITCHBOARD_GPU_FLUSH_MB (MiB), else an eighth of the device memory free when first
+  // needed. Any value gives the same bits.
+  std::optional<uint64_t> gpu_flush_bytes;
   // Kernel development (Vulkan). Unset: $SWITCHBOARD_PIPELINE_STATS / $SWITCHBOARD_SPIRV_DIR.
   std::optional<bool> pipeline_stats;    // log each pipeline's registers and memory (info level)
   std::optional<std::string> spirv_dir;  // DIR/<kernel>.spv replaces a built-in kernel; "": none
