@@ -26,6 +26,7 @@ Status causal_conv1d(KernelContext& ctx, const fb::OpNodeUnion& op) {
   // order; the state keeps the last K - 1 afterwards.
   parallel_for(d.c, 256, [&](int64_t c0, int64_t c1) {
     std::vector<float> u(static_cast<size_t>(hist + d.m)), w(static_cast<size_t>(d.k));
+    std::vector<float> y(static_cast<size_t>((c1 - c0) * d.m));  // this chunk's outputs, channel-major
     for (int64_t c = c0; c < c1; ++c) {
       for (int64_t j = 0; j < d.k; ++j) w[static_cast<size_t>(j)] = load_f32(wt.data(), dt, c * d.k + j);
       for (int64_t r = 0; r < hist; ++r)
@@ -34,13 +35,15 @@ Status causal_conv1d(KernelContext& ctx, const fb::OpNodeUnion& op) {
       for (int64_t t = 0; t < d.m; ++t) {
         float acc = 0.0f;
         for (int64_t j = 0; j < d.k; ++j) acc = acc + w[static_cast<size_t>(j)] * u[static_cast<size_t>(t + j)];
-        float y = round_to(acc, dt);
-        if (n->silu) y = exact::silu(y);
-        store_f32(out.mutable_data(), dt, t * d.c + c, y);
+        y[static_cast<size_t>((c - c0) * d.m + t)] = round_to(acc, dt);
       }
       for (int64_t r = 0; r < hist; ++r)
         store_f32(state.mutable_data(), dt, r * d.c + c, u[static_cast<size_t>(d.m + r)]);
     }
+    if (n->silu) exact::silu_n(y.data(), y.data(), static_cast<int>(y.size()));  // the SiLUs side by side
+    for (int64_t c = c0; c < c1; ++c)
+      for (int64_t t = 0; t < d.m; ++t)
+        store_f32(out.mutable_data(), dt, t * d.c + c, y[static_cast<size_t>((c - c0) * d.m + t)]);
   });
   return ctx.out(n->out.get(), std::move(out));
 }

@@ -96,3 +96,17 @@ TEST(ExactMath, ExpOfManyIsExpBitForBit) {
     differ += switchboard::f32_bits(y[i]) != switchboard::f32_bits(switchboard::exact::exp(x[i]));
   EXPECT_EQ(differ, 0u) << "of " << x.size();
 }
+
+// exact::silu_n (the conv's SiLUs side by side) gives exact::silu's bits, in place too.
+TEST(ExactMath, SiluOfManyIsSiluBitForBit) {
+  std::vector<float> x;
+  for (uint64_t b = 0; b <= 0xffffffffull; b += 997) x.push_back(switchboard::f32_from_bits(static_cast<uint32_t>(b)));
+  for (float v : {0.0f, -0.0f, 88.0f, -88.0f, 87.5f, -87.5f, 20.0f, -20.0f}) x.push_back(v);
+  std::vector<float> y = x;
+  switchboard::exact::silu_n(y.data(), y.data(), static_cast<int>(y.size()));
+  size_t differ = 0;
+  for (size_t i = 0; i < x.size(); ++i)
+    differ += !(std::isnan(y[i]) && std::isnan(x[i])) &&
+              switchboard::f32_bits(y[i]) != switchboard::f32_bits(switchboard::exact::silu(x[i]));
+  EXPECT_EQ(differ, 0u) << "of " << x.size();
+}

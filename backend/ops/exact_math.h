@@ -112,6 +112,18 @@ inline float sigmoid(float x) { return rcp(1.0f + exp(-x)); }
 // x * sigmoid(x).
 inline float silu(float x) { return x * sigmoid(x); }
 
+// silu of n values, y[i] = silu(x[i]) bit for bit, the exps branch-free (exp_n) so the
+// compiler can run several lanes at once; y may be x.
+inline void silu_n(const float* x, float* y, int n) {
+  float e[64];
+  for (int i0 = 0; i0 < n; i0 += 64) {
+    const int len = n - i0 < 64 ? n - i0 : 64;
+    for (int i = 0; i < len; ++i) e[i] = -x[i0 + i];
+    exp_n(e, e, len);
+    for (int i = 0; i < len; ++i) y[i0 + i] = x[i0 + i] * rcp(1.0f + e[i]);
+  }
+}
+
 // tanh(u) = 1 - 2 / (e^(2u) + 1).
 inline float tanh(float u) { return 1.0f - 2.0f * rcp(exp(u + u) + 1.0f); }
 
