@@ -113,7 +113,7 @@
 
 // norm.comp: x viewed as [rows, d] (SOFTMAX; RMS_NORM with weight [d], inv_d = f32(1/d)).
 #define SB_NORM_ROW_MAX 4096  // longest row the workgroup-per-row variants stage in shared memory
-#define SB_NORM_ARGS uint rows; uint d; uint dtype; float inv_d; float eps; uint out_dtype; uint pad0; uint gated;
+#define SB_NORM_ARGS uint rows; uint d; uint dtype; float inv_d; float eps; uint out_dtype; uint pad0; uint gated; uint w_dtype;
 // attention.comp: ATTENTION (order Decomposed): one workgroup per (query row, head), scratch
 // holds each row's len + 1 floats. Blocked32: rows row0 .. row0 + rows - 1 in this dispatch,
 // nb key blocks a row; scratch holds (m_b, l_b) per (row, head, block), then o_b [hd] each;
@@ -128,7 +128,7 @@
 // written to a [S, h, hd] cache from row pos. Row 0's position is pos + dyn[pos_word] (dyn: the
 // per-execution words of input values; word 0 is 0).
 #define SB_ROPE_ARGS uint m; uint h; uint hd; uint half_dims; uint pos; uint dtype; uint n; uint has_cache; \
-  float eps; float inv_d; uint pos_word; uint pad1;
+  float eps; float inv_d; uint pos_word; uint w_dtype;
 
 // linear_attention.comp CAUSAL_CONV1D: x [m, c] (words of `per` channels), weight [c, k], state
 // [k - 1, c]; row 0's position pos + dyn[pos_word] (0: the state reads as zeros); silu: 0 or 1.

@@ -79,8 +79,8 @@ void main() {
     uint i = k * per;
     float a = staged ? s_row[i] : s_at(base + i);
     float b = per == 2u ? (staged ? s_row[i + 1u] : s_at(base + i + 1u)) : 0.0;
-    precise float lo = (a * inv) * SB_LOAD(w, args.dtype, i);
-    precise float hi = per == 2u ? (b * inv) * SB_LOAD(w, args.dtype, i + 1u) : 0.0;
+    precise float lo = (a * inv) * SB_LOAD(w, args.w_dtype, i);
+    precise float hi = per == 2u ? (b * inv) * SB_LOAD(w, args.w_dtype, i + 1u) : 0.0;
     if (args.gated != 0u) {
       lo = sb_round_to(lo, args.dtype) * sb_silu(SB_LOAD(res, args.dtype, base + i));
       if (per == 2u) hi = sb_round_to(hi, args.dtype) * sb_silu(SB_LOAD(res, args.dtype, base + i + 1u));
@@ -251,7 +251,7 @@ void main() {
 #endif
 #ifdef RMS_NORM
   float ws[kElems];  // the weights too, loaded with x
-  [[unroll]] for (uint q = 0u; q < kElems; ++q) ws[q] = SB_LOAD(w, args.dtype, min(elem(t, q, per), args.d - 1u));
+  [[unroll]] for (uint q = 0u; q < kElems; ++q) ws[q] = SB_LOAD(w, args.w_dtype, min(elem(t, q, per), args.d - 1u));
   [[unroll]] for (uint q = 0u; q < kElems; ++q) {
     uint e = elem(t, q, per);
     precise float sq = xs[q] * xs[q];
@@ -307,7 +307,7 @@ void main() {
   precise float ms = ss * args.inv_d + args.eps;
   float inv = sb_rsqrt(ms);
   for (uint i = 0u; i < args.d; ++i) {
-    precise float v = (xin(r, i) * inv) * SB_LOAD(w, args.dtype, i);
+    precise float v = (xin(r, i) * inv) * SB_LOAD(w, args.w_dtype, i);
     put(r * args.d + i, v);
   }
 #endif

@@ -100,7 +100,7 @@ void main() {
   }
   barrier();
   for (uint e = t; e < args.hd; e += 64u) {
-    precise float v = (s_x[e] * s_inv) * SB_LOAD(w, args.dtype, e);
+    precise float v = (s_x[e] * s_inv) * SB_LOAD(w, args.w_dtype, e);
     s_x[e] = rnd(v);
   }
   barrier();

@@ -291,6 +291,51 @@ TEST(GatedRmsNorm, MatchesTheFormulaOnEveryDevice) {
   }
 }
 
+// Zero-centred norms (Qwen3-Next / Qwen3.5) keep 1 + w in f32 beside 16-bit rows: RmsNorm
+// (Tree32) multiplies by the f32 weight and rounds once; Rope's per-head norm gives the bits of
+// that RmsNorm followed by Rope.
+TEST(GatedRmsNorm, F32WeightsBeside16BitRows) {
+  for (DType dt : {DType::kBF16, DType::kF16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const int64_t rows = 6, d = 16, half = 4, table = 8;
+    ProgramBuilder b;
+    TensorRef x = b.input("x", dt, {rows, d}), w = b.input("w", DType::kF32, {d});
+    b.output("y", b.add_rms_norm(x, {}, w, 1e-6f).out);
+    TensorRef cos = b.input("cos", DType::kF32, {table, half}), sin = b.input("sin", DType::kF32, {table, half});
+    TensorRef heads = b.reshape(x, {2, 3, d});
+    b.output("fused", b.rope(heads, cos, sin, 1, w, 1e-6f));
+    b.output("separate", b.rope(b.reshape(b.add_rms_norm(x, {}, w, 1e-6f).out, {2, 3, d}), cos, sin, 1));
+    std::mt19937 rng(9);
+    Inputs in{{"x", random(dt, {rows, d}, rng, -3, 3)},
+              {"w", random(DType::kF32, {d}, rng, 0.5, 1.5)},
+              {"cos", random(DType::kF32, {table, half}, rng, -1, 1)},
+              {"sin", random(DType::kF32, {table, half}, rng, -1, 1)}};
+    optest::check_same_bits(b, in, {{"fused", "separate"}});
+    auto ref = [&](const Inputs& i) {
+      const std::vector<double> xv = i.at("x").to_doubles(), wv = i.at("w").to_doubles();
+      RefTensor y{{rows, d}, {}, {}};
+      for (int64_t r = 0; r < rows; ++r) {
+        float p[32] = {};
+        for (int64_t e = 0; e < d; ++e) {
+          const float v = static_cast<float>(xv[static_cast<size_t>(r * d + e)]);
+          p[e % 32] = p[e % 32] + v * v;
+        }
+        for (int hh = 16; hh >= 1; hh /= 2)
+          for (int l = 0; l < hh; ++l) p[l] = p[l] + p[l + hh];
+        const float inv = exact::rsqrt(p[0] * static_cast<float>(1.0 / d) + 1e-6f);
+        for (int64_t e = 0; e < d; ++e)
+          y.values.push_back(optest::round_to(
+              dt, (static_cast<float>(xv[static_cast<size_t>(r * d + e)]) * inv) * static_cast<float>(wv[static_cast<size_t>(e)])));
+      }
+      Expected want{{"y", y}};
+      return want;
+    };
+    ProgramBuilder only;
+    only.output("y", only.add_rms_norm(only.input("x", dt, {rows, d}), {}, only.input("w", DType::kF32, {d}), 1e-6f).out);
+    optest::check_op(only, {{"x", in.at("x")}, {"w", in.at("w")}}, ref, Tolerance::exact());
+  }
+}
+
 TEST(Softplus, EdgeValues) {
   const std::vector<double> v = {0.0, -0.0, INFINITY, -INFINITY, NAN, 20.0, 20.5, -100.0, 1e-30, -1e-30};
   ProgramBuilder b;

@@ -86,7 +86,7 @@ static_assert(sizeof(PermuteArgs) == 32 && offsetof(PermuteArgs, out_words) == 1
 static_assert(sizeof(ProbeArgs) == 16 && sizeof(StreamArgs) == 16 && sizeof(ArgsortArgs) == 16);
 static_assert(sizeof(GatherMmArgs) == 32 && sizeof(ReduceArgs) == 32 && sizeof(RegionArgs) == 48);
 static_assert(sizeof(TransposeArgs) == 80 && offsetof(TransposeArgs, rank) == 64);
-static_assert(sizeof(MatmulArgs) == 48 && sizeof(NormArgs) == 32 && offsetof(NormArgs, eps) == 16);
+static_assert(sizeof(MatmulArgs) == 48 && sizeof(NormArgs) == 36 && offsetof(NormArgs, eps) == 16);
 static_assert(sizeof(AttentionArgs) == 72 && offsetof(AttentionArgs, scale) == 32 &&
               offsetof(AttentionArgs, row0) == 48 && offsetof(AttentionArgs, pos_word) == 68);
 static_assert(sizeof(RopeArgs) == 48 && offsetof(RopeArgs, eps) == 32);

@@ -28,7 +28,8 @@ Status norm_rows(KernelContext& ctx, const char* kernel, const fb::Tid* x_tid, c
                    eps,
                    static_cast<uint32_t>(out.dtype()),
                    0,
-                   0};
+                   0,
+                   static_cast<uint32_t>(w_tid ? w.dtype() : x.dtype())};
   const std::vector<BufferRef> binds = w_tid ? std::vector<BufferRef>{bx, bw, bo} : std::vector<BufferRef>{bx, bo};
   // Rows that fit in shared memory: a workgroup each (terms staged, one thread adds them).
   const bool per_row = d > 0 && d <= SB_NORM_ROW_MAX;
@@ -88,7 +89,8 @@ Status rms_norm_tree(KernelContext& ctx, const fb::RmsNormNodeT& n) {
                    n.eps,
                    static_cast<uint32_t>(x.dtype()),
                    n.residual ? 1u : 0u,
-                   n.gate ? 1u : 0u};
+                   n.gate ? 1u : 0u,
+                   static_cast<uint32_t>(w.dtype())};
   if (rows > 0)
     SB_RETURN_IF_ERROR(
         rt.dispatch("rms_norm_tree", {bx, br, bw, bo, bs}, &args, sizeof(args), static_cast<uint64_t>(rows) * 256));

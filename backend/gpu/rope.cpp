@@ -51,6 +51,7 @@ Status rope(KernelContext& ctx, const fb::OpNodeUnion& op) {
   args.dtype = static_cast<uint32_t>(x.dtype());
   args.has_cache = n->cache ? 1u : 0u;
   args.eps = n->eps;
+  args.w_dtype = static_cast<uint32_t>(n->norm_weight ? w.dtype() : x.dtype());
   args.inv_d = ops::inverse_count(d.hd);
   if (x.numel() > 0) {
     if (n->norm_weight)

@@ -72,9 +72,11 @@ struct Emit {
                             constant(name + ".biases", f.scale_dtype, {c.experts, n, k / gs}, read), width, gs, bits};
   }
 
+  // Zero-centred norms keep 1 + w in f32 (HF multiplies by the f32 1 + w); others the dtype's w.
+  DType norm_dtype() const { return c.norm_plus_one ? DType::kF32 : act; }
   // RMSNorm (order Tree32) of x, or of x + residual: {the sum, the normalized sum}.
   ProgramBuilder::AddNorm add_norm(TensorRef x, TensorRef residual, const std::string& name, int64_t d) {
-    return b.add_rms_norm(x, residual, constant(name, act, {d}), c.rms_eps);
+    return b.add_rms_norm(x, residual, constant(name, norm_dtype(), {d}), c.rms_eps);
   }
   TensorRef norm(TensorRef x, const std::string& name, int64_t d) { return add_norm(x, {}, name, d).out; }
 };
@@ -123,8 +125,8 @@ TensorRef attention(Emit& e, const Step& s, int64_t layer, TensorRef h) {
   TensorRef vc = b.mutable_buffer(layer_name(layer, "v_cache"), e.act, {c.max_seq, hk, hd});
   TensorRef qw, kw;
   if (c.qk_norm == QkNorm::kPerHead) {
-    qw = e.constant(layer_name(layer, "attn.q_norm"), e.act, {hd});
-    kw = e.constant(layer_name(layer, "attn.k_norm"), e.act, {hd});
+    qw = e.constant(layer_name(layer, "attn.q_norm"), e.norm_dtype(), {hd});
+    kw = e.constant(layer_name(layer, "attn.k_norm"), e.norm_dtype(), {hd});
   }
   q = b.rope(q, s.cos, s.sin, s.pos, qw, c.rms_eps);
   b.rope(k, s.cos, s.sin, s.pos, kw, c.rms_eps, kc);

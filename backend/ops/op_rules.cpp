@@ -418,7 +418,9 @@ Status Rules::check_moe_op(const fb::OpNodeUnion& op, const std::string& path) c
       SB_RETURN_IF_ERROR(expect(dtype_is_float(dt(n.x.get())) && rank(n.x.get()) >= 1, path + ".x",
                                 "must be a float tensor of rank >= 1"));
       SB_RETURN_IF_ERROR(expect(rank(n.weight.get()) == 1, path + ".weight", "must be 1-D"));
-      SB_RETURN_IF_ERROR(same_dtype(n.x.get(), n.weight.get(), path, "x", "weight"));
+      // (schema v7) f32 weights beside 16-bit rows in order Tree32: zero-centred norms' 1 + w.
+      if (!(n.order == fb::NormOrder::Tree32 && dt(n.weight.get()) == DType::kF32))
+        SB_RETURN_IF_ERROR(same_dtype(n.x.get(), n.weight.get(), path, "x", "weight"));
       SB_RETURN_IF_ERROR(expect(n.order == fb::NormOrder::Sequential || n.order == fb::NormOrder::Tree32,
                                 path + ".order", strformat("%d is not a NormOrder", static_cast<int>(n.order))));
       SB_RETURN_IF_ERROR(expect(!n.residual == !n.sum, path + ".sum", "is given exactly when residual is"));
@@ -455,7 +457,7 @@ Status Rules::check_moe_op(const fb::OpNodeUnion& op, const std::string& path) c
         return error(path + ".cos",
                      strformat("rotates 2 * %lld dims of a head of %lld", (long long)dim(c, 1), (long long)dim(x, 2)));
       if (const fb::Tid* w = n.norm_weight.get()) {
-        SB_RETURN_IF_ERROR(same_dtype(x, w, path, "x", "norm_weight"));
+        if (dt(w) != DType::kF32) SB_RETURN_IF_ERROR(same_dtype(x, w, path, "x", "norm_weight"));
         SB_RETURN_IF_ERROR(expect(rank(w) == 1, path + ".norm_weight", "must be 1-D [hd]"));
       }
       if (const fb::Tid* k = n.cache.get()) {
