@@ -255,6 +255,18 @@ TEST(GatedDeltaRule, RowsSplitOverCallsGiveTheBitsOfOneCall) {
 
 // --- gated RMSNorm, Softplus, rules --------------------------------------------------------
 
+// RmsNorm Tree32's rsqrt(dot32(x_r, x_r) / d + 1e-6) of row r, spelled out.
+float tree32_rsqrt(const std::vector<double>& xv, int64_t r, int64_t d) {
+  float p[32] = {};
+  for (int64_t e = 0; e < d; ++e) {
+    const float v = static_cast<float>(xv[static_cast<size_t>(r * d + e)]);
+    p[e % 32] = p[e % 32] + v * v;
+  }
+  for (int hh = 16; hh >= 1; hh /= 2)
+    for (int l = 0; l < hh; ++l) p[l] = p[l] + p[l + hh];
+  return exact::rsqrt(p[0] * static_cast<float>(1.0 / d) + 1e-6f);
+}
+
 TEST(GatedRmsNorm, MatchesTheFormulaOnEveryDevice) {
   for (DType dt : {DType::kF32, DType::kBF16}) {
     SCOPED_TRACE(dtype_name(dt));
@@ -270,14 +282,7 @@ TEST(GatedRmsNorm, MatchesTheFormulaOnEveryDevice) {
       const std::vector<double> xv = i.at("x").to_doubles(), zv = i.at("z").to_doubles(), wv = i.at("w").to_doubles();
       RefTensor y{{rows, d}, {}, {}};
       for (int64_t r = 0; r < rows; ++r) {
-        float p[32] = {};
-        for (int64_t e = 0; e < d; ++e) {
-          const float v = static_cast<float>(xv[static_cast<size_t>(r * d + e)]);
-          p[e % 32] = p[e % 32] + v * v;
-        }
-        for (int hh = 16; hh >= 1; hh /= 2)
-          for (int l = 0; l < hh; ++l) p[l] = p[l] + p[l + hh];
-        const float inv = exact::rsqrt(p[0] * static_cast<float>(1.0 / d) + 1e-6f);
+        const float inv = tree32_rsqrt(xv, r, d);
         for (int64_t e = 0; e < d; ++e) {
           const float n = (static_cast<float>(xv[static_cast<size_t>(r * d + e)]) * inv) *
                           static_cast<float>(wv[static_cast<size_t>(e)]);
@@ -315,14 +320,7 @@ TEST(GatedRmsNorm, F32WeightsBeside16BitRows) {
       const std::vector<double> xv = i.at("x").to_doubles(), wv = i.at("w").to_doubles();
       RefTensor y{{rows, d}, {}, {}};
       for (int64_t r = 0; r < rows; ++r) {
-        float p[32] = {};
-        for (int64_t e = 0; e < d; ++e) {
-          const float v = static_cast<float>(xv[static_cast<size_t>(r * d + e)]);
-          p[e % 32] = p[e % 32] + v * v;
-        }
-        for (int hh = 16; hh >= 1; hh /= 2)
-          for (int l = 0; l < hh; ++l) p[l] = p[l] + p[l + hh];
-        const float inv = exact::rsqrt(p[0] * static_cast<float>(1.0 / d) + 1e-6f);
+        const float inv = tree32_rsqrt(xv, r, d);
         for (int64_t e = 0; e < d; ++e)
           y.values.push_back(optest::round_to(
               dt, (static_cast<float>(xv[static_cast<size_t>(r * d + e)]) * inv) * static_cast<float>(wv[static_cast<size_t>(e)])));
