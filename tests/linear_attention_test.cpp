@@ -322,14 +322,15 @@ TEST(GatedRmsNorm, F32WeightsBeside16BitRows) {
       for (int64_t r = 0; r < rows; ++r) {
         const float inv = tree32_rsqrt(xv, r, d);
         for (int64_t e = 0; e < d; ++e)
-          y.values.push_back(optest::round_to(
-              dt, (static_cast<float>(xv[static_cast<size_t>(r * d + e)]) * inv) * static_cast<float>(wv[static_cast<size_t>(e)])));
+          y.values.push_back(optest::round_to(dt, (static_cast<float>(xv[static_cast<size_t>(r * d + e)]) * inv) *
+                                                      static_cast<float>(wv[static_cast<size_t>(e)])));
       }
       Expected want{{"y", y}};
       return want;
     };
     ProgramBuilder only;
-    only.output("y", only.add_rms_norm(only.input("x", dt, {rows, d}), {}, only.input("w", DType::kF32, {d}), 1e-6f).out);
+    only.output("y",
+                only.add_rms_norm(only.input("x", dt, {rows, d}), {}, only.input("w", DType::kF32, {d}), 1e-6f).out);
     optest::check_op(only, {{"x", in.at("x")}, {"w", in.at("w")}}, ref, Tolerance::exact());
   }
 }

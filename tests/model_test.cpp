@@ -12,10 +12,10 @@
 #include <map>
 
 #include "op_harness.h"
-#include "test_util.h"
 #include "quantize.h"
 #include "safetensors.h"
 #include "switchboard/model.h"
+#include "test_util.h"
 
 namespace switchboard {
 namespace {
@@ -617,8 +617,8 @@ TEST(HfFixture, Qwen3NextMlxGroupedCodesMoveAsTheyAre) {
     std::vector<std::pair<std::string, Tensor>> kept;
     for (auto& [name, t] : ts) {
       if (name.find("shared_expert") != std::string::npos) continue;
-      const bool grouped = name.find("in_proj_qkvz.weight") != std::string::npos ||
-                           name.find("in_proj_ba.weight") != std::string::npos;
+      const bool grouped =
+          name.find("in_proj_qkvz.weight") != std::string::npos || name.find("in_proj_ba.weight") != std::string::npos;
       if (!grouped) {
         kept.emplace_back(name, t);
         continue;
