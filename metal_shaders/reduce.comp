@@ -4,6 +4,7 @@
 // SB_KERNEL(reduce_mean, REDUCE_MEAN, "rw", ReduceArgs, SB_REDUCE_ARGS, 256, F_DIVIDES)
 // SB_KERNEL(argmax, ARGMAX, "rw", ReduceArgs, SB_REDUCE_ARGS, 256, 0)
 // SB_KERNEL(argmax_row, ARGMAX_ROW, "rw", ReduceArgs, SB_REDUCE_ARGS, 256, 0)
+// SB_KERNEL(argmax_merge, ARGMAX_MERGE, "rw", ReduceArgs, SB_REDUCE_ARGS, 256, 0)
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #ifdef ARGMAX_INT
@@ -15,10 +16,13 @@
 // elements); ARGMAX: invocation i writes i32 element i; ARGMAX_ROW (inner == 1, long
 // rows such as logits): workgroup g writes element g, its 256 threads scanning strided
 // positions and combining in shared memory (the winner is order-free: the first NaN,
-// else the largest value at its lowest index).
+// else the largest value at its lowest index). With pad0 = P > 1 parts of pad1 positions,
+// workgroup g scans part g % P of row g / P and writes its (value bits, index) pair to
+// binding 1; ARGMAX_MERGE: workgroup g combines row g's P pairs the same way.
 #include "common.glsl"
-#ifdef ARGMAX_ROW
+#if defined(ARGMAX_ROW) || defined(ARGMAX_MERGE)
 #define ARGMAX
+#define ARGMAX_WIDE
 #endif
 #ifdef REDUCE_MEAN
 #define REDUCE  // reduce_mean: Sum, then one IEEE division by d (see gpu_kernel_table.h)
@@ -82,7 +86,7 @@ void main() {  // integer dtypes: strictly greater wins, so the lowest index amo
 }
 #endif
 
-#ifdef ARGMAX_ROW
+#ifdef ARGMAX_WIDE
 shared float best_v[256];
 shared uint best_j[256];
 const uint kNone = 0xffffffffu;
@@ -97,17 +101,34 @@ bool beats(float v, uint j, float bv, uint bj) {
 }
 
 void main() {
-  uint i = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x, t = gl_LocalInvocationID.x;
+  uint g = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x, t = gl_LocalInvocationID.x;
+#ifdef ARGMAX_MERGE
+  uint parts = args.pad0, i = g;  // a workgroup per row
+#else
+  uint parts = max(args.pad0, 1u), i = g / parts, part = g % parts;
+#endif
   if (i >= args.outer) return;  // uniform across the workgroup
   float bv = 0.0;
   uint bj = kNone;
-  for (uint j = t; j < args.d; j += 256u) {
+#ifdef ARGMAX_MERGE
+  for (uint p = t; p < parts; p += 256u) {
+    float v = uintBitsToFloat(x[(i * parts + p) * 2u]);
+    uint j = x[(i * parts + p) * 2u + 1u];
+    if (beats(v, j, bv, bj)) {
+      bv = v;
+      bj = j;
+    }
+  }
+#else
+  uint lo = parts > 1u ? part * args.pad1 : 0u, hi = parts > 1u ? min(args.d, lo + args.pad1) : args.d;
+  for (uint j = lo + t; j < hi; j += 256u) {
     float v = at(i, j);
     if (beats(v, j, bv, bj)) {
       bv = v;
       bj = j;
     }
   }
+#endif
   best_v[t] = bv;
   best_j[t] = bj;
   barrier();
@@ -118,7 +139,15 @@ void main() {
     }
     barrier();
   }
-  if (t == 0u) o[i] = best_j[0];
+  if (t != 0u) return;
+#ifdef ARGMAX_ROW
+  if (parts > 1u) {
+    o[g * 2u] = floatBitsToUint(best_v[0]);
+    o[g * 2u + 1u] = best_j[0];
+    return;
+  }
+#endif
+  o[i] = best_j[0];
 }
 #elif defined(ARGMAX)
 void main() {

@@ -886,21 +886,26 @@ TEST(Argmax, TiesTakeLowestIndexAndNaNIsLargest) {
 
 // Rows of >= 1024 take the GPU's workgroup-per-row kernel: the same rule at every position
 // of the 256-thread grouping (a tie across threads, NaN late, -0 vs +0, the max last).
+// Rows of 8192 and more (logits) are also split into parts of 4096 over workgroups and merged:
+// the same cases with the tie, the NaNs and the max in different parts (d = 20,000: 5 parts).
 TEST(Argmax, LongRowsCombineAcrossThreads) {
-  const int64_t d = 3000;
-  std::vector<double> v(static_cast<size_t>(5 * d));
-  for (int64_t i = 0; i < 5 * d; ++i) v[size_t(i)] = std::sin(0.37 * double(i)) * 100.0;
-  v[size_t(0 * d + 700)] = 500, v[size_t(0 * d + 2900)] = 500, v[size_t(0 * d + 300)] = 499;  // tie: 700
-  v[size_t(1 * d + 2999)] = kNaN, v[size_t(1 * d + 1234)] = kNaN;                             // first NaN: 1234
-  for (int64_t i = 0; i < d; ++i) v[size_t(2 * d + i)] = i % 2 ? -0.0 : 0.0;                  // all zero: 0
-  v[size_t(3 * d + d - 1)] = 1e6;                                                             // last: 2999
-  for (int64_t i = 0; i < d; ++i) v[size_t(4 * d + i)] = -kInf;                                // all equal: 0
-  for (DType t : kFloats) {
-    SCOPED_TRACE(dtype_name(t));
-    ProgramBuilder b;
-    b.output("a", b.argmax(b.input("x", t, {5, d}), 1));
-    check_op(b, {{"x", make(t, {5, d}, v)}}, [&](const Inputs& in) { return Expected{{"a", argmax_ref(in.at("x"), 1, false)}}; },
-             Tolerance::exact());
+  for (const int64_t d : {int64_t{3000}, int64_t{20000}}) {
+    SCOPED_TRACE(d);
+    const int64_t far = d - 100;  // in the last part when the row is split
+    std::vector<double> v(static_cast<size_t>(5 * d));
+    for (int64_t i = 0; i < 5 * d; ++i) v[size_t(i)] = std::sin(0.37 * double(i)) * 100.0;
+    v[size_t(0 * d + 700)] = 500, v[size_t(0 * d + far)] = 500, v[size_t(0 * d + 300)] = 499;  // tie: 700
+    v[size_t(1 * d + far)] = kNaN, v[size_t(1 * d + 1234)] = kNaN;                            // first NaN: 1234
+    for (int64_t i = 0; i < d; ++i) v[size_t(2 * d + i)] = i % 2 ? -0.0 : 0.0;                 // all zero: 0
+    v[size_t(3 * d + d - 1)] = 1e6;                                                            // last: d - 1
+    for (int64_t i = 0; i < d; ++i) v[size_t(4 * d + i)] = -kInf;                               // all equal: 0
+    for (DType t : kFloats) {
+      SCOPED_TRACE(dtype_name(t));
+      ProgramBuilder b;
+      b.output("a", b.argmax(b.input("x", t, {5, d}), 1));
+      check_op(b, {{"x", make(t, {5, d}, v)}},
+               [&](const Inputs& in) { return Expected{{"a", argmax_ref(in.at("x"), 1, false)}}; }, Tolerance::exact());
+    }
   }
 }
 

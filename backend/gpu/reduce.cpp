@@ -31,10 +31,22 @@ Status reduce_like(KernelContext& ctx, const fb::Tid* x_tid, const fb::Tid* out_
                      0,
                      0,
                      0};
-  // Long contiguous float rows (logits): a workgroup of 256 per output.
+  // Long contiguous float rows (logits): a workgroup of 256 per output; rows of two parts of
+  // kArgmaxPart or more are split over workgroups (one per part) and their winners merged.
   const bool wide = is_argmax && dtype_is_float(x.dtype()) && s.inner == 1 && s.dim >= 1024;
   if (wide) {
-    SB_RETURN_IF_ERROR(rt.dispatch("argmax_row", {bx, bo}, &args, sizeof(args), static_cast<uint64_t>(s.outer) * 256));
+    constexpr int64_t kArgmaxPart = 4096;
+    const uint64_t parts = s.dim >= 2 * kArgmaxPart ? static_cast<uint64_t>((s.dim + kArgmaxPart - 1) / kArgmaxPart) : 1;
+    if (parts == 1) {
+      SB_RETURN_IF_ERROR(rt.dispatch("argmax_row", {bx, bo}, &args, sizeof(args), static_cast<uint64_t>(s.outer) * 256));
+      return ctx.out(out_tid, std::move(out));
+    }
+    args.pad0 = static_cast<uint32_t>(parts);
+    args.pad1 = static_cast<uint32_t>(kArgmaxPart);
+    SB_ASSIGN_OR_RETURN(BufferRef pairs, rt.scratch(static_cast<size_t>(s.outer) * parts * 8, 0));
+    SB_RETURN_IF_ERROR(
+        rt.dispatch("argmax_row", {bx, pairs}, &args, sizeof(args), static_cast<uint64_t>(s.outer) * parts * 256));
+    SB_RETURN_IF_ERROR(rt.dispatch("argmax_merge", {pairs, bo}, &args, sizeof(args), static_cast<uint64_t>(s.outer) * 256));
     return ctx.out(out_tid, std::move(out));
   }
   const char* kernel = is_argmax ? (dtype_is_float(x.dtype()) ? "argmax" : "argmax_int")
