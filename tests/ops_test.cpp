@@ -895,16 +895,20 @@ TEST(Argmax, LongRowsCombineAcrossThreads) {
     std::vector<double> v(static_cast<size_t>(5 * d));
     for (int64_t i = 0; i < 5 * d; ++i) v[size_t(i)] = std::sin(0.37 * double(i)) * 100.0;
     v[size_t(0 * d + 700)] = 500, v[size_t(0 * d + far)] = 500, v[size_t(0 * d + 300)] = 499;  // tie: 700
-    v[size_t(1 * d + far)] = kNaN, v[size_t(1 * d + 1234)] = kNaN;                            // first NaN: 1234
+    v[size_t(1 * d + far)] = kNaN, v[size_t(1 * d + 1234)] = kNaN;                             // first NaN: 1234
     for (int64_t i = 0; i < d; ++i) v[size_t(2 * d + i)] = i % 2 ? -0.0 : 0.0;                 // all zero: 0
     v[size_t(3 * d + d - 1)] = 1e6;                                                            // last: d - 1
-    for (int64_t i = 0; i < d; ++i) v[size_t(4 * d + i)] = -kInf;                               // all equal: 0
+    for (int64_t i = 0; i < d; ++i) v[size_t(4 * d + i)] = -kInf;                              // all equal: 0
     for (DType t : kFloats) {
       SCOPED_TRACE(dtype_name(t));
       ProgramBuilder b;
       b.output("a", b.argmax(b.input("x", t, {5, d}), 1));
-      check_op(b, {{"x", make(t, {5, d}, v)}},
-               [&](const Inputs& in) { return Expected{{"a", argmax_ref(in.at("x"), 1, false)}}; }, Tolerance::exact());
+      check_op(
+          b, {{"x", make(t, {5, d}, v)}},
+          [&](const Inputs& in) {
+            return Expected{{"a", argmax_ref(in.at("x"), 1, false)}};
+          },
+          Tolerance::exact());
     }
   }
 }

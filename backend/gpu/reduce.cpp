@@ -36,9 +36,11 @@ Status reduce_like(KernelContext& ctx, const fb::Tid* x_tid, const fb::Tid* out_
   const bool wide = is_argmax && dtype_is_float(x.dtype()) && s.inner == 1 && s.dim >= 1024;
   if (wide) {
     constexpr int64_t kArgmaxPart = 4096;
-    const uint64_t parts = s.dim >= 2 * kArgmaxPart ? static_cast<uint64_t>((s.dim + kArgmaxPart - 1) / kArgmaxPart) : 1;
+    const uint64_t parts =
+        s.dim >= 2 * kArgmaxPart ? static_cast<uint64_t>((s.dim + kArgmaxPart - 1) / kArgmaxPart) : 1;
     if (parts == 1) {
-      SB_RETURN_IF_ERROR(rt.dispatch("argmax_row", {bx, bo}, &args, sizeof(args), static_cast<uint64_t>(s.outer) * 256));
+      SB_RETURN_IF_ERROR(
+          rt.dispatch("argmax_row", {bx, bo}, &args, sizeof(args), static_cast<uint64_t>(s.outer) * 256));
       return ctx.out(out_tid, std::move(out));
     }
     args.pad0 = static_cast<uint32_t>(parts);
@@ -46,7 +48,8 @@ Status reduce_like(KernelContext& ctx, const fb::Tid* x_tid, const fb::Tid* out_
     SB_ASSIGN_OR_RETURN(BufferRef pairs, rt.scratch(static_cast<size_t>(s.outer) * parts * 8, 0));
     SB_RETURN_IF_ERROR(
         rt.dispatch("argmax_row", {bx, pairs}, &args, sizeof(args), static_cast<uint64_t>(s.outer) * parts * 256));
-    SB_RETURN_IF_ERROR(rt.dispatch("argmax_merge", {pairs, bo}, &args, sizeof(args), static_cast<uint64_t>(s.outer) * 256));
+    SB_RETURN_IF_ERROR(
+        rt.dispatch("argmax_merge", {pairs, bo}, &args, sizeof(args), static_cast<uint64_t>(s.outer) * 256));
     return ctx.out(out_tid, std::move(out));
   }
   const char* kernel = is_argmax ? (dtype_is_float(x.dtype()) ? "argmax" : "argmax_int")
