@@ -1,6 +1,7 @@
 // Kernel variants of this file, one line each (metal_shaders/README.md, "Variants"):
 // SB_KERNEL(causal_conv1d, CAUSAL_CONV1D, "rrbwr", ConvArgs, SB_CONV_ARGS, 64, 0)
 // SB_KERNEL(gated_delta_rule, GATED_DELTA_RULE, "rrrrrbwr", DeltaArgs, SB_DELTA_ARGS, 64, 0)
+// SB_KERNEL(gated_delta_rule_128, GATED_DELTA_RULE_128, "rrrrrbwr", DeltaArgs, SB_DELTA_ARGS, 64, 0)
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
@@ -59,6 +60,13 @@ void main() {
 }
 #endif
 
+#ifdef GATED_DELTA_RULE_128
+#define GATED_DELTA_RULE
+#define DK_FIXED 1  // dk == 128 (the host's choice): the unrolled loops lose their guards
+#else
+#define DK_FIXED 0
+#endif
+
 #ifdef GATED_DELTA_RULE
 // Thread -> output: workgroup g is value head g / B's columns 64 (g % B) .. + 63 (B = ceil(dv / 64));
 // thread j keeps
@@ -91,7 +99,7 @@ void main() {
   bool fresh = args.pos + dyn[args.pos_word] == 0u;
   float s[kMaxDk];
   [[unroll]] for (uint i = 0u; i < kMaxDk; ++i)
-    s[i] = (live && !fresh && i < dk) ? state[(h * dk + i) * dv + j] : 0.0;
+    s[i] = (live && !fresh && (DK_FIXED != 0 || i < dk)) ? state[(h * dk + i) * dv + j] : 0.0;
   uint per = sb_per_word(args.dtype);
   for (uint t = 0u; t < args.m; ++t) {
     uint row = t * args.width;
@@ -129,7 +137,7 @@ void main() {
     precise float m = 0.0, acc_o = 0.0;
     float beta = s_scalars[2], alpha = s_scalars[3];
     [[unroll]] for (uint i = 0u; i < kMaxDk; ++i) {
-      if (i < dk) {
+      if (DK_FIXED != 0 || i < dk) {
         precise float v = s[i] * alpha;
         s[i] = v;
         m = m + v * s_k[i];
@@ -138,7 +146,7 @@ void main() {
     float vj = live ? SB_LOAD(qkv, args.dtype, row + 2u * args.hk * dk + h * dv + j) : 0.0;
     precise float delta = (vj - m) * beta;
     [[unroll]] for (uint i = 0u; i < kMaxDk; ++i) {
-      if (i < dk) {
+      if (DK_FIXED != 0 || i < dk) {
         precise float v = s[i] + s_k[i] * delta;
         s[i] = v;
         acc_o = acc_o + v * s_q[i];
@@ -155,6 +163,6 @@ void main() {
   }
   if (live)
     [[unroll]] for (uint i = 0u; i < kMaxDk; ++i)
-      if (i < dk) state[(h * dk + i) * dv + j] = s[i];
+      if (DK_FIXED != 0 || i < dk) state[(h * dk + i) * dv + j] = s[i];
 }
 #endif

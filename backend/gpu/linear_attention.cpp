@@ -107,8 +107,9 @@ Status gated_delta_rule(KernelContext& ctx, const fb::OpNodeUnion& op) {
   args.l2norm = n->l2norm ? 1u : 0u;
   args.scale = n->scale;
   const uint64_t groups = static_cast<uint64_t>(d.hv) * static_cast<uint64_t>((d.dv + 63) / 64);
-  SB_RETURN_IF_ERROR(
-      rt.dispatch("gated_delta_rule", {bq, ba, bb, bl, bd, st.ref, bo, pos.words}, &args, sizeof(args), groups * 64));
+  // Key heads of 128 (the released models'): the variant whose unrolled loops need no guards.
+  SB_RETURN_IF_ERROR(rt.dispatch(d.dk == 128 ? "gated_delta_rule_128" : "gated_delta_rule",
+                                 {bq, ba, bb, bl, bd, st.ref, bo, pos.words}, &args, sizeof(args), groups * 64));
   SB_RETURN_IF_ERROR(keep_state(ctx, n->state.get(), st));
   return ctx.out(n->out.get(), std::move(out));
 }
