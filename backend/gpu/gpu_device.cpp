@@ -233,6 +233,17 @@ Result<DynamicArg> dynamic_arg(KernelContext& ctx, const fb::IntOrVidT* v) {
   return DynamicArg{d.value, d.word, words};
 }
 
+Result<InPlace> inplace_on_device(KernelContext& ctx, const fb::Tid* tid) {
+  InPlace b;
+  SB_ASSIGN_OR_RETURN(b.host, ctx.inplace(tid));
+  SB_ASSIGN_OR_RETURN(b.dev, rt_of(ctx).device_tensor(b.host));
+  return b;
+}
+
+Status keep_on_device(KernelContext& ctx, const fb::Tid* tid, InPlace& b) {
+  return b.dev.data() != b.host.data() ? ctx.out(tid, std::move(b.dev)) : Status::ok();
+}
+
 Result<BufferRef> bind_in(KernelContext& ctx, const fb::Tid* tid, Tensor* keep) {
   SB_ASSIGN_OR_RETURN(Tensor t, ctx.in(tid));
   if (keep) *keep = t;

@@ -35,6 +35,13 @@ Result<DynamicArg> dynamic_arg(KernelContext& ctx, const fb::IntOrVidT* v);
 Result<BufferRef> dynamic_words(KernelContext& ctx);
 // The tensor in `tid` bound for a kernel (kept in *keep when given).
 Result<BufferRef> bind_in(KernelContext& ctx, const fb::Tid* tid, Tensor* keep = nullptr);
+// A buffer an op writes in place (a KV cache, a recurrent state), on the device: `dev` is the
+// host one or its device copy. keep_on_device makes a copy the buffer from then on.
+struct InPlace {
+  Tensor host, dev;
+};
+Result<InPlace> inplace_on_device(KernelContext& ctx, const fb::Tid* tid);
+Status keep_on_device(KernelContext& ctx, const fb::Tid* tid, InPlace& b);
 // n as a kernel's u32 count; kUnimplemented past the kernels' 2^31 limit.
 Result<uint32_t> u32_count(int64_t n, const char* what);
 // 32-bit words of n elements of t.

@@ -10,25 +10,6 @@
 namespace switchboard::gpu {
 namespace {
 
-// The mutable state buffer in `tid`, on the device (written in place).
-struct State {
-  Tensor host, dev;
-  BufferRef ref;
-};
-Result<State> bind_state(KernelContext& ctx, const fb::Tid* tid) {
-  Runtime& rt = rt_of(ctx);
-  State s;
-  SB_ASSIGN_OR_RETURN(s.host, ctx.inplace(tid));
-  SB_ASSIGN_OR_RETURN(s.dev, rt.device_tensor(s.host));
-  SB_ASSIGN_OR_RETURN(s.ref, rt.bind(s.dev, false));
-  return s;
-}
-// A host buffer copied to the device: the device copy is the state from now on.
-Status keep_state(KernelContext& ctx, const fb::Tid* tid, State& s) {
-  if (s.dev.data() != s.host.data()) return ctx.out(tid, std::move(s.dev));
-  return Status::ok();
-}
-
 // The position only decides whether the state is read (pos > 0) or zeros (pos == 0), on the
 // device: any position replays.
 void guard_any_position(KernelContext& ctx, const fb::IntOrVidT* pos) {
@@ -41,7 +22,8 @@ Status causal_conv1d(KernelContext& ctx, const fb::OpNodeUnion& op) {
   Tensor x, w;
   SB_ASSIGN_OR_RETURN(BufferRef bx, bind_in(ctx, n->x.get(), &x));
   SB_ASSIGN_OR_RETURN(BufferRef bw, bind_in(ctx, n->weight.get(), &w));
-  SB_ASSIGN_OR_RETURN(State st, bind_state(ctx, n->state.get()));
+  SB_ASSIGN_OR_RETURN(InPlace st, inplace_on_device(ctx, n->state.get()));
+  SB_ASSIGN_OR_RETURN(BufferRef bst, rt.bind(st.dev, false));
   SB_ASSIGN_OR_RETURN(DynamicArg pos, dynamic_arg(ctx, n->pos.get()));
   SB_ASSIGN_OR_RETURN(ops::ConvDims d, ops::causal_conv1d_dims(x, w, st.dev, pos.value));
   guard_any_position(ctx, n->pos.get());
@@ -63,8 +45,8 @@ Status causal_conv1d(KernelContext& ctx, const fb::OpNodeUnion& op) {
   args.silu = n->silu ? 1u : 0u;
   if (d.c > 0)
     SB_RETURN_IF_ERROR(
-        rt.dispatch("causal_conv1d", {bx, bw, st.ref, bo, pos.words}, &args, sizeof(args), words_of(x.dtype(), d.c)));
-  SB_RETURN_IF_ERROR(keep_state(ctx, n->state.get(), st));
+        rt.dispatch("causal_conv1d", {bx, bw, bst, bo, pos.words}, &args, sizeof(args), words_of(x.dtype(), d.c)));
+  SB_RETURN_IF_ERROR(keep_on_device(ctx, n->state.get(), st));
   return ctx.out(n->out.get(), std::move(out));
 }
 
@@ -77,7 +59,8 @@ Status gated_delta_rule(KernelContext& ctx, const fb::OpNodeUnion& op) {
   SB_ASSIGN_OR_RETURN(BufferRef bb, bind_in(ctx, n->b.get(), &b));
   SB_ASSIGN_OR_RETURN(BufferRef bl, bind_in(ctx, n->a_log.get(), &a_log));
   SB_ASSIGN_OR_RETURN(BufferRef bd, bind_in(ctx, n->dt_bias.get(), &dt_bias));
-  SB_ASSIGN_OR_RETURN(State st, bind_state(ctx, n->state.get()));
+  SB_ASSIGN_OR_RETURN(InPlace st, inplace_on_device(ctx, n->state.get()));
+  SB_ASSIGN_OR_RETURN(BufferRef bst, rt.bind(st.dev, false));
   SB_ASSIGN_OR_RETURN(DynamicArg pos, dynamic_arg(ctx, n->pos.get()));
   SB_ASSIGN_OR_RETURN(ops::DeltaDims d, ops::gated_delta_rule_dims(qkv, a, b, a_log, dt_bias, st.dev, pos.value));
   guard_any_position(ctx, n->pos.get());
@@ -109,8 +92,8 @@ Status gated_delta_rule(KernelContext& ctx, const fb::OpNodeUnion& op) {
   const uint64_t groups = static_cast<uint64_t>(d.hv) * static_cast<uint64_t>((d.dv + 63) / 64);
   // Key heads of 128 (the released models'): the variant whose unrolled loops need no guards.
   SB_RETURN_IF_ERROR(rt.dispatch(d.dk == 128 ? "gated_delta_rule_128" : "gated_delta_rule",
-                                 {bq, ba, bb, bl, bd, st.ref, bo, pos.words}, &args, sizeof(args), groups * 64));
-  SB_RETURN_IF_ERROR(keep_state(ctx, n->state.get(), st));
+                                 {bq, ba, bb, bl, bd, bst, bo, pos.words}, &args, sizeof(args), groups * 64));
+  SB_RETURN_IF_ERROR(keep_on_device(ctx, n->state.get(), st));
   return ctx.out(n->out.get(), std::move(out));
 }
 

@@ -11,7 +11,8 @@ namespace {
 Status rope(KernelContext& ctx, const fb::OpNodeUnion& op) {
   const auto* n = op.AsRopeNode();
   Runtime& rt = rt_of(ctx);
-  Tensor x, cos, sin, w, host_cache, cache;
+  Tensor x, cos, sin, w;
+  InPlace cache;
   SB_ASSIGN_OR_RETURN(BufferRef bx, bind_in(ctx, n->x.get(), &x));
   SB_ASSIGN_OR_RETURN(BufferRef bc, bind_in(ctx, n->cos.get(), &cos));
   SB_ASSIGN_OR_RETURN(BufferRef bs, bind_in(ctx, n->sin.get(), &sin));
@@ -20,13 +21,12 @@ Status rope(KernelContext& ctx, const fb::OpNodeUnion& op) {
     SB_ASSIGN_OR_RETURN(bw, bind_in(ctx, n->norm_weight.get(), &w));
   }
   if (n->cache) {
-    SB_ASSIGN_OR_RETURN(host_cache, ctx.inplace(n->cache.get()));
-    SB_ASSIGN_OR_RETURN(cache, rt.device_tensor(host_cache));
+    SB_ASSIGN_OR_RETURN(cache, inplace_on_device(ctx, n->cache.get()));
   }
   SB_ASSIGN_OR_RETURN(DynamicArg pos, dynamic_arg(ctx, n->pos.get()));
   SB_ASSIGN_OR_RETURN(ops::RopeDims d, ops::rope_dims(x, cos, sin, pos.value, n->norm_weight ? &w : nullptr,
-                                                      n->cache ? &cache : nullptr));
-  ctx.guard_dynamic(n->pos.get(), 0, std::min(d.table_rows, n->cache ? cache.dim(0) : d.table_rows) - d.m);
+                                                      n->cache ? &cache.dev : nullptr));
+  ctx.guard_dynamic(n->pos.get(), 0, std::min(d.table_rows, n->cache ? cache.dev.dim(0) : d.table_rows) - d.m);
   const bool by16 = dtype_size(x.dtype()) == 2;
   SB_CHECK_OR_RETURN(!by16 || !(n->norm_weight || n->cache) || d.hd % 2 == 0, StatusCode::kUnimplemented,
                      "Rope with a norm or a cache on the GPU: 16-bit heads of odd size %lld", (long long)d.hd);
@@ -37,8 +37,8 @@ Status rope(KernelContext& ctx, const fb::OpNodeUnion& op) {
   SB_ASSIGN_OR_RETURN(BufferRef bo, rt.bind(out, false));
   BufferRef bk = bo;  // never written without a cache
   if (n->cache) {
-    SB_RETURN_IF_ERROR(u32_count(cache.numel(), "rope cache").status());
-    SB_ASSIGN_OR_RETURN(bk, rt.bind(cache, false));
+    SB_RETURN_IF_ERROR(u32_count(cache.dev.numel(), "rope cache").status());
+    SB_ASSIGN_OR_RETURN(bk, rt.bind(cache.dev, false));
   }
   k::RopeArgs args{};
   SB_ASSIGN_OR_RETURN(args.n, u32_count(x.numel(), "rope"));
@@ -61,8 +61,7 @@ Status rope(KernelContext& ctx, const fb::OpNodeUnion& op) {
       SB_RETURN_IF_ERROR(
           rt.dispatch("rope", {bx, bc, bs, bo, bk, pos.words}, &args, sizeof(args), words_of(x.dtype(), x.numel())));
   }
-  // A host buffer was copied to the device: the device copy is the cache from now on.
-  if (n->cache && cache.data() != host_cache.data()) SB_RETURN_IF_ERROR(ctx.out(n->cache.get(), std::move(cache)));
+  if (n->cache) SB_RETURN_IF_ERROR(keep_on_device(ctx, n->cache.get(), cache));
   return ctx.out(n->out.get(), std::move(out));
 }
 

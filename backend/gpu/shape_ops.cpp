@@ -107,8 +107,8 @@ Status slice_update(KernelContext& ctx, const fb::OpNodeUnion& op) {
   Tensor u;
   SB_ASSIGN_OR_RETURN(BufferRef bu, bind_in(ctx, n->update.get(), &u));
   SB_ASSIGN_OR_RETURN(DynamicArg start, dynamic_arg(ctx, n->start.get()));
-  SB_ASSIGN_OR_RETURN(Tensor host_dst, ctx.inplace(n->dst.get()));
-  SB_ASSIGN_OR_RETURN(Tensor dst, rt.device_tensor(host_dst));
+  SB_ASSIGN_OR_RETURN(InPlace buf, inplace_on_device(ctx, n->dst.get()));
+  const Tensor& dst = buf.dev;
   SB_ASSIGN_OR_RETURN(int64_t axis, ops::normalize_axis(n->axis, dst.rank()));
   SB_RETURN_IF_ERROR(ops::check_slice_update(u, dst, axis, start.value));
   const int64_t d = dst.dim(axis), len = u.dim(axis);
@@ -128,9 +128,7 @@ Status slice_update(KernelContext& ctx, const fb::OpNodeUnion& op) {
   const int64_t fixed = at.word ? 0 : start.value;
   SB_RETURN_IF_ERROR(
       copy_region(rt, dst.dtype(), bu, bd, s.outer, len * s.inner, 0, len * s.inner, fixed * s.inner, d * s.inner, at));
-  // A host buffer was copied to the device: the device copy is the buffer from now on.
-  if (dst.data() != host_dst.data()) SB_RETURN_IF_ERROR(ctx.out(n->dst.get(), std::move(dst)));
-  return Status::ok();
+  return keep_on_device(ctx, n->dst.get(), buf);
 }
 
 Status transpose(KernelContext& ctx, const fb::OpNodeUnion& op) {

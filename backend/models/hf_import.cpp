@@ -388,17 +388,6 @@ std::string tensor_name(const Checkpoint& ck, const ModelConfig& c, const std::s
   return "";
 }
 
-// Rows `rows` of the checkpoint's [n, k] tensor `name` (dequantized when MLX-quantized).
-Result<Tensor> gather_rows(Checkpoint& ck, const std::string& name, int64_t n, int64_t k,
-                           const std::vector<int64_t>& rows) {
-  SB_ASSIGN_OR_RETURN(Tensor w, get_shaped(ck, name, {n, k}));
-  SB_ASSIGN_OR_RETURN(Tensor out, Tensor::uninitialized(DType::kF32, {static_cast<int64_t>(rows.size()), k}));
-  for (size_t r = 0; r < rows.size(); ++r)
-    std::memcpy(out.mutable_data_as<float>() + static_cast<int64_t>(r) * k, w.data_as<float>() + rows[r] * k,
-                static_cast<size_t>(k) * sizeof(float));
-  return out;
-}
-
 // Qwen3-Next's in_proj_qkvz rows come in key-head groups [q_g | k_g | v of its r value heads |
 // z of them], in_proj_ba's in groups [b of the r heads | a of them]: our [q | k | v], z, b and a
 // are rows of them (value head h = g r + j reads key head g).
@@ -495,7 +484,10 @@ Result<Tensor> hf_fetch_layout(Checkpoint& ck, const ModelConfig& c, const std::
     SB_ASSIGN_OR_RETURN(Tensor w, get_shaped(ck, name, mlx ? Shape{want[0], want[1], 1} : Shape{want[0], 1, want[1]}));
     return w.reshaped(want);
   }
-  if (auto g = grouped_rows(c, logical)) return gather_rows(ck, g->source, g->n, c.hidden, g->rows);
+  if (auto g = grouped_rows(c, logical)) {  // the rows of the dequantized or widened tensor
+    SB_ASSIGN_OR_RETURN(Tensor w, get_shaped(ck, g->source, {g->n, c.hidden}));
+    return take_rows(w, g->n, g->rows);
+  }
   if (rest.rfind("experts.", 0) == 0) {
     const std::string proj = rest.substr(8, rest.find('.', 8) - 8);
     if (ends_with(rest, ".bias")) return hf_expert_bias(ck, p, proj, want);
