@@ -1,6 +1,7 @@
 // Rotary embedding (schema RopeNode) in HF's rotate_half form, each product and sum rounded to
 // x's dtype as the Mul, Sub and Add it replaces store them (docs/numerics.md); optionally each
-// head RMSNorm'd first (order Tree32) and the result appended to a [S, h, hd] cache.
+// head RMSNorm'd first (order Tree32) and the result appended to a [S, h, hd] cache. The fused
+// q/k/v form (schema v8) runs the same head steps over the queries, the keys and the values.
 #include <cstring>
 
 #include "cpu_common.h"
@@ -9,20 +10,66 @@
 namespace switchboard::cpu {
 namespace {
 
-// x's heads as f32, RMSNorm'd in place when a weight is given (RmsNorm Tree32's bits).
-std::vector<float> rope_input(const Tensor& x, const Tensor* w, float eps, const RopeDims& d) {
-  std::vector<float> xf = widen_f32(x);
-  if (!w) return xf;
-  const std::vector<float> wf = widen_f32(*w);
-  const float inv_d = inverse_count(d.hd);
-  parallel_for(d.m * d.h, 16, [&](int64_t r0, int64_t r1) {
+// A head row of f32 values RMSNorm'd in place with weight wf (RmsNorm Tree32's bits).
+void norm_head(float* xr, const std::vector<float>& wf, float eps, const RopeDims& d, DType dt) {
+  const float inv = rms_scale(xr, d.hd, inverse_count(d.hd), eps, true);
+  for (int64_t e = 0; e < d.hd; ++e) xr[e] = round_to((xr[e] * inv) * wf[static_cast<size_t>(e)], dt);
+}
+
+// A head row at position p rotated into dst's elements base .. base + hd - 1.
+void rotate_head(const float* xr, const float* ct, const float* st, int64_t p, const RopeDims& d, DType dt, void* dst,
+                 int64_t base) {
+  for (int64_t e = 0; e < d.half; ++e) {
+    const float c = round_to(ct[p * d.half + e], dt), s = round_to(st[p * d.half + e], dt);
+    const float x1 = xr[e], x2 = xr[d.half + e];
+    store_f32(dst, dt, base + e, round_to(x1 * c, dt) - round_to(x2 * s, dt));
+    store_f32(dst, dt, base + d.half + e, round_to(x2 * c, dt) + round_to(x1 * s, dt));
+  }
+  for (int64_t e = 2 * d.half; e < d.hd; ++e) store_f32(dst, dt, base + e, xr[e]);
+}
+
+std::vector<float> widen_weight(const Tensor* w) { return w ? widen_f32(*w) : std::vector<float>(); }
+
+// The fused form: row r's head j < q_heads + 2 k_heads is a query (-> out), a key (-> cache) or a
+// value (-> v_cache, unchanged).
+Status rope_qkv(KernelContext& ctx, const fb::RopeNodeT& n, const Tensor& x, const Tensor& cos, const Tensor& sin,
+                int64_t pos) {
+  Tensor qw, kw, cache, vcache;
+  if (n.norm_weight) {
+    SB_ASSIGN_OR_RETURN(qw, ctx.in(n.norm_weight.get()));
+  }
+  if (n.k_norm_weight) {
+    SB_ASSIGN_OR_RETURN(kw, ctx.in(n.k_norm_weight.get()));
+  }
+  SB_ASSIGN_OR_RETURN(cache, ctx.inplace(n.cache.get()));
+  SB_ASSIGN_OR_RETURN(vcache, ctx.inplace(n.v_cache.get()));
+  SB_ASSIGN_OR_RETURN(RopeDims d, rope_qkv_dims(x, cos, sin, pos, n.norm_weight ? &qw : nullptr,
+                                                n.k_norm_weight ? &kw : nullptr, cache, vcache, n.q_heads, n.k_heads));
+  const DType dt = x.dtype();
+  SB_ASSIGN_OR_RETURN(Tensor out, Tensor::uninitialized(dt, {d.m, d.q_heads, d.hd}));
+  const std::vector<float> xf = widen_f32(x), qwf = widen_weight(n.norm_weight ? &qw : nullptr),
+                           kwf = widen_weight(n.k_norm_weight ? &kw : nullptr);
+  const float *ct = cos.data_as<float>(), *st = sin.data_as<float>();
+  const int64_t heads = d.q_heads + 2 * d.k_heads, first_k = d.h - 2 * d.k_heads;
+  parallel_for(d.m * heads, 4, [&](int64_t r0, int64_t r1) {
+    std::vector<float> row(static_cast<size_t>(d.hd));
     for (int64_t r = r0; r < r1; ++r) {
-      float* xr = xf.data() + r * d.hd;
-      const float inv = rms_scale(xr, d.hd, inv_d, eps, true);
-      for (int64_t e = 0; e < d.hd; ++e) xr[e] = round_to((xr[e] * inv) * wf[static_cast<size_t>(e)], x.dtype());
+      const int64_t i = r / heads, j = r % heads, kj = j - d.q_heads;  // kj: the cache head (keys, then values)
+      const int64_t src = j < d.q_heads ? j : first_k + kj;
+      std::memcpy(row.data(), xf.data() + (i * d.h + src) * d.hd, static_cast<size_t>(d.hd) * sizeof(float));
+      if (j < d.q_heads) {
+        if (!qwf.empty()) norm_head(row.data(), qwf, n.eps, d, dt);
+        rotate_head(row.data(), ct, st, pos + i, d, dt, out.mutable_data(), (i * d.q_heads + j) * d.hd);
+      } else if (kj < d.k_heads) {
+        if (!kwf.empty()) norm_head(row.data(), kwf, n.eps, d, dt);
+        rotate_head(row.data(), ct, st, pos + i, d, dt, cache.mutable_data(), ((pos + i) * d.k_heads + kj) * d.hd);
+      } else {
+        const int64_t base = ((pos + i) * d.k_heads + kj - d.k_heads) * d.hd;
+        for (int64_t e = 0; e < d.hd; ++e) store_f32(vcache.mutable_data(), dt, base + e, row[static_cast<size_t>(e)]);
+      }
     }
   });
-  return xf;
+  return ctx.out(n.out.get(), std::move(out));
 }
 
 Status rope(KernelContext& ctx, const fb::OpNodeUnion& op) {
@@ -31,6 +78,7 @@ Status rope(KernelContext& ctx, const fb::OpNodeUnion& op) {
   SB_ASSIGN_OR_RETURN(Tensor cos, ctx.in(n->cos.get()));
   SB_ASSIGN_OR_RETURN(Tensor sin, ctx.in(n->sin.get()));
   SB_ASSIGN_OR_RETURN(int64_t pos, ctx.resolve(n->pos.get()));
+  if (n->k_heads > 0) return rope_qkv(ctx, *n, x, cos, sin, pos);
   Tensor w, cache;
   if (n->norm_weight) {
     SB_ASSIGN_OR_RETURN(w, ctx.in(n->norm_weight.get()));
@@ -42,19 +90,14 @@ Status rope(KernelContext& ctx, const fb::OpNodeUnion& op) {
                       rope_dims(x, cos, sin, pos, n->norm_weight ? &w : nullptr, n->cache ? &cache : nullptr));
   SB_ASSIGN_OR_RETURN(Tensor out, Tensor::uninitialized(x.dtype(), x.shape()));
   const DType dt = x.dtype();
-  const std::vector<float> xf = rope_input(x, n->norm_weight ? &w : nullptr, n->eps, d);
+  std::vector<float> xf = widen_f32(x);
+  const std::vector<float> wf = widen_weight(n->norm_weight ? &w : nullptr);
   const float *ct = cos.data_as<float>(), *st = sin.data_as<float>();
   parallel_for(d.m * d.h, 4, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
-      const int64_t p = pos + r / d.h, base = r * d.hd;
-      for (int64_t e = 0; e < d.half; ++e) {
-        const float c = round_to(ct[p * d.half + e], dt), s = round_to(st[p * d.half + e], dt);
-        const float x1 = xf[static_cast<size_t>(base + e)], x2 = xf[static_cast<size_t>(base + d.half + e)];
-        store_f32(out.mutable_data(), dt, base + e, round_to(x1 * c, dt) - round_to(x2 * s, dt));
-        store_f32(out.mutable_data(), dt, base + d.half + e, round_to(x2 * c, dt) + round_to(x1 * s, dt));
-      }
-      for (int64_t e = 2 * d.half; e < d.hd; ++e)
-        store_f32(out.mutable_data(), dt, base + e, xf[static_cast<size_t>(base + e)]);
+      float* xr = xf.data() + r * d.hd;
+      if (!wf.empty()) norm_head(xr, wf, n->eps, d, dt);
+      rotate_head(xr, ct, st, pos + r / d.h, d, dt, out.mutable_data(), r * d.hd);
     }
   });
   if (n->cache)  // rows pos .. pos + m - 1 of [S, h, hd] are one contiguous run

@@ -127,8 +127,11 @@
 // each head RMSNorm'd first (eps, inv_d = the f32 nearest 1 / hd); has_cache: the output also
 // written to a [S, h, hd] cache from row pos. Row 0's position is pos + dyn[pos_word] (dyn: the
 // per-execution words of input values; word 0 is 0).
+// ROPE_QKV (schema v8): q_heads queries, k_heads keys then values at the end of x's h heads;
+// has_norm / has_k_norm: the queries' / keys' weights given (dtypes w_dtype / kw_dtype).
 #define SB_ROPE_ARGS uint m; uint h; uint hd; uint half_dims; uint pos; uint dtype; uint n; uint has_cache; \
-  float eps; float inv_d; uint pos_word; uint w_dtype;
+  float eps; float inv_d; uint pos_word; uint w_dtype; uint q_heads; uint k_heads; uint has_norm; uint has_k_norm; \
+  uint kw_dtype;
 
 // linear_attention.comp CAUSAL_CONV1D: x [m, c] (words of `per` channels), weight [c, k], state
 // [k - 1, c]; row 0's position pos + dyn[pos_word] (0: the state reads as zeros); silu: 0 or 1.

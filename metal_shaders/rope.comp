@@ -1,6 +1,7 @@
 // Kernel variants of this file, one line each (metal_shaders/README.md, "Variants"):
 // SB_KERNEL(rope, ROPE, "rrrwwr", RopeArgs, SB_ROPE_ARGS, 256, 0)
 // SB_KERNEL(rope_norm, ROPE_NORM, "rrrwwrr", RopeArgs, SB_ROPE_ARGS, 64, 0)
+// SB_KERNEL(rope_qkv, ROPE_QKV, "rrrwwrrrw", RopeArgs, SB_ROPE_ARGS, 64, 0)
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
@@ -11,9 +12,13 @@
 // g % h); its threads stage the row in shared memory, threads 0..31 hold dot32's partials of
 // its squares, thread 0 the halving tree and rsqrt; then the row is normalized in place and
 // thread t writes the head's words t, t + 64, ... (and the cache's).
+// ROPE_QKV (the fused q/k/v form). Thread -> output: workgroup g is row g / H', head j = g % H'
+// of the H' = q_heads + 2 k_heads heads read: a query (-> out), a key (-> the cache) or a value
+// (-> v_cache, its words copied); queries and keys as ROPE_NORM (the norm when given).
 #include "common.glsl"
 
-#ifdef ROPE_NORM
+#if defined(ROPE_NORM) || defined(ROPE_QKV)
+#define ROPE_BY_HEAD
 layout(local_size_x = 64) in;
 #else
 layout(local_size_x = 256) in;
@@ -23,11 +28,15 @@ layout(std430, binding = 1) readonly buffer C { float cos_t[]; };
 layout(std430, binding = 2) readonly buffer S { float sin_t[]; };
 layout(std430, binding = 3) writeonly buffer O { uint o[]; };
 layout(std430, binding = 4) writeonly buffer K { uint cache[]; };
-#ifdef ROPE_NORM
+#ifdef ROPE_BY_HEAD
 layout(std430, binding = 5) readonly buffer W { uint w[]; };
 layout(std430, binding = 6) readonly buffer Dyn { uint dyn[]; };
 #else
 layout(std430, binding = 5) readonly buffer Dyn { uint dyn[]; };
+#endif
+#ifdef ROPE_QKV
+layout(std430, binding = 7) readonly buffer KW { uint kw[]; };
+layout(std430, binding = 8) writeonly buffer V { uint v_cache[]; };
 #endif
 layout(push_constant) uniform Args { SB_ROPE_ARGS } args;
 
@@ -37,7 +46,7 @@ uint first_pos() { return args.pos + dyn[args.pos_word]; }
 
 float rnd(float v) { return sb_round_to(v, args.dtype); }
 
-#ifdef ROPE_NORM
+#ifdef ROPE_BY_HEAD
 const uint kMaxHd = 256u;  // the host refuses larger heads
 shared float s_part[32];
 shared float s_inv;
@@ -47,11 +56,12 @@ float xin(uint i) { return s_x[i % args.hd]; }
 float xin(uint i) { return SB_LOAD(x, args.dtype, i); }
 #endif
 
-// Element i of the output: a rotated pair member, or x itself past the rotated dims.
-float element(uint i) {
-  uint r = i / args.hd, e = i % args.hd, base = r * args.hd, half_dims = args.half_dims;
-  if (e >= 2u * half_dims) return xin(i);
-  uint f = e < half_dims ? e : e - half_dims, t = (first_pos() + r / args.h) * half_dims + f;
+// Element e of the head row whose elements start at base, at position p: a rotated pair member,
+// or x itself past the rotated dims.
+float element_at(uint base, uint e, uint p) {
+  uint half_dims = args.half_dims;
+  if (e >= 2u * half_dims) return xin(base + e);
+  uint f = e < half_dims ? e : e - half_dims, t = p * half_dims + f;
   float c = rnd(cos_t[t]), s = rnd(sin_t[t]);
   float x1 = xin(base + f), x2 = xin(base + half_dims + f);
   precise float v;
@@ -65,24 +75,19 @@ float element(uint i) {
   return v;
 }
 
-// Output word wd (and the cache's: rows from pos, contiguous in a [S, h, hd] cache).
-void put(uint wd, uint per) {
-  uint i = wd * per;
-  float lo = element(i);
-  float hi = (per == 2u && i + 1u < args.n) ? element(i + 1u) : 0.0;
-  uint word = sb_encode_word(lo, hi, args.dtype);
-  o[wd] = word;
-  if (args.has_cache != 0u) cache[(first_pos() * args.h * args.hd) / per + wd] = word;
+float element(uint i) {
+  uint r = i / args.hd;
+  return element_at(r * args.hd, i % args.hd, first_pos() + r / args.h);
 }
 
-void main() {
-  uint per = sb_per_word(args.dtype);
-#ifdef ROPE_NORM
-  uint g = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x, t = gl_LocalInvocationID.x;
-  if (g >= args.m * args.h) return;  // uniform over the workgroup
-  uint base = g * args.hd;
+#ifdef ROPE_BY_HEAD
+// Stages the head row at element base; with a norm, RmsNorm'd (Tree32) by weight words `wsel`
+// (0: w, 1: kw) in place, rounded to x's dtype.
+void stage_head(uint base, bool norm, uint wsel) {
+  uint t = gl_LocalInvocationID.x;
   for (uint e = t; e < args.hd; e += 64u) s_x[e] = SB_LOAD(x, args.dtype, base + e);
   barrier();
+  if (!norm) return;  // uniform over the workgroup
   if (t < 32u) {
     precise float p = 0.0;
     for (uint e = t; e < args.hd; e += 32u) p = p + s_x[e] * s_x[e];
@@ -100,10 +105,63 @@ void main() {
   }
   barrier();
   for (uint e = t; e < args.hd; e += 64u) {
-    precise float v = (s_x[e] * s_inv) * SB_LOAD(w, args.w_dtype, e);
+#ifdef ROPE_QKV
+    float we = wsel == 0u ? SB_LOAD(w, args.w_dtype, e) : SB_LOAD(kw, args.kw_dtype, e);
+#else
+    float we = SB_LOAD(w, args.w_dtype, e);
+#endif
+    precise float v = (s_x[e] * s_inv) * we;
     s_x[e] = rnd(v);
   }
   barrier();
+}
+
+// The staged head's words, rotated at position p, as 16-bit pairs or f32 words (hd even for 16 bits).
+uint head_word(uint k, uint per, uint p) {
+  float lo = element_at(0u, k * per, p);
+  float hi = per == 2u ? element_at(0u, k * per + 1u, p) : 0.0;
+  return sb_encode_word(lo, hi, args.dtype);
+}
+#endif
+
+// Output word wd (and the cache's: rows from pos, contiguous in a [S, h, hd] cache).
+void put(uint wd, uint per) {
+  uint i = wd * per;
+  float lo = element(i);
+  float hi = (per == 2u && i + 1u < args.n) ? element(i + 1u) : 0.0;
+  uint word = sb_encode_word(lo, hi, args.dtype);
+  o[wd] = word;
+  if (args.has_cache != 0u) cache[(first_pos() * args.h * args.hd) / per + wd] = word;
+}
+
+void main() {
+  uint per = sb_per_word(args.dtype);
+#if defined(ROPE_QKV)
+  uint heads = args.q_heads + 2u * args.k_heads;
+  uint g = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x, t = gl_LocalInvocationID.x;
+  if (g >= args.m * heads) return;  // uniform over the workgroup
+  uint row = g / heads, j = g % heads, p = first_pos() + row, words = args.hd / per;
+  uint first_k = args.h - 2u * args.k_heads;
+  uint src = (row * args.h + (j < args.q_heads ? j : first_k + j - args.q_heads)) * args.hd;
+  if (j >= args.q_heads + args.k_heads) {  // a value head: its words as they are
+    uint dst = ((p * args.k_heads + j - args.q_heads - args.k_heads) * args.hd) / per;
+    for (uint k = t; k < words; k += 64u) v_cache[dst + k] = x[src / per + k];
+    return;
+  }
+  bool query = j < args.q_heads;
+  stage_head(src, query ? args.has_norm != 0u : args.has_k_norm != 0u, query ? 0u : 1u);
+  if (query) {
+    uint dst = ((row * args.q_heads + j) * args.hd) / per;
+    for (uint k = t; k < words; k += 64u) o[dst + k] = head_word(k, per, p);
+  } else {
+    uint dst = ((p * args.k_heads + j - args.q_heads) * args.hd) / per;
+    for (uint k = t; k < words; k += 64u) cache[dst + k] = head_word(k, per, p);
+  }
+#elif defined(ROPE_NORM)
+  uint g = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x, t = gl_LocalInvocationID.x;
+  if (g >= args.m * args.h) return;  // uniform over the workgroup
+  uint base = g * args.hd;
+  stage_head(base, true, 0u);
   uint words = args.hd / per;  // 16-bit heads have even hd (host)
   for (uint k = t; k < words; k += 64u) put(base / per + k, per);
 #else

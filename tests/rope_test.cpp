@@ -96,6 +96,71 @@ TEST(Rope, NormAndCacheAppendGiveTheSeparateOpsBits) {
       }
 }
 
+// The fused q/k/v form (schema v8): x [m, H, hd] = [q | gap | k | v] heads -> the bits of a Rope of
+// the queries, a Rope of the keys with their cache, and a SliceUpdate of the values.
+void check_qkv(DType dt, int64_t m, int64_t pos, int64_t hq, int64_t gap, int64_t hk, int64_t hd, int64_t half,
+               bool norm) {
+  SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " m=" << m << " pos=" << pos << " hq=" << hq
+                                    << " gap=" << gap << " hk=" << hk << " hd=" << hd << " norm=" << norm);
+  const int64_t rows = pos + m + 2, heads = hq + gap + 2 * hk;
+  ProgramBuilder b;
+  TensorRef x = b.input("x", dt, {m, heads * hd});
+  TensorRef cos_t = b.input("cos", DType::kF32, {rows, half});
+  TensorRef sin_t = b.input("sin", DType::kF32, {rows, half});
+  TensorRef qw = norm ? b.input("qw", dt, {hd}) : TensorRef{}, kw = norm ? b.input("kw", DType::kF32, {hd}) : TensorRef{};
+  TensorRef kc = b.mutable_buffer("kc", dt, {rows, hk, hd}), vc = b.mutable_buffer("vc", dt, {rows, hk, hd});
+  TensorRef rk = b.mutable_buffer("rk", dt, {rows, hk, hd}), rv = b.mutable_buffer("rv", dt, {rows, hk, hd});
+  b.output("fused", b.rope_qkv(b.reshape(x, {m, heads, hd}), cos_t, sin_t, pos, hq, hk, kc, vc, qw, kw, 1e-5f));
+  auto part = [&](int64_t first, int64_t n) { return b.reshape(b.slice(x, 1, first * hd, (first + n) * hd), {m, n, hd}); };
+  b.output("reference", b.rope(part(0, hq), cos_t, sin_t, pos, qw, 1e-5f));
+  b.rope(part(hq + gap, hk), cos_t, sin_t, pos, kw, 1e-5f, rk);
+  b.slice_update(rv, part(hq + gap + hk, hk), 0, pos);
+  std::mt19937 rng(static_cast<uint32_t>(m * 41 + pos * 3 + hq + gap + hk + hd + norm));
+  Inputs in{{"x", random(dt, {m, heads * hd}, rng, -4.0, 4.0)},
+            {"cos", random(DType::kF32, {rows, half}, rng, -1.0, 1.0)},
+            {"sin", random(DType::kF32, {rows, half}, rng, -1.0, 1.0)}};
+  if (norm) {
+    in["qw"] = random(dt, {hd}, rng, 0.5, 1.5);
+    in["kw"] = random(DType::kF32, {hd}, rng, 0.5, 1.5);
+  }
+  optest::check_same_bits(b, in, {{"fused", "reference"}, {"kc", "rk"}, {"vc", "rv"}});
+}
+
+TEST(Rope, QkvFormGivesTheSeparateOpsBits) {
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16})
+    for (bool norm : {false, true}) {
+      check_qkv(dt, 1, 9, 4, 0, 2, 16, 8, norm);     // decode
+      check_qkv(dt, 5, 0, 3, 3, 1, 40, 4, norm);     // prefill from 0, gate heads between, partial rotary
+      check_qkv(dt, 3, 6, 8, 0, 2, 128, 64, norm);   // Qwen3's head size
+      check_qkv(dt, 2, 1, 2, 2, 2, 64, 16, norm);    // Qwen3.5's quarter rotary behind its gate heads
+    }
+}
+
+TEST(Rope, QkvFormRulesNameTheField) {
+  auto build = [](int64_t q_heads, int64_t k_heads, int64_t cache_heads) {
+    ProgramBuilder b;
+    TensorRef x = b.input("x", DType::kF32, {2, 6, 4});
+    TensorRef t = b.input("t", DType::kF32, {8, 2});
+    TensorRef kc = b.mutable_buffer("kc", DType::kF32, {8, cache_heads, 4});
+    TensorRef vc = b.mutable_buffer("vc", DType::kF32, {8, cache_heads, 4});
+    b.output("o", b.rope_qkv(x, t, t, 0, q_heads, k_heads, kc, vc));
+    return b.status().to_string();
+  };
+  EXPECT_NE(build(4, 2, 2).find("has 6 heads, fewer than q_heads 4 + 2 * k_heads 2"), std::string::npos);
+  EXPECT_NE(build(0, 1, 1).find("q_heads: 0 is outside [1, 2^20]"), std::string::npos) << build(0, 1, 1);
+  EXPECT_EQ(build(4, 1, 1), "OK") << build(4, 1, 1);
+  // The caches' head count is checked when the op runs.
+  ProgramBuilder b;
+  TensorRef x = b.input("x", DType::kF32, {1, 4, 2});
+  TensorRef t = b.input("t", DType::kF32, {4, 1});
+  TensorRef kc = b.mutable_buffer("kc", DType::kF32, {4, 2, 2}), vc = b.mutable_buffer("vc", DType::kF32, {4, 2, 2});
+  b.output("o", b.rope_qkv(x, t, t, 0, 2, 1, kc, vc));
+  optest::check_op_error(b,
+                         {{"x", optest::make(DType::kF32, {1, 4, 2}, std::vector<double>(8, 0.5))},
+                          {"t", optest::make(DType::kF32, {4, 1}, std::vector<double>(4, 0.25))}},
+                         "does not hold 1 heads of 2");
+}
+
 TEST(Rope, PositionPastTheTablesIsAnError) {
   ProgramBuilder b;
   TensorRef x = b.input("x", DType::kF32, {2, 1, 4});

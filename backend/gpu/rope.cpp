@@ -8,8 +8,67 @@
 namespace switchboard::gpu {
 namespace {
 
+// The fused q/k/v form: one workgroup per (row, head read).
+Status rope_qkv(KernelContext& ctx, const fb::RopeNodeT& n) {
+  Runtime& rt = rt_of(ctx);
+  Tensor x, cos, sin, qw, kw;
+  SB_ASSIGN_OR_RETURN(BufferRef bx, bind_in(ctx, n.x.get(), &x));
+  SB_ASSIGN_OR_RETURN(BufferRef bc, bind_in(ctx, n.cos.get(), &cos));
+  SB_ASSIGN_OR_RETURN(BufferRef bs, bind_in(ctx, n.sin.get(), &sin));
+  BufferRef bqw = bx, bkw = bx;  // never read without their weights
+  if (n.norm_weight) {
+    SB_ASSIGN_OR_RETURN(bqw, bind_in(ctx, n.norm_weight.get(), &qw));
+  }
+  if (n.k_norm_weight) {
+    SB_ASSIGN_OR_RETURN(bkw, bind_in(ctx, n.k_norm_weight.get(), &kw));
+  }
+  SB_ASSIGN_OR_RETURN(InPlace kc, inplace_on_device(ctx, n.cache.get()));
+  SB_ASSIGN_OR_RETURN(InPlace vc, inplace_on_device(ctx, n.v_cache.get()));
+  SB_ASSIGN_OR_RETURN(DynamicArg pos, dynamic_arg(ctx, n.pos.get()));
+  SB_ASSIGN_OR_RETURN(ops::RopeDims d,
+                      ops::rope_qkv_dims(x, cos, sin, pos.value, n.norm_weight ? &qw : nullptr,
+                                         n.k_norm_weight ? &kw : nullptr, kc.dev, vc.dev, n.q_heads, n.k_heads));
+  ctx.guard_dynamic(n.pos.get(), 0, std::min({d.table_rows, kc.dev.dim(0), vc.dev.dim(0)}) - d.m);
+  SB_CHECK_OR_RETURN(dtype_size(x.dtype()) != 2 || d.hd % 2 == 0, StatusCode::kUnimplemented,
+                     "Rope on the GPU: 16-bit heads of odd size %lld", (long long)d.hd);
+  SB_CHECK_OR_RETURN(d.hd <= 256, StatusCode::kUnimplemented, "Rope's q/k/v form on the GPU: heads of %lld (up to 256)",
+                     (long long)d.hd);
+  SB_RETURN_IF_ERROR(u32_count(d.table_rows * d.half, "rope tables").status());
+  SB_RETURN_IF_ERROR(u32_count(x.numel(), "rope").status());
+  SB_RETURN_IF_ERROR(u32_count(std::max(kc.dev.numel(), vc.dev.numel()), "rope cache").status());
+  SB_ASSIGN_OR_RETURN(Tensor out, rt.alloc(x.dtype(), {d.m, d.q_heads, d.hd}));
+  SB_ASSIGN_OR_RETURN(BufferRef bo, rt.bind(out, false));
+  SB_ASSIGN_OR_RETURN(BufferRef bk, rt.bind(kc.dev, false));
+  SB_ASSIGN_OR_RETURN(BufferRef bv, rt.bind(vc.dev, false));
+  k::RopeArgs args{};
+  args.n = static_cast<uint32_t>(out.numel());
+  args.m = static_cast<uint32_t>(d.m);
+  args.h = static_cast<uint32_t>(d.h);
+  args.hd = static_cast<uint32_t>(d.hd);
+  args.half_dims = static_cast<uint32_t>(d.half);
+  args.pos = pos.word ? 0u : static_cast<uint32_t>(d.pos);
+  args.pos_word = pos.word;
+  args.dtype = static_cast<uint32_t>(x.dtype());
+  args.has_cache = 1u;
+  args.eps = n.eps;
+  args.inv_d = ops::inverse_count(d.hd);
+  args.q_heads = static_cast<uint32_t>(d.q_heads);
+  args.k_heads = static_cast<uint32_t>(d.k_heads);
+  args.has_norm = n.norm_weight ? 1u : 0u;
+  args.has_k_norm = n.k_norm_weight ? 1u : 0u;
+  args.w_dtype = static_cast<uint32_t>(n.norm_weight ? qw.dtype() : x.dtype());
+  args.kw_dtype = static_cast<uint32_t>(n.k_norm_weight ? kw.dtype() : x.dtype());
+  if (d.m > 0)
+    SB_RETURN_IF_ERROR(rt.dispatch("rope_qkv", {bx, bc, bs, bo, bk, bqw, pos.words, bkw, bv}, &args, sizeof(args),
+                                   static_cast<uint64_t>(d.m * (d.q_heads + 2 * d.k_heads)) * 64));
+  SB_RETURN_IF_ERROR(keep_on_device(ctx, n.cache.get(), kc));
+  SB_RETURN_IF_ERROR(keep_on_device(ctx, n.v_cache.get(), vc));
+  return ctx.out(n.out.get(), std::move(out));
+}
+
 Status rope(KernelContext& ctx, const fb::OpNodeUnion& op) {
   const auto* n = op.AsRopeNode();
+  if (n->k_heads > 0) return rope_qkv(ctx, *n);
   Runtime& rt = rt_of(ctx);
   Tensor x, cos, sin, w;
   InPlace cache;

@@ -28,6 +28,7 @@ class Rules {
   Status check_gather_qmm(const fb::GatherQmmNodeT& n, const std::string& path) const;
   Status check_router(const fb::RouterNodeT& n, const std::string& path) const;
   Status check_attention(const fb::AttentionNodeT& n, const std::string& path) const;
+  Status check_rope_qkv(const fb::RopeNodeT& n, const std::string& path) const;
   Status check_causal_conv1d(const fb::CausalConv1dNodeT& n, const std::string& path) const;
   Status check_gated_delta_rule(const fb::GatedDeltaRuleNodeT& n, const std::string& path) const;
   // A static dim of `t` equal to `want` (when both are static), else the error names path.
@@ -58,6 +59,31 @@ class Rules {
 
   const SlotDecls& decls_;
 };
+
+// Rope's fused q/k/v form (schema v8): k_heads > 0 needs q_heads >= 1, both caches, x holding them all.
+Status Rules::check_rope_qkv(const fb::RopeNodeT& n, const std::string& path) const {
+  if (n.k_heads == 0) {
+    SB_RETURN_IF_ERROR(expect(n.q_heads == 0, path + ".q_heads", "is set only with k_heads"));
+    SB_RETURN_IF_ERROR(expect(!n.k_norm_weight, path + ".k_norm_weight", "is given only with k_heads"));
+    return expect(!n.v_cache, path + ".v_cache", "is given only with k_heads");
+  }
+  SB_RETURN_IF_ERROR(expect(n.k_heads > 0 && n.k_heads <= (int64_t{1} << 20), path + ".k_heads",
+                            strformat("%lld is outside [0, 2^20]", (long long)n.k_heads)));
+  SB_RETURN_IF_ERROR(expect(n.q_heads > 0 && n.q_heads <= (int64_t{1} << 20), path + ".q_heads",
+                            strformat("%lld is outside [1, 2^20]", (long long)n.q_heads)));
+  SB_RETURN_IF_ERROR(expect(n.cache && n.v_cache, path + ".v_cache", "k_heads needs cache and v_cache"));
+  SB_RETURN_IF_ERROR(same_dtype(n.x.get(), n.v_cache.get(), path, "x", "v_cache"));
+  SB_RETURN_IF_ERROR(expect(rank(n.v_cache.get()) == 3, path + ".v_cache", "must have rank 3 [S, k_heads, hd]"));
+  if (const fb::Tid* w = n.k_norm_weight.get()) {
+    if (dt(w) != DType::kF32) SB_RETURN_IF_ERROR(same_dtype(n.x.get(), w, path, "x", "k_norm_weight"));
+    SB_RETURN_IF_ERROR(expect(rank(w) == 1, path + ".k_norm_weight", "must be 1-D [hd]"));
+  }
+  const int64_t h = dim(n.x.get(), 1);
+  if (h >= 0 && h < n.q_heads + 2 * n.k_heads)
+    return error(path + ".x", strformat("has %lld heads, fewer than q_heads %lld + 2 * k_heads %lld", (long long)h,
+                                        (long long)n.q_heads, (long long)n.k_heads));
+  return Status::ok();
+}
 
 Status Rules::check_causal_conv1d(const fb::CausalConv1dNodeT& n, const std::string& path) const {
   const fb::Tid *x = n.x.get(), *w = n.weight.get(), *st = n.state.get();
@@ -464,6 +490,7 @@ Status Rules::check_moe_op(const fb::OpNodeUnion& op, const std::string& path) c
         SB_RETURN_IF_ERROR(same_dtype(x, k, path, "x", "cache"));
         SB_RETURN_IF_ERROR(expect(rank(k) == 3, path + ".cache", "must have rank 3 [S, h, hd]"));
       }
+      SB_RETURN_IF_ERROR(check_rope_qkv(n, path));
       return same_dtype(x, n.out.get(), path, "x", "out");
     }
     default: break;

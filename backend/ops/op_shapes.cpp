@@ -157,6 +157,27 @@ Result<RopeDims> rope_dims(const Tensor& x, const Tensor& cos, const Tensor& sin
   return d;
 }
 
+Result<RopeDims> rope_qkv_dims(const Tensor& x, const Tensor& cos, const Tensor& sin, int64_t pos,
+                               const Tensor* norm_weight, const Tensor* k_norm_weight, const Tensor& cache,
+                               const Tensor& v_cache, int64_t q_heads, int64_t k_heads) {
+  SB_ASSIGN_OR_RETURN(RopeDims d, rope_dims(x, cos, sin, pos, norm_weight));
+  SB_CHECK_OR_RETURN(q_heads > 0 && k_heads > 0 && d.h >= q_heads + 2 * k_heads, StatusCode::kInvalidArgument,
+                     "x %s: need q_heads %lld + 2 * k_heads %lld heads", shape_str(x.shape()).c_str(),
+                     (long long)q_heads, (long long)k_heads);
+  SB_CHECK_OR_RETURN(!k_norm_weight || k_norm_weight->shape() == Shape{d.hd}, StatusCode::kInvalidArgument,
+                     "k_norm_weight %s: need [%lld]", shape_str(k_norm_weight->shape()).c_str(), (long long)d.hd);
+  for (const Tensor* c : {&cache, &v_cache}) {
+    SB_CHECK_OR_RETURN(c->rank() == 3 && c->dim(1) == k_heads && c->dim(2) == d.hd, StatusCode::kInvalidArgument,
+                       "cache %s does not hold %lld heads of %lld", shape_str(c->shape()).c_str(), (long long)k_heads,
+                       (long long)d.hd);
+    SB_CHECK_OR_RETURN(pos <= c->dim(0) - d.m, StatusCode::kOutOfRange, "pos %lld + %lld rows exceeds the cache's %lld",
+                       (long long)pos, (long long)d.m, (long long)c->dim(0));
+  }
+  d.q_heads = q_heads;
+  d.k_heads = k_heads;
+  return d;
+}
+
 Result<ConvDims> causal_conv1d_dims(const Tensor& x, const Tensor& weight, const Tensor& state, int64_t pos) {
   SB_CHECK_OR_RETURN(x.rank() == 2 && weight.rank() == 2 && state.rank() == 2, StatusCode::kInvalidArgument,
                      "x %s, weight %s, state %s: need [m, C], [C, K], [K - 1, C]", shape_str(x.shape()).c_str(),

@@ -64,10 +64,16 @@ Result<AttentionDims> attention_dims(const Tensor& q, const Tensor& k, const Ten
 // Rope's sizes: x [m, h, hd], tables [S, half]; checks pos + m <= S and 2 * half <= hd.
 struct RopeDims {
   int64_t m = 0, h = 0, hd = 0, half = 0, table_rows = 0, pos = 0;
+  int64_t q_heads = 0, k_heads = 0;  // the fused q/k/v form (k_heads > 0): x's heads read
 };
 // With norm_weight, it is [hd]; with a cache, it is [S, h, hd] with pos + m <= S.
 Result<RopeDims> rope_dims(const Tensor& x, const Tensor& cos, const Tensor& sin, int64_t pos,
                            const Tensor* norm_weight = nullptr, const Tensor* cache = nullptr);
+// The fused q/k/v form (schema v8): x [m, H, hd] with H >= q_heads + 2 k_heads; k_norm_weight
+// [hd] when given; cache and v_cache [S, k_heads, hd] with pos + m <= S.
+Result<RopeDims> rope_qkv_dims(const Tensor& x, const Tensor& cos, const Tensor& sin, int64_t pos,
+                               const Tensor* norm_weight, const Tensor* k_norm_weight, const Tensor& cache,
+                               const Tensor& v_cache, int64_t q_heads, int64_t k_heads);
 
 // CausalConv1d: x [m, C], weight [C, K] (K >= 1), state [K - 1, C]; 0 <= pos < 2^31 (the GPUs read it as
 // a 32-bit word).

@@ -245,6 +245,33 @@ TensorRef ProgramBuilder::rope(TensorRef x, TensorRef cos, TensorRef sin, IntOrV
   return o;
 }
 
+TensorRef ProgramBuilder::rope_qkv(TensorRef x, TensorRef cos, TensorRef sin, IntOrValue pos, int64_t q_heads,
+                                   int64_t k_heads, TensorRef k_cache, TensorRef v_cache, TensorRef q_norm,
+                                   TensorRef k_norm, float eps) {
+  for (TensorRef t : {x, cos, sin, k_cache, v_cache})
+    if (!s_->ok(t, "rope_qkv")) return {};
+  for (TensorRef t : {q_norm, k_norm})
+    if (t.valid() && !s_->ok(t, "rope_qkv")) return {};
+  std::vector<Dim> shape = s_->slots[x.id].shape;
+  if (shape.size() == 3) shape[1] = Dim(q_heads);  // else the rules name x's rank
+  TensorRef o = s_->new_slot(SlotRole::kTemp, s_->slots[x.id].dtype, shape);
+  auto n = std::make_unique<fb::RopeNodeT>();
+  n->x = tid(x);
+  n->cos = tid(cos);
+  n->sin = tid(sin);
+  n->pos = iov(pos);
+  n->out = tid(o);
+  if (q_norm.valid()) n->norm_weight = tid(q_norm);
+  if (k_norm.valid()) n->k_norm_weight = tid(k_norm);
+  n->eps = eps;
+  n->cache = tid(k_cache);
+  n->v_cache = tid(v_cache);
+  n->q_heads = q_heads;
+  n->k_heads = k_heads;
+  s_->emit(make_op(std::move(n)));
+  return o;
+}
+
 TensorRef ProgramBuilder::cast(TensorRef x, DType dtype) {
   if (!s_->ok(x, "cast")) return {};
   TensorRef o = s_->new_slot(SlotRole::kTemp, dtype, s_->slots[x.id].shape);

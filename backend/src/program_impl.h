@@ -15,7 +15,7 @@
 namespace switchboard {
 
 // Schema version written by this build and the newest the loader accepts.
-inline constexpr uint32_t kSchemaVersion = 7;
+inline constexpr uint32_t kSchemaVersion = 8;
 // Binary framing version in the file header: 1 (32 bytes, no checksums) or 2 (64 bytes).
 inline constexpr uint32_t kFormatVersion = 2;
 inline constexpr char kMagic[4] = {'S', 'W', 'B', 'P'};

@@ -176,6 +176,13 @@ class ProgramBuilder {
   // result also written to its rows pos .. pos + m - 1.
   TensorRef rope(TensorRef x, TensorRef cos, TensorRef sin, IntOrValue pos, TensorRef norm_weight = {},
                  float eps = 1e-6f, TensorRef cache = {});
+  // The fused q/k/v form (schema v8): x [m, H, hd] holds [q_heads queries | H - q_heads - 2 k_heads
+  // not read | k_heads keys | k_heads values] (one projection's output); returns the queries as
+  // rope() does (q_norm), writes the keys (k_norm, rotated) to k_cache and the values to v_cache,
+  // both [S, k_heads, hd], rows pos .. pos + m - 1.
+  TensorRef rope_qkv(TensorRef x, TensorRef cos, TensorRef sin, IntOrValue pos, int64_t q_heads, int64_t k_heads,
+                     TensorRef k_cache, TensorRef v_cache, TensorRef q_norm = {}, TensorRef k_norm = {},
+                     float eps = 1e-6f);
   // --- linear attention (Gated DeltaNet; schema v7) ---------------------------
   // RMSNorm (order Tree32) of x [..., d] times weight [d], times silu(gate) (gate: x's shape).
   TensorRef gated_rms_norm(TensorRef x, TensorRef gate, TensorRef weight, float eps);
