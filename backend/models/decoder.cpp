@@ -96,12 +96,47 @@ float as_dtype(double v, DType t) {
   return f;
 }
 
+TensorRef attention_out(Emit& e, const Step& s, int64_t layer, TensorRef q, TensorRef gate, TensorRef kc, TensorRef vc) {
+  const ModelConfig& c = e.c;
+  ProgramBuilder& b = e.b;
+  const int64_t hq = c.heads, hd = c.head_dim;
+  // One op: causal (and sliding-window) masking, sinks, softmax and the weighted values, in
+  // key blocks of 32 (order Blocked32, docs/numerics.md).
+  const int64_t window = c.sliding_window.empty() ? 0 : c.sliding_window[static_cast<size_t>(layer)];
+  TensorRef sinks = c.attn_sinks ? e.constant(layer_name(layer, "attn.sinks"), e.act, {hq}) : TensorRef{};
+  TensorRef o =
+      b.attention(q, kc, vc, s.pos, as_dtype(1.0 / std::sqrt(static_cast<double>(hd)), e.act), window, sinks, true);
+  if (gate.valid()) o = b.mul(o, b.sigmoid(gate));
+  return e.apply(e.linear(layer_name(layer, "attn.o"), c.hidden, hq * hd, c.o_bias), o);
+}
+
+// q, k and v from one projection [q heads | gate heads | k heads | v heads], then one Rope op:
+// per-head norms, RoPE, the key and value appends.
+TensorRef fused_attention(Emit& e, const Step& s, int64_t layer, TensorRef h) {
+  const ModelConfig& c = e.c;
+  ProgramBuilder& b = e.b;
+  const int64_t hq = c.heads, hk = c.kv_heads, hd = c.head_dim, heads = (c.attn_output_gate ? 2 : 1) * hq + 2 * hk;
+  TensorRef x = e.apply(e.linear(layer_name(layer, "attn.qkv"), heads * hd, c.hidden, c.qkv_bias), h);
+  x = b.reshape(x, {s.m, heads, hd});
+  TensorRef gate = c.attn_output_gate ? b.reshape(b.slice(x, 1, hq, 2 * hq), {s.m, hq * hd}) : TensorRef{};
+  TensorRef kc = b.mutable_buffer(layer_name(layer, "k_cache"), e.act, {c.max_seq, hk, hd});
+  TensorRef vc = b.mutable_buffer(layer_name(layer, "v_cache"), e.act, {c.max_seq, hk, hd});
+  TensorRef qw, kw;
+  if (c.qk_norm == QkNorm::kPerHead) {
+    qw = e.constant(layer_name(layer, "attn.q_norm"), e.norm_dtype(), {hd});
+    kw = e.constant(layer_name(layer, "attn.k_norm"), e.norm_dtype(), {hd});
+  }
+  TensorRef q = b.rope_qkv(x, s.cos, s.sin, s.pos, hq, hk, kc, vc, qw, kw, c.rms_eps);
+  return attention_out(e, s, layer, q, gate, kc, vc);
+}
+
 TensorRef attention(Emit& e, const Step& s, int64_t layer, TensorRef h) {
   const ModelConfig& c = e.c;
   ProgramBuilder& b = e.b;
   const int64_t hq = c.heads, hk = c.kv_heads, hd = c.head_dim;
   // With an output gate, q_proj gives per head [query hd | gate hd] (HF's view [m, hq, 2 hd]).
   const int64_t gated = c.attn_output_gate ? 2 : 1;
+  if (c.qkv_fused()) return fused_attention(e, s, layer, h);
   Emit::Linear wq = e.linear(layer_name(layer, "attn.q"), gated * hq * hd, c.hidden, c.qkv_bias);
   Emit::Linear wk = e.linear(layer_name(layer, "attn.k"), hk * hd, c.hidden, c.qkv_bias);
   Emit::Linear wv = e.linear(layer_name(layer, "attn.v"), hk * hd, c.hidden, c.qkv_bias);
@@ -131,14 +166,7 @@ TensorRef attention(Emit& e, const Step& s, int64_t layer, TensorRef h) {
   q = b.rope(q, s.cos, s.sin, s.pos, qw, c.rms_eps);
   b.rope(k, s.cos, s.sin, s.pos, kw, c.rms_eps, kc);
   b.slice_update(vc, v, 0, s.pos);
-  // One op: causal (and sliding-window) masking, sinks, softmax and the weighted values, in
-  // key blocks of 32 (order Blocked32, docs/numerics.md).
-  const int64_t window = c.sliding_window.empty() ? 0 : c.sliding_window[static_cast<size_t>(layer)];
-  TensorRef sinks = c.attn_sinks ? e.constant(layer_name(layer, "attn.sinks"), e.act, {hq}) : TensorRef{};
-  TensorRef o =
-      b.attention(q, kc, vc, s.pos, as_dtype(1.0 / std::sqrt(static_cast<double>(hd)), e.act), window, sinks, true);
-  if (gate.valid()) o = b.mul(o, b.sigmoid(gate));
-  return e.apply(e.linear(layer_name(layer, "attn.o"), c.hidden, hq * hd, c.o_bias), o);
+  return attention_out(e, s, layer, q, gate, kc, vc);
 }
 
 // Gated DeltaNet (Qwen3-Next / Qwen3.5 linear attention): projections to [q | k | v], z, b, a;

@@ -87,9 +87,10 @@ Status quantize_into(const Tensor& x, int64_t experts, int width, int group_size
 
 }  // namespace
 
-Status materialize(const ModelConfig& c, const ExportFormat& f, const Fetch& fetch,
+Status materialize(const ModelConfig& c, const ExportFormat& f, const Fetch& separate_fetch,
                    const std::function<void(size_t, size_t)>& progress, const WeightSink& sink, const RawFetch& raw) {
   const std::vector<WeightSpec> specs = weight_specs(c, f);
+  const Fetch fetch = fused_qkv_fetch(c, separate_fetch);
   SB_ASSIGN_OR_RETURN(auto out, rope_tables(c));
   std::set<std::string> made;
   // Each constant goes to the sink as soon as it is made and is released here, so memory
@@ -118,7 +119,7 @@ Status materialize(const ModelConfig& c, const ExportFormat& f, const Fetch& fet
       if (expert) bits = layer_expert_bits(c, f, std::stoll(base.substr(7)));
       bool taken = false;
       if (raw && bits.empty()) {
-        SB_ASSIGN_OR_RETURN(taken, raw(base, s, *scales, &out));
+        SB_ASSIGN_OR_RETURN(taken, fused_qkv_raw(c, raw, base, s, *scales, &out));
       }
       if (!taken) {
         SB_ASSIGN_OR_RETURN(Tensor x, fetch(base, expert ? Shape{e, n, k} : Shape{n, k}));
@@ -426,19 +427,6 @@ std::optional<GroupedRows> grouped_rows(const ModelConfig& c, const std::string&
   return g;
 }
 
-// Rows `rows` of t viewed as [n, *] (any dtype: codes, scales and biases are moved as bytes).
-Result<Tensor> take_rows(const Tensor& t, int64_t n, const std::vector<int64_t>& rows) {
-  const int64_t cols = n > 0 ? t.numel() / n : 0;
-  SB_CHECK_OR_RETURN(n > 0 && cols * n == t.numel(), StatusCode::kInvalidArgument, "tensor %s does not have %lld rows",
-                     shape_str(t.shape()).c_str(), (long long)n);
-  SB_ASSIGN_OR_RETURN(Tensor out, Tensor::uninitialized(t.dtype(), {static_cast<int64_t>(rows.size()), cols}));
-  const size_t row_bytes = static_cast<size_t>(cols) * dtype_size(t.dtype());
-  for (size_t r = 0; r < rows.size(); ++r)
-    std::memcpy(static_cast<uint8_t*>(out.mutable_data()) + r * row_bytes,
-                static_cast<const uint8_t*>(t.data()) + static_cast<size_t>(rows[r]) * row_bytes, row_bytes);
-  return out;
-}
-
 bool is_norm(const std::string& logical) {
   for (const char* n : {"attn_norm", "ffn_norm", "attn.q_norm", "attn.k_norm"})
     if (ends_with(logical, n)) return true;
@@ -526,7 +514,9 @@ Status mlx_format(const Checkpoint& ck, const ModelConfig& c, ExportFormat* f) {
     if (s.dtype != DType::kU32) continue;
     const std::string base = strip(s.name, ".weight");
     const auto grouped = grouped_rows(c, base);
-    const std::string name = grouped ? grouped->source : tensor_name(ck, c, base);
+    // The fused q/k/v projection has its parts' width (mlx_qkv_widths checked that they agree).
+    const std::string part = ends_with(base, ".attn.qkv") ? base.substr(0, base.size() - 2) : base;
+    const std::string name = grouped ? grouped->source : tensor_name(ck, c, part);
     if (name.empty() || !ck.has(name)) continue;  // fused HF experts etc.: quantized at export
     const int64_t width = input_width(c, base);
     SB_ASSIGN_OR_RETURN(auto q, mlx_quant(ck, name, width));
@@ -538,6 +528,21 @@ Status mlx_format(const Checkpoint& ck, const ModelConfig& c, ExportFormat* f) {
   }
   if (!dtype_is_float(f->scale_dtype)) f->scale_dtype = DType::kBF16;
   f->dtype = f->scale_dtype;  // the embedding (dequantized) in the checkpoint's float width
+  return Status::ok();
+}
+
+// An MLX checkpoint whose q, k and v projections have different widths keeps them apart.
+Status mlx_qkv_widths(const Checkpoint& ck, ModelConfig* c) {
+  for (int64_t i = 0; i < c->layers && c->qkv_fused(); ++i) {
+    std::vector<std::pair<int, int>> widths;
+    for (const char* p : {"attn.q", "attn.k", "attn.v"}) {
+      const std::string name = tensor_name(ck, *c, "layers." + std::to_string(i) + "." + p);
+      if (name.empty() || !ck.has(name)) break;  // a linear-attention layer, or named later as missing
+      SB_ASSIGN_OR_RETURN(auto q, mlx_quant(ck, name, c->hidden));
+      widths.push_back(q);
+    }
+    if (widths.size() == 3 && (widths[0] != widths[1] || widths[0] != widths[2])) c->fuse_qkv = false;
+  }
   return Status::ok();
 }
 
@@ -727,6 +732,7 @@ static Status export_hf_impl(const std::string& hf_dir, const std::string& out_d
   adapt_layout(*ck, c);
   ExportFormat f = o.format;
   if (c.mlx_quantized) {
+    SB_RETURN_IF_ERROR(mlx_qkv_widths(*ck, &c));
     SB_RETURN_IF_ERROR(mlx_format(*ck, c, &f));
     SB_RETURN_IF_ERROR(check_format(c, f));
   }

@@ -27,6 +27,15 @@ using Fetch = std::function<Result<Tensor>(const std::string& logical, const Sha
 using RawFetch = std::function<Result<bool>(const std::string& base, const WeightSpec& weight,
                                             const WeightSpec& scales, std::vector<std::pair<std::string, Tensor>>* out)>;
 
+// Rows `rows` of t viewed as [n, *] (any dtype: codes, scales and biases are moved as bytes).
+Result<Tensor> take_rows(const Tensor& t, int64_t n, const std::vector<int64_t>& rows);
+
+// The fused q/k/v projection (fused_qkv.cpp): a Fetch, and a RawFetch call, that assemble
+// "layers.<i>.attn.qkv" and its bias from the separate projections (other names pass through).
+Fetch fused_qkv_fetch(const ModelConfig& c, const Fetch& fetch);
+Result<bool> fused_qkv_raw(const ModelConfig& c, const RawFetch& raw, const std::string& base, const WeightSpec& w,
+                           const WeightSpec& s, std::vector<std::pair<std::string, Tensor>>* out);
+
 // Every constant of the program, each handed to `sink` as soon as it is made: RoPE tables
 // computed, floats converted to their dtype, quantized linears and experts packed
 // (per-expert widths from the format's bit map).

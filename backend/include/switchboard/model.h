@@ -80,6 +80,12 @@ struct ModelConfig {
   bool mlx_quantized = false;
   int mlx_bits = 0, mlx_group_size = 0;
 
+  // One projection for q, k and v ("layers.<i>.attn.qkv": rows [q | gate | k | v], the gated q's
+  // query rows of every head before its gate rows) and one Rope op for all three; off for whole-
+  // width q/k norms (OLMoE) and MLX checkpoints whose q, k and v widths differ.
+  bool fuse_qkv = true;
+  bool qkv_fused() const { return fuse_qkv && qk_norm != QkNorm::kWhole; }
+
   int64_t rotary_dims() const;
 };
 
