@@ -188,7 +188,7 @@ TEST(RmsNorm, RowsOfEveryLengthAndDtype) {
 // sum is Binary Add's bits exactly, the output within the same bounds as the sequential order.
 TEST(RmsNorm, Tree32WithAndWithoutAResidual) {
   for (DType dt : {kF32, kF16, kBF16})
-    for (int64_t d : {2, 30, 128, 254, 2048, 4100, 8200})
+    for (int64_t d : {2, 30, 128, 254, 2048, 2050, 4096, 4100, 8200})  // registers, shared memory, memory
       for (bool with_residual : {false, true}) {
         SCOPED_TRACE(std::string(dtype_name(dt)) + " d=" + std::to_string(d) + (with_residual ? " residual" : ""));
         const int64_t rows = 3;
