@@ -30,8 +30,8 @@ void rotate_head(const float* xr, const float* ct, const float* st, int64_t p, c
 
 std::vector<float> widen_weight(const Tensor* w) { return w ? widen_f32(*w) : std::vector<float>(); }
 
-// The fused form: row r's head j < q_heads + 2 k_heads is a query (-> out), a key (-> cache) or a
-// value (-> v_cache, unchanged).
+// The fused form: a query head (-> out) or a key head (-> cache) per task, read from x one head row
+// at a time; the values' bytes go to v_cache unchanged.
 Status rope_qkv(KernelContext& ctx, const fb::RopeNodeT& n, const Tensor& x, const Tensor& cos, const Tensor& sin,
                 int64_t pos) {
   Tensor qw, kw, cache, vcache;
@@ -47,26 +47,29 @@ Status rope_qkv(KernelContext& ctx, const fb::RopeNodeT& n, const Tensor& x, con
                                                 n.k_norm_weight ? &kw : nullptr, cache, vcache, n.q_heads, n.k_heads));
   const DType dt = x.dtype();
   SB_ASSIGN_OR_RETURN(Tensor out, Tensor::uninitialized(dt, {d.m, d.q_heads, d.hd}));
-  const std::vector<float> xf = widen_f32(x), qwf = widen_weight(n.norm_weight ? &qw : nullptr),
+  const std::vector<float> qwf = widen_weight(n.norm_weight ? &qw : nullptr),
                            kwf = widen_weight(n.k_norm_weight ? &kw : nullptr);
   const float *ct = cos.data_as<float>(), *st = sin.data_as<float>();
-  const int64_t heads = d.q_heads + 2 * d.k_heads, first_k = d.h - 2 * d.k_heads;
-  parallel_for(d.m * heads, 4, [&](int64_t r0, int64_t r1) {
+  const int64_t first_k = d.h - 2 * d.k_heads;
+  const size_t row_bytes = static_cast<size_t>(d.hd) * dtype_size(dt);
+  // The values are copied as they are: one contiguous run of k_heads rows per token.
+  for (int64_t i = 0; i < d.m; ++i)
+    std::memcpy(static_cast<uint8_t*>(vcache.mutable_data()) + static_cast<size_t>((pos + i) * d.k_heads) * row_bytes,
+                static_cast<const uint8_t*>(x.data()) + static_cast<size_t>(i * d.h + first_k + d.k_heads) * row_bytes,
+                static_cast<size_t>(d.k_heads) * row_bytes);
+  const int64_t heads = d.q_heads + d.k_heads;  // the rotated ones
+  parallel_for(d.m * heads, 16, [&](int64_t r0, int64_t r1) {
     std::vector<float> row(static_cast<size_t>(d.hd));
     for (int64_t r = r0; r < r1; ++r) {
-      const int64_t i = r / heads, j = r % heads, kj = j - d.q_heads;  // kj: the cache head (keys, then values)
-      const int64_t src = j < d.q_heads ? j : first_k + kj;
-      std::memcpy(row.data(), xf.data() + (i * d.h + src) * d.hd, static_cast<size_t>(d.hd) * sizeof(float));
-      if (j < d.q_heads) {
-        if (!qwf.empty()) norm_head(row.data(), qwf, n.eps, d, dt);
+      const int64_t i = r / heads, j = r % heads, kj = j - d.q_heads;  // kj: the key head
+      const int64_t src = (i * d.h + (j < d.q_heads ? j : first_k + kj)) * d.hd;
+      for (int64_t e = 0; e < d.hd; ++e) row[static_cast<size_t>(e)] = load_f32(x.data(), dt, src + e);
+      const std::vector<float>& w = j < d.q_heads ? qwf : kwf;
+      if (!w.empty()) norm_head(row.data(), w, n.eps, d, dt);
+      if (j < d.q_heads)
         rotate_head(row.data(), ct, st, pos + i, d, dt, out.mutable_data(), (i * d.q_heads + j) * d.hd);
-      } else if (kj < d.k_heads) {
-        if (!kwf.empty()) norm_head(row.data(), kwf, n.eps, d, dt);
+      else
         rotate_head(row.data(), ct, st, pos + i, d, dt, cache.mutable_data(), ((pos + i) * d.k_heads + kj) * d.hd);
-      } else {
-        const int64_t base = ((pos + i) * d.k_heads + kj - d.k_heads) * d.hd;
-        for (int64_t e = 0; e < d.hd; ++e) store_f32(vcache.mutable_data(), dt, base + e, row[static_cast<size_t>(e)]);
-      }
     }
   });
   return ctx.out(n.out.get(), std::move(out));
