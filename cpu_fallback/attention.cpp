@@ -104,53 +104,87 @@ void merge(float& m, float& l, float* o, float mb, float lb, const float* ob, in
   m = mn;
 }
 
-// One query row of one head in Blocked32 order into out[0..hd).
-void attend_blocked(const BlockedStep& st, int64_t i, int64_t h, std::vector<float>& o, std::vector<float>& ob,
-                    float* out) {
+// Per-task buffers of attend_heads for up to g heads.
+struct HeadScratch {
+  std::vector<float> o, ob, s, m, l, mb, lb;
+  explicit HeadScratch(int64_t g, int64_t hd)
+      : o(static_cast<size_t>(g * hd)), ob(static_cast<size_t>(g * hd)), s(static_cast<size_t>(g * kAttentionBlock)),
+        m(static_cast<size_t>(g)), l(static_cast<size_t>(g)), mb(static_cast<size_t>(g)), lb(static_cast<size_t>(g)) {}
+};
+
+// Block [j0, j1)'s scores s[u * 32 + j - b0] and maxima mb[u] of heads h0 .. h0 + g - 1 (one cache
+// head's). Four or more heads: each key row against four query rows at once (dot32(q, k) =
+// dot32(k, q): the same products); fewer: each query row against four key rows at once.
+void block_scores(const BlockedStep& st, int64_t i, int64_t h0, int64_t g, int64_t j0, int64_t j1, int64_t b0,
+                  HeadScratch& w) {
   const AttentionDims& d = st.d;
-  const int64_t kh = h / (d.hq / d.hk), hd = d.hd;
-  const float* qv = st.q + (i * d.hq + h) * hd;
-  const KeyRange keys = visible_keys(d.pos + i, st.n.window);
-  float s[kAttentionBlock], m = 0.0f, l = 0.0f;
-  for (int64_t b0 = keys.lo - keys.lo % kAttentionBlock; b0 < keys.hi; b0 += kAttentionBlock) {
-    const int64_t j0 = std::max(keys.lo, b0), j1 = std::min(keys.hi, b0 + kAttentionBlock);
-    float mb = 0.0f, dots[4];
+  const int64_t kh = h0 / (d.hq / d.hk), hd = d.hd;
+  auto take = [&](int64_t u, int64_t j, float dot) {
+    float x = round_to(dot, st.dt);
+    x = round_to(x * st.n.scale, st.dt);
+    w.s[static_cast<size_t>(u * kAttentionBlock + j - b0)] = x;
+    w.mb[static_cast<size_t>(u)] = j == j0 ? x : max_f32(w.mb[static_cast<size_t>(u)], x);
+  };
+  float dots[4];
+  const float* rows[4];
+  if (g >= 4) {
+    for (int64_t j = j0; j < j1; ++j)
+      for (int64_t u0 = 0; u0 < g; u0 += 4) {
+        for (int64_t u = 0; u < 4; ++u) rows[u] = st.q + (i * d.hq + h0 + std::min(u0 + u, g - 1)) * hd;
+        dot32_x4(st.k.row(kh, j), rows, hd, dots);
+        for (int64_t u = 0; u < 4 && u0 + u < g; ++u) take(u0 + u, j, dots[u]);
+      }
+    return;
+  }
+  for (int64_t u = 0; u < g; ++u)
     for (int64_t j = j0; j < j1; j += 4) {
-      const float* rows[4];
-      for (int64_t u = 0; u < 4; ++u) rows[u] = st.k.row(kh, std::min(j + u, j1 - 1));  // a repeat past j1: unused
-      dot32_x4(qv, rows, hd, dots);
-      for (int64_t u = 0; u < 4 && j + u < j1; ++u) {
-        float x = round_to(dots[u], st.dt);
-        x = round_to(x * st.n.scale, st.dt);
-        s[j + u - b0] = x;
-        mb = j + u == j0 ? x : max_f32(mb, x);
+      for (int64_t t = 0; t < 4; ++t) rows[t] = st.k.row(kh, std::min(j + t, j1 - 1));  // a repeat past j1: unused
+      dot32_x4(st.q + (i * d.hq + h0 + u) * hd, rows, hd, dots);
+      for (int64_t t = 0; t < 4 && j + t < j1; ++t) take(u, j + t, dots[t]);
+    }
+}
+
+// Query row i of heads h0 .. h0 + g - 1 (one cache head's) in Blocked32 order into out[u * hd ..]:
+// each block's key and value rows are read once for all g heads.
+void attend_heads(const BlockedStep& st, int64_t i, int64_t h0, int64_t g, HeadScratch& w, float* out) {
+  const AttentionDims& d = st.d;
+  const int64_t kh = h0 / (d.hq / d.hk), hd = d.hd;
+  const KeyRange keys = visible_keys(d.pos + i, st.n.window);
+  for (int64_t b0 = keys.lo - keys.lo % kAttentionBlock; b0 < keys.hi; b0 += kAttentionBlock) {
+    const int64_t j0 = std::max(keys.lo, b0), j1 = std::min(keys.hi, b0 + kAttentionBlock), n = j1 - j0;
+    block_scores(st, i, h0, g, j0, j1, b0, w);
+    for (int64_t u = 0; u < g; ++u) {
+      float* es = w.s.data() + u * kAttentionBlock + (j0 - b0);
+      for (int64_t j = 0; j < n; ++j) es[j] = es[j] - w.mb[static_cast<size_t>(u)];
+      exp_inplace(es, static_cast<int>(n));
+      float lb = 0.0f;
+      for (int64_t j = 0; j < n; ++j) lb = lb + es[j];
+      w.lb[static_cast<size_t>(u)] = lb;
+      std::fill_n(w.ob.data() + u * hd, hd, 0.0f);
+      axpy_rows(w.ob.data() + u * hd, es, st.v.row(kh, j0), st.v.key_stride, n, hd);
+    }
+    for (int64_t u = 0; u < g; ++u) {
+      const size_t su = static_cast<size_t>(u);
+      if (j0 == keys.lo) {
+        w.m[su] = w.mb[su], w.l[su] = w.lb[su];
+        std::copy_n(w.ob.data() + u * hd, hd, w.o.data() + u * hd);
+      } else {
+        merge(w.m[su], w.l[su], w.o.data() + u * hd, w.mb[su], w.lb[su], w.ob.data() + u * hd, hd);
       }
     }
-    float lb = 0.0f, es[kAttentionBlock];
-    std::fill(ob.begin(), ob.end(), 0.0f);
-    for (int64_t j = j0; j < j1; ++j) es[j - j0] = s[j - b0] - mb;
-    exact::exp_n(es, es, static_cast<int>(j1 - j0));
-    for (int64_t j = j0; j < j1; ++j) {
-      const float e = es[j - j0];
-      lb = lb + e;
-      axpy(ob.data(), e, st.v.row(kh, j), hd);
-    }
-    if (j0 == keys.lo) {
-      m = mb, l = lb;
-      o = ob;
-    } else {
-      merge(m, l, o.data(), mb, lb, ob.data(), hd);
-    }
   }
-  if (st.sinks) {  // a block of one key with l = 1 and no values
-    const float sv = round_to(st.sinks[h] + 0.0f, st.dt);
-    const float mn = max_f32(m, sv), a = exact::exp(m - mn), c = exact::exp(sv - mn);
-    l = l * a + c;
-    for (int64_t x = 0; x < hd; ++x) o[x] = o[x] * a;
-    m = mn;
+  for (int64_t u = 0; u < g; ++u) {
+    float &m = w.m[static_cast<size_t>(u)], &l = w.l[static_cast<size_t>(u)], *o = w.o.data() + u * hd;
+    if (st.sinks) {  // a block of one key with l = 1 and no values
+      const float sv = round_to(st.sinks[h0 + u] + 0.0f, st.dt);
+      const float mn = max_f32(m, sv), a = exact::exp(m - mn), c = exact::exp(sv - mn);
+      l = l * a + c;
+      for (int64_t x = 0; x < hd; ++x) o[x] = o[x] * a;
+      m = mn;
+    }
+    const float r = exact::rcp(l);
+    for (int64_t x = 0; x < hd; ++x) out[u * hd + x] = round_to(o[x] * r, st.dt);
   }
-  const float r = exact::rcp(l);
-  for (int64_t x = 0; x < hd; ++x) out[x] = round_to(o[x] * r, st.dt);
 }
 
 Status attention(KernelContext& ctx, const fb::OpNodeUnion& op) {
@@ -170,11 +204,17 @@ Status attention(KernelContext& ctx, const fb::OpNodeUnion& op) {
   if (n->order == fb::AttentionOrder::Blocked32) {
     const Rows kr = f32_rows(k, d), vr = f32_rows(v, d);
     const BlockedStep st{d, *n, q.dtype(), qf.data(), n->sinks ? sf.data() : nullptr, kr, vr};
-    parallel_for(d.m * d.hq, 1, [&](int64_t r0, int64_t r1) {
-      std::vector<float> o(static_cast<size_t>(d.hd)), ob(static_cast<size_t>(d.hd)), res(static_cast<size_t>(d.hd));
+    // Prefill rows: a task per (row, cache head), its query heads together; decode: a task per head
+    // (more tasks for the threads). The same bits either way.
+    const int64_t g = d.m >= 4 ? d.hq / d.hk : 1;
+    parallel_for(d.m * (d.hq / g), 1, [&](int64_t r0, int64_t r1) {
+      HeadScratch w(g, d.hd);
+      std::vector<float> res(static_cast<size_t>(g * d.hd));
       for (int64_t r = r0; r < r1; ++r) {
-        attend_blocked(st, r / d.hq, r % d.hq, o, ob, res.data());
-        for (int64_t c = 0; c < d.hd; ++c) store_f32(out.mutable_data(), out.dtype(), r * d.hd + c, res[c]);
+        const int64_t i = r / (d.hq / g), h0 = (r % (d.hq / g)) * g;
+        attend_heads(st, i, h0, g, w, res.data());
+        for (int64_t c = 0; c < g * d.hd; ++c)
+          store_f32(out.mutable_data(), out.dtype(), (i * d.hq + h0) * d.hd + c, res[static_cast<size_t>(c)]);
       }
     });
     return ctx.out(n->out.get(), std::move(out));

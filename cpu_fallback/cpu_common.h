@@ -25,6 +25,10 @@ float dot32(const float* x, const float* w, int64_t k);
 void dot32_x4(const float* x, const float* const* w, int64_t k, float* out);
 // y[i] = y[i] + a * v[i] for i < n (product rounded, then the add: the same bits at any width).
 void axpy(float* y, float a, const float* v, int64_t n);
+// axpy(y, a[r], v + r * stride, n) for r = 0 .. rows - 1 in order (the same bits; y kept in registers).
+void axpy_rows(float* y, const float* a, const float* v, int64_t stride, int64_t rows, int64_t n);
+// x[i] = exact::exp(x[i]) for i < n, 16 lanes at a time where the CPU has AVX-512 (the same bits).
+void exp_inplace(float* x, int n);
 // RmsNorm's rsqrt(sum of squares * inv_d + eps): the sum in index order, or (tree) as dot32.
 float rms_scale(const float* x, int64_t d, float inv_d, float eps, bool tree);
 

@@ -6,6 +6,10 @@
 #endif
 
 #include "cpu_common.h"
+#include "exact_math.h"
+#if defined(__x86_64__)
+#include "exact_math_avx512.h"
+#endif
 #include "gather_qmm.h"
 
 namespace switchboard::cpu {
@@ -110,6 +114,34 @@ __attribute__((target("avx512f"))) void axpy_avx512(float* y, float a, const flo
   }
 }
 
+// axpy over rows, the y columns in registers through the rows (chunks of 128 columns).
+__attribute__((target("avx512f"))) void axpy_rows_avx512(float* y, const float* a, const float* v, int64_t stride,
+                                                         int64_t rows, int64_t n) {
+  for (int64_t c0 = 0; c0 < n; c0 += 128) {
+    const int64_t w = n - c0 < 128 ? n - c0 : 128;
+    __mmask16 m[8];
+    __m512 acc[8];
+    for (int q = 0; q < 8; ++q) {
+      const int64_t left = w - 16 * q;
+      m[q] = left >= 16 ? static_cast<__mmask16>(0xffff)
+                        : left <= 0 ? static_cast<__mmask16>(0) : static_cast<__mmask16>((1u << left) - 1);
+      acc[q] = _mm512_maskz_loadu_ps(m[q], y + c0 + 16 * q);
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      const __m512 av = _mm512_set1_ps(a[r]);
+      const float* vr = v + r * stride + c0;
+      for (int q = 0; q < 8; ++q) acc[q] = _mm512_add_ps(acc[q], _mm512_mul_ps(av, _mm512_maskz_loadu_ps(m[q], vr + 16 * q)));
+    }
+    for (int q = 0; q < 8; ++q) _mm512_mask_storeu_ps(y + c0 + 16 * q, m[q], acc[q]);
+  }
+}
+
+__attribute__((target("avx512f,avx512dq"))) int exp_avx512(float* x, int n) {
+  int i = 0;
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(x + i, exact::avx512::exp(_mm512_loadu_ps(x + i)));
+  return i;
+}
+
 __attribute__((target("avx2"))) void axpy_avx2(float* y, float a, const float* v, int64_t n) {
   const __m256 av = _mm256_set1_ps(a);
   int64_t i = 0;
@@ -144,6 +176,21 @@ void axpy(float* y, float a, const float* v, int64_t n) {
   if (path >= CpuPath::kAvx2) return axpy_avx2(y, a, v, n);
 #endif
   for (int64_t i = 0; i < n; ++i) y[i] = y[i] + a * v[i];
+}
+
+void axpy_rows(float* y, const float* a, const float* v, int64_t stride, int64_t rows, int64_t n) {
+#if defined(__x86_64__)
+  if (active_cpu_path() >= CpuPath::kAvx512Vnni) return axpy_rows_avx512(y, a, v, stride, rows, n);
+#endif
+  for (int64_t r = 0; r < rows; ++r) axpy(y, a[r], v + r * stride, n);
+}
+
+void exp_inplace(float* x, int n) {
+  int i = 0;
+#if defined(__x86_64__)
+  if (active_cpu_path() >= CpuPath::kAvx512Vnni) i = exp_avx512(x, n);
+#endif
+  exact::exp_n(x + i, x + i, n - i);
 }
 
 }  // namespace switchboard::cpu
