@@ -229,10 +229,10 @@ TEST(QuantizedExport, PerExpertBitMapWithPrunedExpert) {
 
 // An mlx-lm style checkpoint made from the qwen3_moe fixture with our (MLX-exact) quantizer:
 // every linear quantized (experts stacked as switch_mlp, the experts' down projection at
-// 8 bits, the rest 4 bits; groups of 32), router and embedding in float.
+// 8 bits, the rest 4 bits, or k_proj at k_bits; groups of 32), router and embedding in float.
 // Exported as it is, it must equal our own 4-bit export with the same widths, bit for bit.
-fs::path make_mlx_checkpoint() {
-  const fs::path dst = scratch("mlx_qwen3");
+fs::path make_mlx_checkpoint(int k_bits = 4) {
+  const fs::path dst = scratch("mlx_qwen3_k" + std::to_string(k_bits));
   fs::create_directories(dst);
   auto src = SafetensorsFile::open((kFixtures / "qwen3_moe" / "hf" / "model.safetensors").string());
   EXPECT_TRUE(src.is_ok());
@@ -260,7 +260,7 @@ fs::path make_mlx_checkpoint() {
       const size_t dot = name.find('.', at + 12);
       stacks[name.substr(0, at) + "mlp.switch_mlp." + name.substr(dot + 1, name.size() - dot - 8)].push_back(t);
     } else if (name.find("_proj.weight") != std::string::npos || name == "lm_head.weight") {
-      quantize(name.substr(0, name.size() - 7), t, 4, 32);
+      quantize(name.substr(0, name.size() - 7), t, name.find("k_proj") != std::string::npos ? k_bits : 4, 32);
     } else {
       out.emplace_back(name, (*src)->tensor(name).value().clone());
     }
@@ -279,8 +279,10 @@ fs::path make_mlx_checkpoint() {
   return dst;
 }
 
-TEST(MlxImport, UsedAsTheyAreEqualsOurOwnQuantization) {
-  const fs::path mlx = make_mlx_checkpoint(), a = scratch("mlx_as_is"), b = scratch("ours_q4");
+// With k_bits != 4 the q, k and v projections keep their own widths (no fused projection).
+void check_mlx_as_our_quantization(int k_bits) {
+  SCOPED_TRACE(k_bits);
+  const fs::path mlx = make_mlx_checkpoint(k_bits), a = scratch("mlx_as_is"), b = scratch("ours_q4");
   Status st = models::export_hf(mlx.string(), a.string(), models::ExportOptions{{}, 64, nullptr});
   ASSERT_TRUE(st.is_ok()) << st.to_string();
   models::ExportOptions o;
@@ -288,15 +290,61 @@ TEST(MlxImport, UsedAsTheyAreEqualsOurOwnQuantization) {
   o.format.bits = 4;
   o.format.group_size = 32;
   o.format.dtype = DType::kBF16;  // MLX keeps the embedding in its scales' width
-  for (int layer : {0, 2}) o.format.linear_quant["layers." + std::to_string(layer) + ".experts.down"] = {8, 32};
+  for (int layer : {0, 1, 2}) {
+    const std::string l = "layers." + std::to_string(layer);
+    if (layer != 1) o.format.linear_quant[l + ".experts.down"] = {8, 32};
+    if (k_bits != 4) o.format.linear_quant[l + ".attn.k"] = {k_bits, 32};
+  }
   st = models::export_hf((kFixtures / "qwen3_moe" / "hf").string(), b.string(), o);
   ASSERT_TRUE(st.is_ok()) << st.to_string();
+  for (const fs::path& dir : {a, b}) {
+    auto w = SafetensorsFile::open((dir / "weights.safetensors").string());
+    ASSERT_TRUE(w.is_ok());
+    EXPECT_EQ((*w)->tensor("layers.0.attn.qkv.weight").is_ok(), k_bits == 4) << dir;
+    EXPECT_EQ((*w)->tensor("layers.0.attn.k.weight").is_ok(), k_bits != 4) << dir;
+  }
   const std::vector<int32_t> prompt = {3, 17, 42, 99, 5, 64, 120, 7};
   const auto ga = run_everywhere(a, prompt, 6, nullptr), gb = run_everywhere(b, prompt, 6, nullptr);
   ASSERT_EQ(ga.logits.size(), gb.logits.size());
   EXPECT_EQ(ga.tokens, gb.tokens);
   for (size_t i = 0; i < ga.logits.size(); ++i)
     EXPECT_EQ(std::memcmp(ga.logits[i].data(), gb.logits[i].data(), ga.logits[i].nbytes()), 0) << "step " << i;
+}
+
+TEST(MlxImport, UsedAsTheyAreEqualsOurOwnQuantization) {
+  check_mlx_as_our_quantization(4);
+  check_mlx_as_our_quantization(8);
+}
+
+// q, k and v in one projection (layers.<i>.attn.qkv) with Rope's q/k/v form give the separate
+// projections' bits: the tiny models (q/k/v biases; a gated q with per-head norms) built both
+// ways from the same random draws.
+TEST(FusedQkv, SameBitsAsSeparateProjections) {
+  for (const char* family : {"", "qwen3_5_moe"}) {
+    SCOPED_TRACE(family);
+    models::ExportFormat f;
+    f.bits = 4;
+    f.group_size = 64;
+    std::vector<models::Generation> runs;
+    for (bool fuse : {true, false}) {
+      auto c = models::tiny_test_config(family);
+      ASSERT_TRUE(c.is_ok());
+      c->fuse_qkv = fuse;
+      int fused = 0;
+      for (const models::WeightSpec& s : models::weight_specs(*c, f)) fused += s.name.find(".attn.qkv.") != std::string::npos;
+      EXPECT_EQ(fused > 0, fuse);
+      auto w = models::random_weights(*c, f, 2026);
+      ASSERT_TRUE(w.is_ok()) << w.status().to_string();
+      const fs::path out = scratch(std::string("fused_qkv_") + family + (fuse ? "_on" : "_off"));
+      ASSERT_TRUE(models::write_model(out.string(), *c, f, *w).is_ok());
+      runs.push_back(run_everywhere(out, {1, 2, 3, 4, 5, 6}, 6, nullptr));
+    }
+    ASSERT_EQ(runs[0].logits.size(), runs[1].logits.size());
+    EXPECT_EQ(runs[0].tokens, runs[1].tokens);
+    for (size_t i = 0; i < runs[0].logits.size(); ++i)
+      EXPECT_EQ(std::memcmp(runs[0].logits[i].data(), runs[1].logits[i].data(), runs[0].logits[i].nbytes()), 0)
+          << "step " << i;
+  }
 }
 
 TEST(MlxImport, RefusesRequantization) {

@@ -130,13 +130,21 @@ TensorRef fused_attention(Emit& e, const Step& s, int64_t layer, TensorRef h) {
   return attention_out(e, s, layer, q, gate, kc, vc);
 }
 
+// The fused projection needs one width for q, k, v and itself (a format's per-linear widths may
+// set them apart).
+bool fuses_qkv(const Emit& e, int64_t layer) {
+  const auto q = e.f.quant_of(layer_name(layer, "attn.q"));
+  return e.c.qkv_fused() && q == e.f.quant_of(layer_name(layer, "attn.k")) &&
+         q == e.f.quant_of(layer_name(layer, "attn.v")) && q == e.f.quant_of(layer_name(layer, "attn.qkv"));
+}
+
 TensorRef attention(Emit& e, const Step& s, int64_t layer, TensorRef h) {
+  if (fuses_qkv(e, layer)) return fused_attention(e, s, layer, h);
   const ModelConfig& c = e.c;
   ProgramBuilder& b = e.b;
   const int64_t hq = c.heads, hk = c.kv_heads, hd = c.head_dim;
   // With an output gate, q_proj gives per head [query hd | gate hd] (HF's view [m, hq, 2 hd]).
   const int64_t gated = c.attn_output_gate ? 2 : 1;
-  if (c.qkv_fused()) return fused_attention(e, s, layer, h);
   Emit::Linear wq = e.linear(layer_name(layer, "attn.q"), gated * hq * hd, c.hidden, c.qkv_bias);
   Emit::Linear wk = e.linear(layer_name(layer, "attn.k"), hk * hd, c.hidden, c.qkv_bias);
   Emit::Linear wv = e.linear(layer_name(layer, "attn.v"), hk * hd, c.hidden, c.qkv_bias);

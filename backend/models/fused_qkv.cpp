@@ -1,4 +1,4 @@
-// The fused attention projection "layers.<i>.attn.qkv" (ModelConfig::qkv_fused) assembled from a
+// The fused attention projection "layers.<i>.attn.qkv" (where the decoder emits it) assembled from a
 // checkpoint's separate q, k and v projections: rows [q | k | v], a gated q (Qwen3.5, Qwen3-Next)
 // reordered from HF's per-head [query hd | gate hd] to [every head's query | every head's gate].
 #include <cstring>
@@ -66,7 +66,7 @@ Fetch fused_qkv_fetch(const ModelConfig& c, const Fetch& fetch) {
   auto biases = std::make_shared<std::vector<Tensor>>();
   return [&c, fetch, biases](const std::string& logical, const Shape& shape) -> Result<Tensor> {
     const std::string prefix = fused_prefix(logical);
-    if (prefix.empty() || !c.qkv_fused()) return fetch(logical, shape);
+    if (prefix.empty()) return fetch(logical, shape);
     const bool bias = ends_with(logical, ".bias");
     if (bias && !biases->empty()) {
       SB_ASSIGN_OR_RETURN(Tensor b, stack_rows(*biases, shape));
@@ -95,7 +95,7 @@ Fetch fused_qkv_fetch(const ModelConfig& c, const Fetch& fetch) {
 Result<bool> fused_qkv_raw(const ModelConfig& c, const RawFetch& raw, const std::string& base, const WeightSpec& w,
                            const WeightSpec& s, std::vector<std::pair<std::string, Tensor>>* out) {
   const std::string prefix = fused_prefix(base);
-  if (prefix.empty() || !c.qkv_fused()) return raw(base, w, s, out);
+  if (prefix.empty()) return raw(base, w, s, out);
   std::vector<Tensor> codes, scales, biases;
   const std::vector<Part> ps = parts(c, prefix);
   for (size_t i = 0; i < ps.size(); ++i) {

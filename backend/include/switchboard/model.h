@@ -82,7 +82,8 @@ struct ModelConfig {
 
   // One projection for q, k and v ("layers.<i>.attn.qkv": rows [q | gate | k | v], the gated q's
   // query rows of every head before its gate rows) and one Rope op for all three; off for whole-
-  // width q/k norms (OLMoE) and MLX checkpoints whose q, k and v widths differ.
+  // width q/k norms (OLMoE), MLX checkpoints whose q, k and v widths differ and layers whose
+  // ExportFormat::linear_quant widths differ.
   bool fuse_qkv = true;
   bool qkv_fused() const { return fuse_qkv && qk_norm != QkNorm::kWhole; }
 
