@@ -108,8 +108,13 @@ void merge(float& m, float& l, float* o, float mb, float lb, const float* ob, in
 struct HeadScratch {
   std::vector<float> o, ob, s, m, l, mb, lb;
   explicit HeadScratch(int64_t g, int64_t hd)
-      : o(static_cast<size_t>(g * hd)), ob(static_cast<size_t>(g * hd)), s(static_cast<size_t>(g * kAttentionBlock)),
-        m(static_cast<size_t>(g)), l(static_cast<size_t>(g)), mb(static_cast<size_t>(g)), lb(static_cast<size_t>(g)) {}
+      : o(static_cast<size_t>(g * hd)),
+        ob(static_cast<size_t>(g * hd)),
+        s(static_cast<size_t>(g * kAttentionBlock)),
+        m(static_cast<size_t>(g)),
+        l(static_cast<size_t>(g)),
+        mb(static_cast<size_t>(g)),
+        lb(static_cast<size_t>(g)) {}
 };
 
 // Block [j0, j1)'s scores s[u * 32 + j - b0] and maxima mb[u] of heads h0 .. h0 + g - 1 (one cache

@@ -123,14 +123,16 @@ __attribute__((target("avx512f"))) void axpy_rows_avx512(float* y, const float* 
     __m512 acc[8];
     for (int q = 0; q < 8; ++q) {
       const int64_t left = w - 16 * q;
-      m[q] = left >= 16 ? static_cast<__mmask16>(0xffff)
-                        : left <= 0 ? static_cast<__mmask16>(0) : static_cast<__mmask16>((1u << left) - 1);
+      m[q] = left >= 16  ? static_cast<__mmask16>(0xffff)
+             : left <= 0 ? static_cast<__mmask16>(0)
+                         : static_cast<__mmask16>((1u << left) - 1);
       acc[q] = _mm512_maskz_loadu_ps(m[q], y + c0 + 16 * q);
     }
     for (int64_t r = 0; r < rows; ++r) {
       const __m512 av = _mm512_set1_ps(a[r]);
       const float* vr = v + r * stride + c0;
-      for (int q = 0; q < 8; ++q) acc[q] = _mm512_add_ps(acc[q], _mm512_mul_ps(av, _mm512_maskz_loadu_ps(m[q], vr + 16 * q)));
+      for (int q = 0; q < 8; ++q)
+        acc[q] = _mm512_add_ps(acc[q], _mm512_mul_ps(av, _mm512_maskz_loadu_ps(m[q], vr + 16 * q)));
     }
     for (int q = 0; q < 8; ++q) _mm512_mask_storeu_ps(y + c0 + 16 * q, m[q], acc[q]);
   }

@@ -331,7 +331,8 @@ TEST(FusedQkv, SameBitsAsSeparateProjections) {
       ASSERT_TRUE(c.is_ok());
       c->fuse_qkv = fuse;
       int fused = 0;
-      for (const models::WeightSpec& s : models::weight_specs(*c, f)) fused += s.name.find(".attn.qkv.") != std::string::npos;
+      for (const models::WeightSpec& s : models::weight_specs(*c, f))
+        fused += s.name.find(".attn.qkv.") != std::string::npos;
       EXPECT_EQ(fused > 0, fuse);
       auto w = models::random_weights(*c, f, 2026);
       ASSERT_TRUE(w.is_ok()) << w.status().to_string();

@@ -100,18 +100,21 @@ TEST(Rope, NormAndCacheAppendGiveTheSeparateOpsBits) {
 // the queries, a Rope of the keys with their cache, and a SliceUpdate of the values.
 void check_qkv(DType dt, int64_t m, int64_t pos, int64_t hq, int64_t gap, int64_t hk, int64_t hd, int64_t half,
                bool norm) {
-  SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " m=" << m << " pos=" << pos << " hq=" << hq
-                                    << " gap=" << gap << " hk=" << hk << " hd=" << hd << " norm=" << norm);
+  SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " m=" << m << " pos=" << pos << " hq=" << hq << " gap=" << gap
+                                    << " hk=" << hk << " hd=" << hd << " norm=" << norm);
   const int64_t rows = pos + m + 2, heads = hq + gap + 2 * hk;
   ProgramBuilder b;
   TensorRef x = b.input("x", dt, {m, heads * hd});
   TensorRef cos_t = b.input("cos", DType::kF32, {rows, half});
   TensorRef sin_t = b.input("sin", DType::kF32, {rows, half});
-  TensorRef qw = norm ? b.input("qw", dt, {hd}) : TensorRef{}, kw = norm ? b.input("kw", DType::kF32, {hd}) : TensorRef{};
+  TensorRef qw = norm ? b.input("qw", dt, {hd}) : TensorRef{},
+            kw = norm ? b.input("kw", DType::kF32, {hd}) : TensorRef{};
   TensorRef kc = b.mutable_buffer("kc", dt, {rows, hk, hd}), vc = b.mutable_buffer("vc", dt, {rows, hk, hd});
   TensorRef rk = b.mutable_buffer("rk", dt, {rows, hk, hd}), rv = b.mutable_buffer("rv", dt, {rows, hk, hd});
   b.output("fused", b.rope_qkv(b.reshape(x, {m, heads, hd}), cos_t, sin_t, pos, hq, hk, kc, vc, qw, kw, 1e-5f));
-  auto part = [&](int64_t first, int64_t n) { return b.reshape(b.slice(x, 1, first * hd, (first + n) * hd), {m, n, hd}); };
+  auto part = [&](int64_t first, int64_t n) {
+    return b.reshape(b.slice(x, 1, first * hd, (first + n) * hd), {m, n, hd});
+  };
   b.output("reference", b.rope(part(0, hq), cos_t, sin_t, pos, qw, 1e-5f));
   b.rope(part(hq + gap, hk), cos_t, sin_t, pos, kw, 1e-5f, rk);
   b.slice_update(rv, part(hq + gap + hk, hk), 0, pos);
@@ -129,10 +132,10 @@ void check_qkv(DType dt, int64_t m, int64_t pos, int64_t hq, int64_t gap, int64_
 TEST(Rope, QkvFormGivesTheSeparateOpsBits) {
   for (DType dt : {DType::kF32, DType::kBF16, DType::kF16})
     for (bool norm : {false, true}) {
-      check_qkv(dt, 1, 9, 4, 0, 2, 16, 8, norm);     // decode
-      check_qkv(dt, 5, 0, 3, 3, 1, 40, 4, norm);     // prefill from 0, gate heads between, partial rotary
-      check_qkv(dt, 3, 6, 8, 0, 2, 128, 64, norm);   // Qwen3's head size
-      check_qkv(dt, 2, 1, 2, 2, 2, 64, 16, norm);    // Qwen3.5's quarter rotary behind its gate heads
+      check_qkv(dt, 1, 9, 4, 0, 2, 16, 8, norm);    // decode
+      check_qkv(dt, 5, 0, 3, 3, 1, 40, 4, norm);    // prefill from 0, gate heads between, partial rotary
+      check_qkv(dt, 3, 6, 8, 0, 2, 128, 64, norm);  // Qwen3's head size
+      check_qkv(dt, 2, 1, 2, 2, 2, 64, 16, norm);   // Qwen3.5's quarter rotary behind its gate heads
     }
 }
 

@@ -96,7 +96,8 @@ float as_dtype(double v, DType t) {
   return f;
 }
 
-TensorRef attention_out(Emit& e, const Step& s, int64_t layer, TensorRef q, TensorRef gate, TensorRef kc, TensorRef vc) {
+TensorRef attention_out(Emit& e, const Step& s, int64_t layer, TensorRef q, TensorRef gate, TensorRef kc,
+                        TensorRef vc) {
   const ModelConfig& c = e.c;
   ProgramBuilder& b = e.b;
   const int64_t hq = c.heads, hd = c.head_dim;
