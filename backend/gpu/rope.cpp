@@ -8,6 +8,21 @@
 namespace switchboard::gpu {
 namespace {
 
+// The arguments both forms share (sizes, position, dtype, the norm's eps and 1 / hd).
+k::RopeArgs rope_args(const ops::RopeDims& d, const DynamicArg& pos, DType dt, float eps) {
+  k::RopeArgs args{};
+  args.m = static_cast<uint32_t>(d.m);
+  args.h = static_cast<uint32_t>(d.h);
+  args.hd = static_cast<uint32_t>(d.hd);
+  args.half_dims = static_cast<uint32_t>(d.half);
+  args.pos = pos.word ? 0u : static_cast<uint32_t>(d.pos);
+  args.pos_word = pos.word;
+  args.dtype = static_cast<uint32_t>(dt);
+  args.eps = eps;
+  args.inv_d = ops::inverse_count(d.hd);
+  return args;
+}
+
 // The fused q/k/v form: one workgroup per (row, head read).
 Status rope_qkv(KernelContext& ctx, const fb::RopeNodeT& n) {
   Runtime& rt = rt_of(ctx);
@@ -40,18 +55,9 @@ Status rope_qkv(KernelContext& ctx, const fb::RopeNodeT& n) {
   SB_ASSIGN_OR_RETURN(BufferRef bo, rt.bind(out, false));
   SB_ASSIGN_OR_RETURN(BufferRef bk, rt.bind(kc.dev, false));
   SB_ASSIGN_OR_RETURN(BufferRef bv, rt.bind(vc.dev, false));
-  k::RopeArgs args{};
+  k::RopeArgs args = rope_args(d, pos, x.dtype(), n.eps);
   args.n = static_cast<uint32_t>(out.numel());
-  args.m = static_cast<uint32_t>(d.m);
-  args.h = static_cast<uint32_t>(d.h);
-  args.hd = static_cast<uint32_t>(d.hd);
-  args.half_dims = static_cast<uint32_t>(d.half);
-  args.pos = pos.word ? 0u : static_cast<uint32_t>(d.pos);
-  args.pos_word = pos.word;
-  args.dtype = static_cast<uint32_t>(x.dtype());
   args.has_cache = 1u;
-  args.eps = n.eps;
-  args.inv_d = ops::inverse_count(d.hd);
   args.q_heads = static_cast<uint32_t>(d.q_heads);
   args.k_heads = static_cast<uint32_t>(d.k_heads);
   args.has_norm = n.norm_weight ? 1u : 0u;
@@ -99,19 +105,10 @@ Status rope(KernelContext& ctx, const fb::OpNodeUnion& op) {
     SB_RETURN_IF_ERROR(u32_count(cache.dev.numel(), "rope cache").status());
     SB_ASSIGN_OR_RETURN(bk, rt.bind(cache.dev, false));
   }
-  k::RopeArgs args{};
+  k::RopeArgs args = rope_args(d, pos, x.dtype(), n->eps);
   SB_ASSIGN_OR_RETURN(args.n, u32_count(x.numel(), "rope"));
-  args.m = static_cast<uint32_t>(d.m);
-  args.h = static_cast<uint32_t>(d.h);
-  args.hd = static_cast<uint32_t>(d.hd);
-  args.half_dims = static_cast<uint32_t>(d.half);
-  args.pos = pos.word ? 0u : static_cast<uint32_t>(d.pos);
-  args.pos_word = pos.word;
-  args.dtype = static_cast<uint32_t>(x.dtype());
   args.has_cache = n->cache ? 1u : 0u;
-  args.eps = n->eps;
   args.w_dtype = static_cast<uint32_t>(n->norm_weight ? w.dtype() : x.dtype());
-  args.inv_d = ops::inverse_count(d.hd);
   if (x.numel() > 0) {
     if (n->norm_weight)
       SB_RETURN_IF_ERROR(rt.dispatch("rope_norm", {bx, bc, bs, bo, bk, bw, pos.words}, &args, sizeof(args),

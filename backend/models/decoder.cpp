@@ -111,6 +111,23 @@ TensorRef attention_out(Emit& e, const Step& s, int64_t layer, TensorRef q, Tens
   return e.apply(e.linear(layer_name(layer, "attn.o"), c.hidden, hq * hd, c.o_bias), o);
 }
 
+// A layer's KV caches [max_seq, kv_heads, head_dim] (a step's keys and values append as one slice
+// each) and its per-head q/k norm weights (when the model has them).
+struct KvCaches {
+  TensorRef k, v, q_norm, k_norm;
+};
+KvCaches kv_caches(Emit& e, int64_t layer) {
+  const ModelConfig& c = e.c;
+  KvCaches kv;
+  kv.k = e.b.mutable_buffer(layer_name(layer, "k_cache"), e.act, {c.max_seq, c.kv_heads, c.head_dim});
+  kv.v = e.b.mutable_buffer(layer_name(layer, "v_cache"), e.act, {c.max_seq, c.kv_heads, c.head_dim});
+  if (c.qk_norm == QkNorm::kPerHead) {
+    kv.q_norm = e.constant(layer_name(layer, "attn.q_norm"), e.norm_dtype(), {c.head_dim});
+    kv.k_norm = e.constant(layer_name(layer, "attn.k_norm"), e.norm_dtype(), {c.head_dim});
+  }
+  return kv;
+}
+
 // q, k and v from one projection [q heads | gate heads | k heads | v heads], then one Rope op:
 // per-head norms, RoPE, the key and value appends.
 TensorRef fused_attention(Emit& e, const Step& s, int64_t layer, TensorRef h) {
@@ -120,15 +137,9 @@ TensorRef fused_attention(Emit& e, const Step& s, int64_t layer, TensorRef h) {
   TensorRef x = e.apply(e.linear(layer_name(layer, "attn.qkv"), heads * hd, c.hidden, c.qkv_bias), h);
   x = b.reshape(x, {s.m, heads, hd});
   TensorRef gate = c.attn_output_gate ? b.reshape(b.slice(x, 1, hq, 2 * hq), {s.m, hq * hd}) : TensorRef{};
-  TensorRef kc = b.mutable_buffer(layer_name(layer, "k_cache"), e.act, {c.max_seq, hk, hd});
-  TensorRef vc = b.mutable_buffer(layer_name(layer, "v_cache"), e.act, {c.max_seq, hk, hd});
-  TensorRef qw, kw;
-  if (c.qk_norm == QkNorm::kPerHead) {
-    qw = e.constant(layer_name(layer, "attn.q_norm"), e.norm_dtype(), {hd});
-    kw = e.constant(layer_name(layer, "attn.k_norm"), e.norm_dtype(), {hd});
-  }
-  TensorRef q = b.rope_qkv(x, s.cos, s.sin, s.pos, hq, hk, kc, vc, qw, kw, c.rms_eps);
-  return attention_out(e, s, layer, q, gate, kc, vc);
+  const KvCaches kv = kv_caches(e, layer);
+  TensorRef q = b.rope_qkv(x, s.cos, s.sin, s.pos, hq, hk, kv.k, kv.v, kv.q_norm, kv.k_norm, c.rms_eps);
+  return attention_out(e, s, layer, q, gate, kv.k, kv.v);
 }
 
 // The fused projection needs one width for q, k, v and itself (a format's per-linear widths may
@@ -163,19 +174,12 @@ TensorRef attention(Emit& e, const Step& s, int64_t layer, TensorRef h) {
   q = b.reshape(q, {s.m, hq, hd});
   k = b.reshape(k, {s.m, hk, hd});
   v = b.reshape(v, {s.m, hk, hd});
-  // The caches are [max_seq, kv_heads, head_dim]: a step's keys and values append as one slice
-  // each. Per-head q/k norms, RoPE (HF's rotate_half) and the key append are one Rope op each.
-  TensorRef kc = b.mutable_buffer(layer_name(layer, "k_cache"), e.act, {c.max_seq, hk, hd});
-  TensorRef vc = b.mutable_buffer(layer_name(layer, "v_cache"), e.act, {c.max_seq, hk, hd});
-  TensorRef qw, kw;
-  if (c.qk_norm == QkNorm::kPerHead) {
-    qw = e.constant(layer_name(layer, "attn.q_norm"), e.norm_dtype(), {hd});
-    kw = e.constant(layer_name(layer, "attn.k_norm"), e.norm_dtype(), {hd});
-  }
-  q = b.rope(q, s.cos, s.sin, s.pos, qw, c.rms_eps);
-  b.rope(k, s.cos, s.sin, s.pos, kw, c.rms_eps, kc);
-  b.slice_update(vc, v, 0, s.pos);
-  return attention_out(e, s, layer, q, gate, kc, vc);
+  // Per-head q/k norms, RoPE (HF's rotate_half) and the key append are one Rope op each.
+  const KvCaches kv = kv_caches(e, layer);
+  q = b.rope(q, s.cos, s.sin, s.pos, kv.q_norm, c.rms_eps);
+  b.rope(k, s.cos, s.sin, s.pos, kv.k_norm, c.rms_eps, kv.k);
+  b.slice_update(kv.v, v, 0, s.pos);
+  return attention_out(e, s, layer, q, gate, kv.k, kv.v);
 }
 
 // Gated DeltaNet (Qwen3-Next / Qwen3.5 linear attention): projections to [q | k | v], z, b, a;

@@ -48,21 +48,30 @@ TensorRef ProgramBuilder::attention_decomposed_order(TensorRef q, TensorRef k_ca
                         false);
 }
 
-TensorRef ProgramBuilder::rope(TensorRef x, TensorRef cos, TensorRef sin, IntOrValue pos, TensorRef norm_weight,
-                               float eps, TensorRef cache) {
-  for (TensorRef t : {x, cos, sin})
-    if (!s_->ok(t, "rope")) return {};
-  for (TensorRef t : {norm_weight, cache})
-    if (t.valid() && !s_->ok(t, "rope")) return {};
-  TensorRef o = s_->new_slot(SlotRole::kTemp, s_->slots[x.id].dtype, s_->slots[x.id].shape);
+namespace {
+
+// A Rope node over x writing a new slot of `shape`; the caller sets the optional fields.
+std::unique_ptr<fb::RopeNodeT> rope_node(BuilderState& s, TensorRef x, TensorRef cos, TensorRef sin, IntOrValue pos,
+                                         TensorRef norm_weight, float eps, std::vector<Dim> shape, TensorRef* out) {
+  *out = s.new_slot(SlotRole::kTemp, s.slots[x.id].dtype, std::move(shape));
   auto n = std::make_unique<fb::RopeNodeT>();
   n->x = tid(x);
   n->cos = tid(cos);
   n->sin = tid(sin);
   n->pos = iov(pos);
-  n->out = tid(o);
+  n->out = tid(*out);
   if (norm_weight.valid()) n->norm_weight = tid(norm_weight);
   n->eps = eps;
+  return n;
+}
+
+}  // namespace
+
+TensorRef ProgramBuilder::rope(TensorRef x, TensorRef cos, TensorRef sin, IntOrValue pos, TensorRef norm_weight,
+                               float eps, TensorRef cache) {
+  if (!required_ok(*s_, {x, cos, sin}, "rope") || !all_ok(*s_, {norm_weight, cache}, "rope")) return {};
+  TensorRef o;
+  auto n = rope_node(*s_, x, cos, sin, pos, norm_weight, eps, s_->slots[x.id].shape, &o);
   if (cache.valid()) n->cache = tid(cache);
   s_->emit(make_op(std::move(n)));
   return o;
@@ -71,22 +80,13 @@ TensorRef ProgramBuilder::rope(TensorRef x, TensorRef cos, TensorRef sin, IntOrV
 TensorRef ProgramBuilder::rope_qkv(TensorRef x, TensorRef cos, TensorRef sin, IntOrValue pos, int64_t q_heads,
                                    int64_t k_heads, TensorRef k_cache, TensorRef v_cache, TensorRef q_norm,
                                    TensorRef k_norm, float eps) {
-  for (TensorRef t : {x, cos, sin, k_cache, v_cache})
-    if (!s_->ok(t, "rope_qkv")) return {};
-  for (TensorRef t : {q_norm, k_norm})
-    if (t.valid() && !s_->ok(t, "rope_qkv")) return {};
+  if (!required_ok(*s_, {x, cos, sin, k_cache, v_cache}, "rope_qkv") || !all_ok(*s_, {q_norm, k_norm}, "rope_qkv"))
+    return {};
   std::vector<Dim> shape = s_->slots[x.id].shape;
   if (shape.size() == 3) shape[1] = Dim(q_heads);  // else the rules name x's rank
-  TensorRef o = s_->new_slot(SlotRole::kTemp, s_->slots[x.id].dtype, shape);
-  auto n = std::make_unique<fb::RopeNodeT>();
-  n->x = tid(x);
-  n->cos = tid(cos);
-  n->sin = tid(sin);
-  n->pos = iov(pos);
-  n->out = tid(o);
-  if (q_norm.valid()) n->norm_weight = tid(q_norm);
+  TensorRef o;
+  auto n = rope_node(*s_, x, cos, sin, pos, q_norm, eps, std::move(shape), &o);
   if (k_norm.valid()) n->k_norm_weight = tid(k_norm);
-  n->eps = eps;
   n->cache = tid(k_cache);
   n->v_cache = tid(v_cache);
   n->q_heads = q_heads;
