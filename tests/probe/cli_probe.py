@@ -645,7 +645,8 @@ def concurrent_round(case, prior):
     if staging_names(case.dir) - before:
         case.bad_output(f"left behind {sorted(staging_names(case.dir) - before)}")
     v = verify(case, out)  # never one export's program with another's weights
-    m = re.search(r"layers\.0\.attn\.q\.weight\s+t\d+ u32 \[\d+, (\d+), (\d+)\]", v.out)
+    # attn.o is [1, hidden, hidden * bits / 32] in the tiny model (q, k, v are one projection since v8)
+    m = re.search(r"layers\.0\.attn\.o\.weight\s+t\d+ u32 \[\d+, (\d+), (\d+)\]", v.out)
     held = int(m.group(2)) * 32 // int(m.group(1)) if m else None  # packed width -> bits
     if v.rc == 0 and held not in winners + ([6] if prior else []):
         case.bad_output(f"OUT holds a {held}-bit export; the processes that exited 0 exported {winners}", v)
