@@ -231,8 +231,8 @@ TEST(QuantizedExport, PerExpertBitMapWithPrunedExpert) {
 // every linear quantized (experts stacked as switch_mlp, the experts' down projection at
 // 8 bits, the rest 4 bits, or k_proj at k_bits; groups of 32), router and embedding in float.
 // Exported as it is, it must equal our own 4-bit export with the same widths, bit for bit.
-fs::path make_mlx_checkpoint(int k_bits = 4) {
-  const fs::path dst = scratch("mlx_qwen3_k" + std::to_string(k_bits));
+fs::path make_mlx_checkpoint(int k_bits = 4, int qv_bits = 4) {
+  const fs::path dst = scratch("mlx_qwen3_k" + std::to_string(k_bits) + "_qv" + std::to_string(qv_bits));
   fs::create_directories(dst);
   auto src = SafetensorsFile::open((kFixtures / "qwen3_moe" / "hf" / "model.safetensors").string());
   EXPECT_TRUE(src.is_ok());
@@ -260,7 +260,8 @@ fs::path make_mlx_checkpoint(int k_bits = 4) {
       const size_t dot = name.find('.', at + 12);
       stacks[name.substr(0, at) + "mlp.switch_mlp." + name.substr(dot + 1, name.size() - dot - 8)].push_back(t);
     } else if (name.find("_proj.weight") != std::string::npos || name == "lm_head.weight") {
-      quantize(name.substr(0, name.size() - 7), t, name.find("k_proj") != std::string::npos ? k_bits : 4, 32);
+      const bool qv = name.find("q_proj") != std::string::npos || name.find("v_proj") != std::string::npos;
+      quantize(name.substr(0, name.size() - 7), t, name.find("k_proj") != std::string::npos ? k_bits : qv ? qv_bits : 4, 32);
     } else {
       out.emplace_back(name, (*src)->tensor(name).value().clone());
     }
@@ -279,10 +280,11 @@ fs::path make_mlx_checkpoint(int k_bits = 4) {
   return dst;
 }
 
-// With k_bits != 4 the q, k and v projections keep their own widths (no fused projection).
-void check_mlx_as_our_quantization(int k_bits) {
-  SCOPED_TRACE(k_bits);
-  const fs::path mlx = make_mlx_checkpoint(k_bits), a = scratch("mlx_as_is"), b = scratch("ours_q4");
+// q, k and v at one width make one projection (also at a width other than the default); k at
+// another keeps them apart. Our export with per-linear widths keeps them apart unless all are 4.
+void check_mlx_as_our_quantization(int k_bits, int qv_bits) {
+  SCOPED_TRACE(::testing::Message() << "k " << k_bits << " q, v " << qv_bits);
+  const fs::path mlx = make_mlx_checkpoint(k_bits, qv_bits), a = scratch("mlx_as_is"), b = scratch("ours_q4");
   Status st = models::export_hf(mlx.string(), a.string(), models::ExportOptions{{}, 64, nullptr});
   ASSERT_TRUE(st.is_ok()) << st.to_string();
   models::ExportOptions o;
@@ -294,14 +296,15 @@ void check_mlx_as_our_quantization(int k_bits) {
     const std::string l = "layers." + std::to_string(layer);
     if (layer != 1) o.format.linear_quant[l + ".experts.down"] = {8, 32};
     if (k_bits != 4) o.format.linear_quant[l + ".attn.k"] = {k_bits, 32};
+    if (qv_bits != 4) o.format.linear_quant[l + ".attn.q"] = o.format.linear_quant[l + ".attn.v"] = {qv_bits, 32};
   }
   st = models::export_hf((kFixtures / "qwen3_moe" / "hf").string(), b.string(), o);
   ASSERT_TRUE(st.is_ok()) << st.to_string();
-  for (const fs::path& dir : {a, b}) {
+  for (const auto& [dir, fused] : {std::pair{a, k_bits == qv_bits}, {b, k_bits == 4 && qv_bits == 4}}) {
     auto w = SafetensorsFile::open((dir / "weights.safetensors").string());
     ASSERT_TRUE(w.is_ok());
-    EXPECT_EQ((*w)->tensor("layers.0.attn.qkv.weight").is_ok(), k_bits == 4) << dir;
-    EXPECT_EQ((*w)->tensor("layers.0.attn.k.weight").is_ok(), k_bits != 4) << dir;
+    EXPECT_EQ((*w)->tensor("layers.0.attn.qkv.weight").is_ok(), fused) << dir;
+    EXPECT_EQ((*w)->tensor("layers.0.attn.k.weight").is_ok(), !fused) << dir;
   }
   const std::vector<int32_t> prompt = {3, 17, 42, 99, 5, 64, 120, 7};
   const auto ga = run_everywhere(a, prompt, 6, nullptr), gb = run_everywhere(b, prompt, 6, nullptr);
@@ -312,8 +315,9 @@ void check_mlx_as_our_quantization(int k_bits) {
 }
 
 TEST(MlxImport, UsedAsTheyAreEqualsOurOwnQuantization) {
-  check_mlx_as_our_quantization(4);
-  check_mlx_as_our_quantization(8);
+  check_mlx_as_our_quantization(4, 4);
+  check_mlx_as_our_quantization(8, 4);
+  check_mlx_as_our_quantization(8, 8);
 }
 
 // q, k and v in one projection (layers.<i>.attn.qkv) with Rope's q/k/v form give the separate

@@ -520,7 +520,11 @@ Status mlx_format(const Checkpoint& ck, const ModelConfig& c, ExportFormat* f) {
     if (name.empty() || !ck.has(name)) continue;  // fused HF experts etc.: quantized at export
     const int64_t width = input_width(c, base);
     SB_ASSIGN_OR_RETURN(auto q, mlx_quant(ck, name, width));
-    if (q != std::pair<int, int>{f->bits, f->group_size}) f->linear_quant[base] = q;
+    if (q != std::pair<int, int>{f->bits, f->group_size}) {
+      f->linear_quant[base] = q;
+      if (part != base)  // the fused projection's parts share its width (the decoder checks they do)
+        for (const char* p : {"q", "k", "v"}) f->linear_quant[part.substr(0, part.size() - 1) + p] = q;
+    }
     if (q.first != 0 && first) {
       f->scale_dtype = ck.entry(strip(name, ".weight") + ".scales").dtype;
       first = false;
