@@ -130,6 +130,12 @@ int run_bench_model(const BenchModelOptions& o) {
     j["decode_replayed_steps"] = g->decode_replays;
     if (gbps > 0) j["gpu_decode_roofline_ratio"] = gpu_tps / (gbps * 1e9 / bytes_per_token);
   }
+  if ((*session)->device_name() == "cpu" && steps > 0) {
+    // A CPU decode token's time outside its op kernels: the interpreter, plus feeding the token.
+    const double wall_us = g->decode_seconds * 1e6;
+    j["decode_kernel_us_per_token"] = g->decode_kernel_us / static_cast<double>(steps);
+    j["decode_interpreter_share"] = wall_us > 0 ? 1.0 - g->decode_kernel_us / wall_us : 0.0;
+  }
   std::printf("%s\n", o.json ? j.dump().c_str() : j.dump(2).c_str());
   return 0;
 }

@@ -36,6 +36,7 @@ Result<Generation> generate(Session& session, const std::vector<int32_t>& prompt
     if (step > 0) g.decode_record_us = rec < 0 || g.decode_record_us < 0 ? -1 : g.decode_record_us + rec;
     (step == 0 ? g.prefill_dispatches : g.decode_dispatches) += session.device_dispatches() - d0;
     if (step > 0) g.decode_replays += session.last_execute_replayed() ? 1 : 0;
+    if (step > 0) g.decode_kernel_us += session.last_kernel_time_us();
     g.tokens.push_back(next.data_as<int32_t>()[0]);
     pos += static_cast<int64_t>(feed.size());
     feed.assign(1, forced ? (*forced)[static_cast<size_t>(step)] : g.tokens.back());

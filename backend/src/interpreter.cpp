@@ -157,6 +157,7 @@ Status Interpreter::run_chain(uint32_t chain, uint32_t depth) {
     if (const Fusion& f = fused_[chain][i]; f.fn) {
       // Instructions [i, i + span) as one kernel; errors name the first of them.
       Status st = f.fn(*this, &ins[i]);
+      kernel_us_ += std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
       if (!st.is_ok())
         return st.annotate(strformat("chains[%u].instructions[%zu..%zu].%s", chain, i, i + f.span - 1, op_name(op.type)));
       if (log::op_log_enabled())
@@ -169,6 +170,8 @@ Status Interpreter::run_chain(uint32_t chain, uint32_t depth) {
       continue;
     }
     Status st = plan_[chain][i] ? plan_[chain][i](*this, op) : run_host_op(op, depth);
+    if (op.type != fb::OpNode::IfNode)  // an If's branch ops count themselves
+      kernel_us_ += std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
     if (!st.is_ok()) return st.annotate(strformat("chains[%u].instructions[%zu].%s", chain, i, op_name(op.type)));
     SB_RETURN_IF_ERROR(flush_if_wanted());
     if (log::op_log_enabled() && op.type != fb::OpNode::IfNode) {

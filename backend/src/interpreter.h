@@ -43,6 +43,8 @@ class Interpreter final : public KernelContext {
   uint64_t device_dispatches() const { return device_->dispatches(); }
   // Whether the last execute() replayed recorded work instead of running the chains.
   bool last_replayed() const { return last_replayed_; }
+  // Host time the last execute() spent inside op kernels (and host ops), microseconds.
+  double last_kernel_us() const { return kernel_us_; }
 
   // KernelContext
   Result<Tensor> in(const fb::Tid* tid) override;
@@ -89,6 +91,7 @@ class Interpreter final : public KernelContext {
   std::vector<uint8_t> guarded_;
   bool replay_ = false;
   bool last_replayed_ = false;
+  double kernel_us_ = 0;
   int failed_recordings_ = 0;             // recordings made but never replayed, in a row
   std::vector<Shape> last_shapes_;        // the tensor inputs' shapes at the last execution
   std::unique_ptr<Recording> recording_;  // after device_: destroyed before it

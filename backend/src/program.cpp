@@ -270,6 +270,7 @@ const std::string& Session::device_name() const { return interp_->device_name();
 const std::string& Session::device_description() const { return interp_->device_description(); }
 double Session::last_device_time_us() const { return interp_->last_device_us(); }
 double Session::last_record_time_us() const { return interp_->last_record_us(); }
+double Session::last_kernel_time_us() const { return interp_->last_kernel_us(); }
 uint64_t Session::device_dispatches() const { return interp_->device_dispatches(); }
 bool Session::last_execute_replayed() const { return interp_->last_replayed(); }
 

@@ -20,6 +20,7 @@ Status Interpreter::execute() {
   }
   clear_transient();
   last_replayed_ = false;
+  kernel_us_ = 0;
   SB_RETURN_IF_ERROR(device_->set_dynamic_values(dynamic_words()));
   if (recording_ && replayable()) return replay();
   std::unique_ptr<Recording> rec;

@@ -158,6 +158,9 @@ class Session {
   // Host time recording the last execute()'s GPU work, first dispatch to last submission
   // (us); -1 on the CPU. Beside last_device_time_us it tells a host-bound step from a GPU one.
   double last_record_time_us() const;
+  // Host time the last execute() spent inside its ops' kernels and host ops (us): on the CPU the
+  // ops' own work, so the rest of execute() is the interpreter's; on a GPU, recording them.
+  double last_kernel_time_us() const;
   // Kernel dispatches the session's GPU device has recorded so far (0 on the CPU).
   uint64_t device_dispatches() const;
   // Whether the last execute() replayed recorded work (SessionOptions::gpu_replay).
