@@ -63,17 +63,23 @@ Result<Tensor> in_our_order(const ModelConfig& c, size_t part, const Tensor& t, 
 Fetch fused_qkv_fetch(const ModelConfig& c, const Fetch& fetch) {
   // The separate projections were fetched q, its bias, k, its bias, ...: the fused weight's fetch
   // keeps that order (a random model draws the same values either way) and holds the bias.
-  auto biases = std::make_shared<std::vector<Tensor>>();
-  return [&c, fetch, biases](const std::string& logical, const Shape& shape) -> Result<Tensor> {
+  struct Held {
+    std::string prefix;  // the layer whose biases these are
+    std::vector<Tensor> biases;
+  };
+  auto held = std::make_shared<Held>();
+  return [&c, fetch, held](const std::string& logical, const Shape& shape) -> Result<Tensor> {
     const std::string prefix = fused_prefix(logical);
     if (prefix.empty()) return fetch(logical, shape);
     const bool bias = ends_with(logical, ".bias");
-    if (bias && !biases->empty()) {
-      SB_ASSIGN_OR_RETURN(Tensor b, stack_rows(*biases, shape));
-      biases->clear();
+    std::vector<Tensor>& biases = held->biases;
+    if (bias && !biases.empty() && held->prefix == prefix) {
+      SB_ASSIGN_OR_RETURN(Tensor b, stack_rows(biases, shape));
+      biases.clear();
       return b;
     }
-    biases->clear();
+    biases.clear();
+    held->prefix = prefix;
     std::vector<Tensor> ws;
     const std::vector<Part> ps = parts(c, prefix);
     for (size_t i = 0; i < ps.size(); ++i) {
@@ -85,7 +91,7 @@ Fetch fused_qkv_fetch(const ModelConfig& c, const Fetch& fetch) {
       if (c.qkv_bias) {
         SB_ASSIGN_OR_RETURN(Tensor b, fetch(ps[i].name + ".bias", {ps[i].rows}));
         SB_ASSIGN_OR_RETURN(b, in_our_order(c, i, b, ps[i].rows));
-        (bias ? ws : *biases).push_back(std::move(b));
+        (bias ? ws : biases).push_back(std::move(b));
       }
     }
     return stack_rows(ws, shape);
