@@ -211,7 +211,7 @@ Status attention(KernelContext& ctx, const fb::OpNodeUnion& op) {
     const BlockedStep st{d, *n, q.dtype(), qf.data(), n->sinks ? sf.data() : nullptr, kr, vr};
     // Prefill rows: a task per (row, cache head), its query heads together; decode: a task per head
     // (more tasks for the threads). The same bits either way.
-    const int64_t g = d.m >= 4 ? d.hq / d.hk : 1;
+    const int64_t g = d.m >= 4 && d.hq > 0 ? d.hq / d.hk : 1;
     parallel_for(d.m * (d.hq / g), 1, [&](int64_t r0, int64_t r1) {
       HeadScratch w(g, d.hd);
       std::vector<float> res(static_cast<size_t>(g * d.hd));

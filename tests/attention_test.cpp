@@ -243,6 +243,28 @@ TEST(Attention, PositionPastTheCacheIsAnError) {
                          "pos 5 + 2 queries exceeds the cache length 6");
 }
 
+// A program may declare q with no heads: a prefill of it is an empty output on every device (the
+// CPU groups a row's heads by cache head; zero heads must not divide by zero).
+TEST(Attention, NoHeadsGiveAnEmptyOutput) {
+  ProgramBuilder b;
+  TensorRef q = b.input("q", DType::kF32, {4, 0, 8});
+  TensorRef kc = b.input("k", DType::kF32, {1, 8, 8});
+  b.output("o", b.attention(q, kc, kc, 0, 0.5f));
+  ASSERT_TRUE(b.status().is_ok()) << b.status().to_string();
+  int devices = 0;
+  optest::detail::for_each_device(b,
+                                  {{"q", optest::make(DType::kF32, {4, 0, 8}, {})},
+                                   {"k", optest::make(DType::kF32, {1, 8, 8}, std::vector<double>(64, 0.5))}},
+                                  [&](const Program&, Session& s, const std::string& dev) {
+                                    ASSERT_TRUE(s.execute().is_ok()) << dev;
+                                    auto o = s.output("o");
+                                    ASSERT_TRUE(o.is_ok()) << dev;
+                                    EXPECT_EQ(o->shape(), (Shape{4, 0})) << dev;
+                                    ++devices;
+                                  });
+  EXPECT_GE(devices, 1);
+}
+
 TEST(Attention, RulesNameTheField) {
   ProgramBuilder b;
   TensorRef q = b.input("q", DType::kF32, {2, 3, 4});
