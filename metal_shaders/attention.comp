@@ -2,6 +2,7 @@
 // SB_KERNEL(attention, ATTENTION, "rrrrbw", AttentionArgs, SB_ATTENTION_ARGS, 128, 0)
 // SB_KERNEL(attention_blocks, ATTENTION_BLOCKS, "rrrwr", AttentionArgs, SB_ATTENTION_ARGS, 128, 0)
 // SB_KERNEL(attention_merge, ATTENTION_MERGE, "rrwr", AttentionArgs, SB_ATTENTION_ARGS, 128, 0)
+// SB_KERNEL(attention_tiles, ATTENTION_TILES, "rrrrwr", AttentionArgs, SB_ATTENTION_ARGS, 256, 0)
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
@@ -26,9 +27,20 @@
 // factors a, c of blocks t, t + 128, ... into shared memory; then thread t merges output words
 // t, t + 128, ... (one or two columns a word) in block order. Past kMerge blocks each thread
 // walks the blocks itself (the same operations).
+// ATTENTION_TILES (order Blocked32, prefill rows, head dims 32k <= 128). Thread -> output:
+// workgroup w takes cache head kh = w % hk and a tile of 64 query vectors v = (row, head of the
+// group) of it, and walks the tile's key blocks in order, the softmax state on chip. Scores:
+// thread t computes query vectors t / 8 + 32y (y < 2) against keys t % 8 + 8x (x < 4), each
+// dot32's halving tree as four subtrees of 8 partials (staged a quarter of the dims at a
+// time); threads 0..63 each own query vector t's max, sums and merge factors; values: thread t
+// owns query vectors t / 16 + 16y (y < 4) at dims 4(t % 16) .. +3 and 64 + 4(t % 16) .. +3.
 #include "common.glsl"
 
+#ifdef ATTENTION_TILES
+layout(local_size_x = 256) in;
+#else
 layout(local_size_x = 128) in;
+#endif
 layout(push_constant) uniform Args { SB_ATTENTION_ARGS } args;
 const uint kT = 128u;
 const uint kMaxHd = 256u;  // the host refuses larger heads
@@ -169,7 +181,7 @@ void main() {
 }
 #endif  // ATTENTION
 
-#if defined(ATTENTION_BLOCKS) || defined(ATTENTION_MERGE)
+#if defined(ATTENTION_BLOCKS) || defined(ATTENTION_MERGE) || defined(ATTENTION_TILES)
 const uint kBlock = 32u;  // op_shapes.h kAttentionBlock
 
 // The first query's position: pos, plus the word the host writes per execution where pos is
@@ -389,3 +401,285 @@ void main() {
   }
 }
 #endif  // ATTENTION_MERGE
+
+#ifdef ATTENTION_TILES
+layout(std430, binding = 0) readonly buffer Q { uint q[]; };
+layout(std430, binding = 1) readonly buffer K { uint k[]; };
+layout(std430, binding = 2) readonly buffer V { uint v[]; };
+layout(std430, binding = 3) readonly buffer S { uint sinks[]; };
+layout(std430, binding = 4) writeonly buffer O { uint o[]; };
+layout(std430, binding = 5) readonly buffer Dyn { uint dyn[]; };
+uint first_pos() { return args.pos + dyn[args.pos_word]; }
+
+const uint kTile = 64u;  // query vectors a workgroup (op_shapes.h kAttentionTile)
+const uint kPad = 33u;   // s_e's row stride (rows on different banks)
+// A quarter's dims: the queries at [mm * 64 + v], the keys at 512 + [mm * 32 + key]; component c
+// of entry mm is dim base + 4 mm + 32 c (zero past hd). Then the block's values, [key * hd / 4].
+shared vec4 s_stage[1024];
+shared float s_e[kTile * kPad];  // [v][key]: scores, then exps
+shared uint s_rng[kTile];        // v's visible keys in the block: lo | hi << 8 (lo == hi: none)
+shared uint s_mode[kTile];       // 0: v skips the block, 1: its first visible block, 2: a later one
+shared float s_a[kTile];         // the block's max, then the merge's a (sinks: a too)
+shared float s_c[kTile];         // the merge's c (at the end: rcp(l))
+
+uint g_kh, g_v0, g_nv, g_group;
+
+// Query vector vv of the tile: its row i and head h; false past the dispatch's vectors.
+bool row_head(uint vv, out uint i, out uint h) {
+  uint gv = g_v0 + vv;
+  i = gv / g_group;
+  h = g_kh * g_group + gv % g_group;
+  return gv < g_nv;
+}
+
+// One quarter of every dot32 (partials base + 4 mm, mm < 8) into shared memory.
+void stage_quarter(uint base, uint b0) {
+  uint t = gl_LocalInvocationID.x, hd = args.hd;
+  [[unroll]] for (uint u = 0u; u < 8u; ++u) {
+    uint e = t + 256u * u, vv = e >> 5u, mm = e & 7u, c = (e >> 3u) & 3u, d = base + 4u * mm + 32u * c, i, h;
+    float x = 0.0;
+    if (row_head(vv, i, h) && d < hd) x = SB_LOAD(q, args.dtype, (i * args.hq + h) * hd + d);
+    s_stage[mm * kTile + vv][c] = x;
+  }
+  [[unroll]] for (uint u = 0u; u < 4u; ++u) {
+    uint e = t + 256u * u, kk = e >> 5u, mm = e & 7u, c = (e >> 3u) & 3u, d = base + 4u * mm + 32u * c;
+    uint j = b0 + kk;
+    float x = 0.0;
+    if (j < args.cache && d < hd) x = SB_LOAD(k, args.dtype, key_at(g_kh, j) + d);
+    s_stage[512u + mm * 32u + kk][c] = x;
+  }
+}
+
+// Partial p of a dot32 from its four dims (zeros past hd add nothing: a partial is never -0).
+float leaf(vec4 a, vec4 b) {
+  precise float p = 0.0;
+  p = p + a.x * b.x;
+  p = p + a.y * b.y;
+  p = p + a.z * b.z;
+  p = p + a.w * b.w;
+  return p;
+}
+
+// The staged quarter's subtree ((P0 + P16) + (P8 + P24)) + ((P4 + P20) + (P12 + P28)) (offsets from
+// its base) for this thread's vectors vq + 32y and keys kq + 8x: res[4y + x].
+void quarter(uint vq, uint kq, out float res[8]) {
+  precise float t3[8];
+  [[unroll]] for (uint half_ = 0u; half_ < 2u; ++half_) {
+    precise float t2[8];
+    [[unroll]] for (uint pp = 0u; pp < 2u; ++pp) {
+      uint mm = half_ + 2u * pp;
+      vec4 qa[2], qb[2], ka[4], kb[4];
+      [[unroll]] for (uint y = 0u; y < 2u; ++y) {
+        qa[y] = s_stage[mm * kTile + vq + 32u * y];
+        qb[y] = s_stage[(mm + 4u) * kTile + vq + 32u * y];
+      }
+      [[unroll]] for (uint x = 0u; x < 4u; ++x) {
+        ka[x] = s_stage[512u + mm * 32u + kq + 8u * x];
+        kb[x] = s_stage[512u + (mm + 4u) * 32u + kq + 8u * x];
+      }
+      [[unroll]] for (uint n = 0u; n < 8u; ++n) {
+        precise float t1 = leaf(qa[n >> 2u], ka[n & 3u]) + leaf(qb[n >> 2u], kb[n & 3u]);
+        t2[n] = pp == 0u ? t1 : t2[n] + t1;
+      }
+    }
+    [[unroll]] for (uint n = 0u; n < 8u; ++n) t3[n] = half_ == 0u ? t2[n] : t3[n] + t2[n];
+  }
+  [[unroll]] for (uint n = 0u; n < 8u; ++n) res[n] = t3[n];
+}
+
+// Scores of key block b0 for this thread's 8 (vector, key) pairs into s_e: the quarters with
+// bases 0, 2 (t4[0]) and 1, 3 (t4[1]), then t4[0] + t4[1], rounded, scaled, rounded.
+void scores(uint b0) {
+  uint t = gl_LocalInvocationID.x, vq = t >> 3u, kq = t & 7u;
+  precise float h0[8], h1[8];
+  [[unroll]] for (uint qi = 0u; qi < 4u; ++qi) {
+    barrier();  // the stage's last readers are done
+    stage_quarter(qi == 1u ? 2u : (qi == 2u ? 1u : (qi == 3u ? 3u : 0u)), b0);
+    barrier();
+    float r[8];
+    quarter(vq, kq, r);
+    [[unroll]] for (uint n = 0u; n < 8u; ++n) {
+      if (qi == 0u) h0[n] = r[n];
+      else if (qi == 1u) h0[n] = h0[n] + r[n];
+      else if (qi == 2u) h1[n] = r[n];
+      else h1[n] = h1[n] + r[n];
+    }
+  }
+  [[unroll]] for (uint n = 0u; n < 8u; ++n) {
+    precise float s = h0[n] + h1[n];
+    precise float x = rnd(s);
+    s_e[(vq + 32u * (n >> 2u)) * kPad + kq + 8u * (n & 3u)] = rnd(x * args.scale);
+  }
+}
+
+void stage_values(uint b0) {
+  uint t = gl_LocalInvocationID.x, hd = args.hd, hd4 = hd / 4u;
+  [[unroll]] for (uint u = 0u; u < 16u; ++u) {
+    uint e = t + 256u * u, kk = e / hd, d = e % hd, j = b0 + kk;
+    if (kk < kBlock) s_stage[kk * hd4 + d / 4u][d & 3u] = j < args.cache ? SB_LOAD(v, args.dtype, key_at(g_kh, j) + d) : 0.0;
+  }
+}
+
+void main() {
+  uint t = gl_LocalInvocationID.x;
+  uint w = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
+  g_group = args.hq / args.hk;
+  g_nv = args.m * g_group;
+  uint tiles = (g_nv + kTile - 1u) / kTile;
+  if (w >= tiles * args.hk) return;  // uniform over the workgroup
+  g_kh = w % args.hk;
+  g_v0 = (tiles - 1u - w / args.hk) * kTile;  // the longest rows first
+  uint hd = args.hd, hd4 = hd / 4u, p0 = first_pos();
+  uint last_v = min(g_v0 + kTile, g_nv) - 1u;
+  uint at_a = p0 + g_v0 / g_group, hi_b = p0 + last_v / g_group + 1u;
+  uint lo_a = args.window > 0u && at_a + 1u > args.window ? at_a + 1u - args.window : 0u;
+
+  // Thread t < 64: vector t's visible keys and softmax state (m, l).
+  uint mi, mh;
+  bool mine = t < kTile && row_head(t, mi, mh);
+  uint m_at = p0 + mi;
+  uint m_lo = args.window > 0u && m_at + 1u > args.window ? m_at + 1u - args.window : 0u;
+  float m_run = 0.0, l_run = 0.0;
+  bool started = false;
+  // Values: thread t's vectors vq + 16y at dims 4 dg .. + 3 and 64 + 4 dg .. + 3 (units dg, dg + 16).
+  uint dg = t & 15u, vq = t >> 4u;
+  vec4 o0[4], o1[4];
+  [[unroll]] for (uint y = 0u; y < 4u; ++y) {
+    o0[y] = vec4(0.0);
+    o1[y] = vec4(0.0);
+  }
+
+  for (uint b0 = lo_a / kBlock * kBlock; b0 < hi_b; b0 += kBlock) {
+    scores(b0);
+    barrier();
+    // Vector t's visible keys and their max m_b (order-free); the values staged meanwhile.
+    if (t < kTile) {
+      uint j0 = max(m_lo, b0), j1 = min(m_at + 1u, b0 + kBlock), rng = 0u;
+      if (mine && j0 < j1) {
+        uint r0 = j0 - b0, r1 = j1 - b0;
+        rng = r0 | (r1 << 8u);
+        float mb = s_e[t * kPad + r0];
+        [[unroll]] for (uint u = 1u; u < kBlock; ++u) {
+          if (u > r0 && u < r1) mb = sb_max(mb, s_e[t * kPad + u]);
+        }
+        s_a[t] = mb;
+      }
+      s_rng[t] = rng;
+    }
+    stage_values(b0);
+    barrier();
+    // e_j = exp(s_j - m_b): thread t takes vector t / 4, keys 8 (t % 4) .. + 7.
+    {
+      uint vv = t >> 2u, rng = s_rng[vv], r0 = rng & 255u, r1 = rng >> 8u;
+      float mb = s_a[vv];
+      [[unroll]] for (uint u = 0u; u < 8u; ++u) {
+        uint kk = (t & 3u) * 8u + u;
+        if (kk >= r0 && kk < r1) {
+          precise float d = s_e[vv * kPad + kk] - mb;
+          s_e[vv * kPad + kk] = sb_exp(d);
+        }
+      }
+    }
+    barrier();
+    // l_b in key order, then the merge's factors.
+    if (t < kTile) {
+      uint rng = s_rng[t], r0 = rng & 255u, r1 = rng >> 8u, mode = 0u;
+      if (r0 < r1) {
+        precise float lb = 0.0;
+        [[unroll]] for (uint u = 0u; u < kBlock; ++u) {
+          if (u >= r0 && u < r1) lb = lb + s_e[t * kPad + u];
+        }
+        float mb = s_a[t];
+        if (!started) {
+          m_run = mb;
+          l_run = lb;
+          started = true;
+          mode = 1u;
+        } else {
+          float mn = sb_max(m_run, mb);
+          precise float da = m_run - mn, dc = mb - mn;
+          float a = sb_exp(da), c = sb_exp(dc);
+          precise float ln = l_run * a + lb * c;
+          l_run = ln;
+          m_run = mn;
+          s_a[t] = a;
+          s_c[t] = c;
+          mode = 2u;
+        }
+      }
+      s_mode[t] = mode;
+    }
+    barrier();
+    // o_b in key order over each vector's visible keys, merged into the state at once.
+    precise vec4 a0[4], a1[4];
+    uint r0[4], r1[4];
+    [[unroll]] for (uint y = 0u; y < 4u; ++y) {
+      a0[y] = vec4(0.0);
+      a1[y] = vec4(0.0);
+      uint rng = s_rng[vq + 16u * y];
+      r0[y] = rng & 255u;
+      r1[y] = rng >> 8u;
+    }
+    [[unroll]] for (uint kk = 0u; kk < kBlock; ++kk) {
+      vec4 v0 = s_stage[kk * hd4 + dg], v1 = s_stage[kk * hd4 + dg + 16u];
+      [[unroll]] for (uint y = 0u; y < 4u; ++y) {
+        if (kk >= r0[y] && kk < r1[y]) {
+          float e = s_e[(vq + 16u * y) * kPad + kk];
+          a0[y] = a0[y] + e * v0;
+          a1[y] = a1[y] + e * v1;
+        }
+      }
+    }
+    [[unroll]] for (uint y = 0u; y < 4u; ++y) {
+      uint mode = s_mode[vq + 16u * y];
+      if (mode == 1u) {
+        o0[y] = a0[y];
+        o1[y] = a1[y];
+      } else if (mode == 2u) {
+        float a = s_a[vq + 16u * y], c = s_c[vq + 16u * y];
+        precise vec4 n0 = o0[y] * a + a0[y] * c, n1 = o1[y] * a + a1[y] * c;
+        o0[y] = n0;
+        o1[y] = n1;
+      }
+    }
+  }
+
+  // The sink (a block of one key with l = 1 and no values), then out = round(o * rcp(l)).
+  barrier();
+  if (mine) {
+    float a = 1.0;
+    if (args.has_sinks != 0u) {
+      precise float sv = SB_LOAD(sinks, args.dtype, mh) + 0.0;
+      sv = rnd(sv);
+      float mn = sb_max(m_run, sv);
+      precise float da = m_run - mn, dc = sv - mn;
+      a = sb_exp(da);
+      precise float ln = l_run * a + sb_exp(dc);
+      l_run = ln;
+    }
+    s_a[t] = a;
+    s_c[t] = sb_rcp(l_run);
+  }
+  barrier();
+  uint per = sb_per_word(args.dtype);
+  [[unroll]] for (uint y = 0u; y < 4u; ++y) {
+    uint i, h;
+    if (!row_head(vq + 16u * y, i, h)) continue;
+    float a = s_a[vq + 16u * y], rc = s_c[vq + 16u * y];
+    [[unroll]] for (uint un = 0u; un < 2u; ++un) {
+      uint unit = dg + 16u * un;
+      if (unit >= hd4) continue;
+      precise vec4 x = un == 0u ? o0[y] : o1[y];
+      if (args.has_sinks != 0u) x = x * a;
+      precise vec4 yv = x * rc;
+      uint e0 = (i * args.hq + h) * hd + unit * 4u;
+      if (per == 1u) {
+        [[unroll]] for (uint c = 0u; c < 4u; ++c) o[e0 + c] = floatBitsToUint(yv[c]);
+      } else {
+        o[e0 / 2u] = sb_encode_word(yv.x, yv.y, args.dtype);
+        o[e0 / 2u + 1u] = sb_encode_word(yv.z, yv.w, args.dtype);
+      }
+    }
+  }
+}
+#endif  // ATTENTION_TILES

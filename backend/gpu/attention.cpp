@@ -1,6 +1,8 @@
-// Attention over a KV cache on the GPU (metal_shaders/attention.comp). Order Blocked32: one
-// workgroup per (row, head, key block of 32), then one per (row, head) merging the blocks;
-// order Decomposed: one workgroup per (row, head).
+// Attention over a KV cache on the GPU (metal_shaders/attention.comp). Order Blocked32: a
+// prefill of head dims 32k <= 128 walks each tile of 64 query vectors (row, head of one cache
+// head) through its key blocks in one workgroup; other rows take one workgroup per (row, head,
+// key block of 32), then one per (row, head) merging the blocks. Order Decomposed: one
+// workgroup per (row, head).
 #include <algorithm>
 
 #include "gpu_ops.h"
@@ -19,10 +21,24 @@ constexpr uint64_t kBlockedScratchBytes = 64ull << 20;
 // device: the grid and scratch then follow the cache's length, not the position's.
 constexpr uint64_t kDynamicSplits = 64;
 
+constexpr uint64_t kTile = 64;  // attention.comp's kTile: query vectors a tiles workgroup
+
+// Prefill rows (the position known at dispatch) with head dims the tiles kernel stages, and
+// enough query vectors to fill a tile.
+bool use_tiles(const ops::AttentionDims& d, const k::AttentionArgs& args) {
+  return args.pos_word == 0 && d.hd % 32 == 0 && d.hd <= 128 && d.hk > 0 &&
+         static_cast<uint64_t>(d.m * (d.hq / d.hk)) >= kTile;
+}
+
 // Blocked32 in chunks of rows: bindings q, k, v, sinks, out, dynamic words. With pos_word
 // set, every block of the cache has a scratch slot and the blocks past the position are skipped.
 Status blocked(Runtime& rt, const ops::AttentionDims& d, k::AttentionArgs args, const std::vector<BufferRef>& b) {
   if (d.m == 0 || d.hq == 0) return Status::ok();
+  if (use_tiles(d, args)) {
+    const uint64_t tiles = (static_cast<uint64_t>(d.m * (d.hq / d.hk)) + kTile - 1) / kTile;
+    return rt.dispatch("attention_tiles", {b[0], b[1], b[2], b[3], b[4], b[5]}, &args, sizeof(args),
+                       tiles * static_cast<uint64_t>(d.hk) * 256);
+  }
   const int64_t keys = args.pos_word ? d.cache : d.len;
   const uint64_t nb = static_cast<uint64_t>((keys + ops::kAttentionBlock - 1) / ops::kAttentionBlock);
   const uint64_t nsplit = args.pos_word ? std::min(nb, kDynamicSplits) : nb;
