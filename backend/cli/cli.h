@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "switchboard/switchboard.h"
 
@@ -59,10 +60,14 @@ struct BenchModelOptions {
   int64_t layers = 0, max_seq = 0;
   int bits = 4, group_size = 64;
   int64_t prompt_len = 512, gen = 64;
+  // Prefills timed before the generation's own (prefill_tok_s is the median of all of them).
+  int prefill_runs = 2;
   int threads = 0;
   bool json = false;
 };
 int run_bench_model(const BenchModelOptions& o);
+// The middle value (the upper of the two middle ones; 0 for none).
+double median(std::vector<double> v);
 // An exported model: a directory holding program.sbp + weights.safetensors, or the .sbp.
 Result<std::shared_ptr<const Program>> load_model(const std::string& path);
 // Streaming read bandwidth of this machine with every kernel thread (GB/s, best of 5).

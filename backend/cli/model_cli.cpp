@@ -54,12 +54,12 @@ std::string ids_str(const std::vector<int32_t>& ids) {
   return s + "]";
 }
 
+}  // namespace
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : v[v.size() / 2];
 }
-
-}  // namespace
 
 Result<std::shared_ptr<const Program>> load_model(const std::string& path) {
   fs::path program = path, weights;
