@@ -2,7 +2,7 @@
 // SB_KERNEL(attention, ATTENTION, "rrrrbw", AttentionArgs, SB_ATTENTION_ARGS, 128, 0)
 // SB_KERNEL(attention_blocks, ATTENTION_BLOCKS, "rrrwr", AttentionArgs, SB_ATTENTION_ARGS, 128, 0)
 // SB_KERNEL(attention_merge, ATTENTION_MERGE, "rrwr", AttentionArgs, SB_ATTENTION_ARGS, 128, 0)
-// SB_KERNEL(attention_tiles, ATTENTION_TILES, "rrrrwr", AttentionArgs, SB_ATTENTION_ARGS, 256, 0)
+// SB_KERNEL(attention_tiles, ATTENTION_TILES, "rrrrwrb", AttentionArgs, SB_ATTENTION_ARGS, 256, 0)
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
@@ -31,9 +31,10 @@
 // workgroup w takes cache head kh = w % hk and a tile of 64 query vectors v = (row, head of the
 // group) of it, and walks the tile's key blocks in order, the softmax state on chip. Scores:
 // thread t computes query vectors t / 8 + 32y (y < 2) against keys t % 8 + 8x (x < 4), each
-// dot32's halving tree as four subtrees of 8 partials (staged a quarter of the dims at a
-// time); threads 0..63 each own query vector t's max, sums and merge factors; values: thread t
-// owns query vectors t / 16 + 16y (y < 4) at dims 4(t % 16) .. +3 and 64 + 4(t % 16) .. +3.
+// dot32's halving tree as four subtrees of 8 partials, the block's keys staged in shared memory
+// and the queries, widened once into this workgroup's scratch, read through the cache; threads
+// 0..63 each own query vector t's max, sums and merge factors; values: thread t owns query
+// vectors t / 16 + 16y (y < 4) at dims 4(t % 16) .. +3 and 64 + 4(t % 16) .. +3.
 #include "common.glsl"
 
 #ifdef ATTENTION_TILES
@@ -409,44 +410,69 @@ layout(std430, binding = 2) readonly buffer V { uint v[]; };
 layout(std430, binding = 3) readonly buffer S { uint sinks[]; };
 layout(std430, binding = 4) writeonly buffer O { uint o[]; };
 layout(std430, binding = 5) readonly buffer Dyn { uint dyn[]; };
+layout(std430, binding = 6) buffer QScratch { vec4 qs[]; };  // kQWords vec4 a workgroup
 uint first_pos() { return args.pos + dyn[args.pos_word]; }
 
-const uint kTile = 64u;  // query vectors a workgroup (op_shapes.h kAttentionTile)
+const uint kTile = 64u;  // query vectors a workgroup (backend/gpu/attention.cpp kTile)
 const uint kPad = 33u;   // s_e's row stride (rows on different banks)
-// A quarter's dims: the queries at [mm * 64 + v], the keys at 512 + [mm * 32 + key]; component c
-// of entry mm is dim base + 4 mm + 32 c (zero past hd). Then the block's values, [key * hd / 4].
-shared vec4 s_stage[1024];
+// The block's keys at [p * 32 + key] (component c: dim p + 32 c, zero past hd); then its values
+// at [key * hd / 4 + d / 4].
+shared vec4 s_kv[1024];
 shared float s_e[kTile * kPad];  // [v][key]: scores, then exps
 shared uint s_rng[kTile];        // v's visible keys in the block: lo | hi << 8 (lo == hi: none)
 shared uint s_mode[kTile];       // 0: v skips the block, 1: its first visible block, 2: a later one
 shared float s_a[kTile];         // the block's max, then the merge's a (sinks: a too)
 shared float s_c[kTile];         // the merge's c (at the end: rcp(l))
 
-uint g_kh, g_v0, g_nv, g_group;
+uint g_kh, g_v0, g_nv, g_group, g_qs;
 
 // Query vector vv of the tile: its row i and head h; false past the dispatch's vectors.
 bool row_head(uint vv, out uint i, out uint h) {
   uint gv = g_v0 + vv;
-  i = gv / g_group;
+  i = args.row0 + gv / g_group;
   h = g_kh * g_group + gv % g_group;
   return gv < g_nv;
 }
 
-// One quarter of every dot32 (partials base + 4 mm, mm < 8) into shared memory.
-void stage_quarter(uint base, uint b0) {
-  uint t = gl_LocalInvocationID.x, hd = args.hd;
+// The tile's queries widened to f32 in this workgroup's scratch, partial p of vector v at
+// qs[g_qs + p * 64 + v] (component c: dim p + 32 c), read back through the cache per block.
+void stage_queries() {
+  uint t = gl_LocalInvocationID.x;
   [[unroll]] for (uint u = 0u; u < 8u; ++u) {
-    uint e = t + 256u * u, vv = e >> 5u, mm = e & 7u, c = (e >> 3u) & 3u, d = base + 4u * mm + 32u * c, i, h;
-    float x = 0.0;
-    if (row_head(vv, i, h) && d < hd) x = SB_LOAD(q, args.dtype, (i * args.hq + h) * hd + d);
-    s_stage[mm * kTile + vv][c] = x;
+    uint e = t + 256u * u, vv = e & 63u, p = e >> 6u, i, h;
+    vec4 x = vec4(0.0);
+    if (row_head(vv, i, h)) {
+      uint b = (i * args.hq + h) * args.hd;
+      [[unroll]] for (uint c = 0u; c < 4u; ++c) {
+        if (p + 32u * c < args.hd) x[c] = SB_LOAD(q, args.dtype, b + p + 32u * c);
+      }
+    }
+    qs[g_qs + p * kTile + vv] = x;
   }
-  [[unroll]] for (uint u = 0u; u < 4u; ++u) {
-    uint e = t + 256u * u, kk = e >> 5u, mm = e & 7u, c = (e >> 3u) & 3u, d = base + 4u * mm + 32u * c;
-    uint j = b0 + kk;
-    float x = 0.0;
-    if (j < args.cache && d < hd) x = SB_LOAD(k, args.dtype, key_at(g_kh, j) + d);
-    s_stage[512u + mm * 32u + kk][c] = x;
+}
+
+// Element d of key (or value) row j of this cache head.
+float kv_at(bool values, uint j, uint d) {
+  if (j >= args.cache) return 0.0;
+  uint e = key_at(g_kh, j) + d;
+  return values ? SB_LOAD(v, args.dtype, e) : SB_LOAD(k, args.dtype, e);
+}
+
+// Block b0's keys (thread t: key t % 32, dim pairs t / 32 + 8 u) or values into s_kv.
+void stage_block(bool values, uint b0) {
+  uint t = gl_LocalInvocationID.x, kk = t & 31u, hd = args.hd, hd4 = hd / 4u;
+  [[unroll]] for (uint u = 0u; u < 8u; ++u) {
+    uint d = 2u * ((t >> 5u) + 8u * u);
+    if (d < hd || !values) {  // keys: zeros past hd (they meet the queries' zeros)
+      float x0 = d < hd ? kv_at(values, b0 + kk, d) : 0.0, x1 = d < hd ? kv_at(values, b0 + kk, d + 1u) : 0.0;
+      if (values) {
+        s_kv[kk * hd4 + d / 4u][d & 3u] = x0;
+        s_kv[kk * hd4 + d / 4u][(d & 3u) + 1u] = x1;
+      } else {
+        s_kv[(d & 31u) * 32u + kk][d >> 5u] = x0;
+        s_kv[((d + 1u) & 31u) * 32u + kk][(d + 1u) >> 5u] = x1;
+      }
+    }
   }
 }
 
@@ -460,22 +486,22 @@ float leaf(vec4 a, vec4 b) {
   return p;
 }
 
-// The staged quarter's subtree ((P0 + P16) + (P8 + P24)) + ((P4 + P20) + (P12 + P28)) (offsets from
-// its base) for this thread's vectors vq + 32y and keys kq + 8x: res[4y + x].
-void quarter(uint vq, uint kq, out float res[8]) {
+// The subtree t3[base] = ((P0 + P16) + (P8 + P24)) + ((P4 + P20) + (P12 + P28)) (partials
+// base + offset) for this thread's vectors vq + 32y and keys kq + 8x: res[4y + x].
+void quarter(uint base, uint vq, uint kq, out float res[8]) {
   precise float t3[8];
   [[unroll]] for (uint half_ = 0u; half_ < 2u; ++half_) {
     precise float t2[8];
     [[unroll]] for (uint pp = 0u; pp < 2u; ++pp) {
-      uint mm = half_ + 2u * pp;
+      uint pa = base + 4u * (half_ + 2u * pp), pb = pa + 16u;
       vec4 qa[2], qb[2], ka[4], kb[4];
       [[unroll]] for (uint y = 0u; y < 2u; ++y) {
-        qa[y] = s_stage[mm * kTile + vq + 32u * y];
-        qb[y] = s_stage[(mm + 4u) * kTile + vq + 32u * y];
+        qa[y] = qs[g_qs + pa * kTile + vq + 32u * y];
+        qb[y] = qs[g_qs + pb * kTile + vq + 32u * y];
       }
       [[unroll]] for (uint x = 0u; x < 4u; ++x) {
-        ka[x] = s_stage[512u + mm * 32u + kq + 8u * x];
-        kb[x] = s_stage[512u + (mm + 4u) * 32u + kq + 8u * x];
+        ka[x] = s_kv[pa * 32u + kq + 8u * x];
+        kb[x] = s_kv[pb * 32u + kq + 8u * x];
       }
       [[unroll]] for (uint n = 0u; n < 8u; ++n) {
         precise float t1 = leaf(qa[n >> 2u], ka[n & 3u]) + leaf(qb[n >> 2u], kb[n & 3u]);
@@ -487,24 +513,20 @@ void quarter(uint vq, uint kq, out float res[8]) {
   [[unroll]] for (uint n = 0u; n < 8u; ++n) res[n] = t3[n];
 }
 
-// Scores of key block b0 for this thread's 8 (vector, key) pairs into s_e: the quarters with
-// bases 0, 2 (t4[0]) and 1, 3 (t4[1]), then t4[0] + t4[1], rounded, scaled, rounded.
-void scores(uint b0) {
+// Scores of the staged block for this thread's 8 (vector, key) pairs into s_e:
+// (t3[0] + t3[2]) + (t3[1] + t3[3]), rounded, scaled, rounded.
+void scores() {
   uint t = gl_LocalInvocationID.x, vq = t >> 3u, kq = t & 7u;
   precise float h0[8], h1[8];
-  [[unroll]] for (uint qi = 0u; qi < 4u; ++qi) {
-    barrier();  // the stage's last readers are done
-    stage_quarter(qi == 1u ? 2u : (qi == 2u ? 1u : (qi == 3u ? 3u : 0u)), b0);
-    barrier();
-    float r[8];
-    quarter(vq, kq, r);
-    [[unroll]] for (uint n = 0u; n < 8u; ++n) {
-      if (qi == 0u) h0[n] = r[n];
-      else if (qi == 1u) h0[n] = h0[n] + r[n];
-      else if (qi == 2u) h1[n] = r[n];
-      else h1[n] = h1[n] + r[n];
-    }
-  }
+  float r[8];
+  quarter(0u, vq, kq, r);
+  [[unroll]] for (uint n = 0u; n < 8u; ++n) h0[n] = r[n];
+  quarter(2u, vq, kq, r);
+  [[unroll]] for (uint n = 0u; n < 8u; ++n) h0[n] = h0[n] + r[n];
+  quarter(1u, vq, kq, r);
+  [[unroll]] for (uint n = 0u; n < 8u; ++n) h1[n] = r[n];
+  quarter(3u, vq, kq, r);
+  [[unroll]] for (uint n = 0u; n < 8u; ++n) h1[n] = h1[n] + r[n];
   [[unroll]] for (uint n = 0u; n < 8u; ++n) {
     precise float s = h0[n] + h1[n];
     precise float x = rnd(s);
@@ -512,32 +534,27 @@ void scores(uint b0) {
   }
 }
 
-void stage_values(uint b0) {
-  uint t = gl_LocalInvocationID.x, hd = args.hd, hd4 = hd / 4u;
-  [[unroll]] for (uint u = 0u; u < 16u; ++u) {
-    uint e = t + 256u * u, kk = e / hd, d = e % hd, j = b0 + kk;
-    if (kk < kBlock) s_stage[kk * hd4 + d / 4u][d & 3u] = j < args.cache ? SB_LOAD(v, args.dtype, key_at(g_kh, j) + d) : 0.0;
-  }
-}
-
 void main() {
   uint t = gl_LocalInvocationID.x;
   uint w = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
   g_group = args.hq / args.hk;
-  g_nv = args.m * g_group;
+  g_nv = args.rows * g_group;
   uint tiles = (g_nv + kTile - 1u) / kTile;
   if (w >= tiles * args.hk) return;  // uniform over the workgroup
   g_kh = w % args.hk;
   g_v0 = (tiles - 1u - w / args.hk) * kTile;  // the longest rows first
-  uint hd = args.hd, hd4 = hd / 4u, p0 = first_pos();
+  g_qs = w * 32u * kTile;
+  uint hd = args.hd, hd4 = hd / 4u, p0 = first_pos() + args.row0;
   uint last_v = min(g_v0 + kTile, g_nv) - 1u;
   uint at_a = p0 + g_v0 / g_group, hi_b = p0 + last_v / g_group + 1u;
   uint lo_a = args.window > 0u && at_a + 1u > args.window ? at_a + 1u - args.window : 0u;
+  stage_queries();
+  memoryBarrierBuffer();
 
   // Thread t < 64: vector t's visible keys and softmax state (m, l).
   uint mi, mh;
   bool mine = t < kTile && row_head(t, mi, mh);
-  uint m_at = p0 + mi;
+  uint m_at = first_pos() + mi;
   uint m_lo = args.window > 0u && m_at + 1u > args.window ? m_at + 1u - args.window : 0u;
   float m_run = 0.0, l_run = 0.0;
   bool started = false;
@@ -550,7 +567,10 @@ void main() {
   }
 
   for (uint b0 = lo_a / kBlock * kBlock; b0 < hi_b; b0 += kBlock) {
-    scores(b0);
+    barrier();  // the last block's values are read (and, the first time, the queries written)
+    stage_block(false, b0);
+    barrier();
+    scores();
     barrier();
     // Vector t's visible keys and their max m_b (order-free); the values staged meanwhile.
     if (t < kTile) {
@@ -566,7 +586,7 @@ void main() {
       }
       s_rng[t] = rng;
     }
-    stage_values(b0);
+    stage_block(true, b0);
     barrier();
     // e_j = exp(s_j - m_b): thread t takes vector t / 4, keys 8 (t % 4) .. + 7.
     {
@@ -621,7 +641,7 @@ void main() {
       r1[y] = rng >> 8u;
     }
     [[unroll]] for (uint kk = 0u; kk < kBlock; ++kk) {
-      vec4 v0 = s_stage[kk * hd4 + dg], v1 = s_stage[kk * hd4 + dg + 16u];
+      vec4 v0 = s_kv[kk * hd4 + dg], v1 = s_kv[kk * hd4 + dg + 16u];
       [[unroll]] for (uint y = 0u; y < 4u; ++y) {
         if (kk >= r0[y] && kk < r1[y]) {
           float e = s_e[(vq + 16u * y) * kPad + kk];
