@@ -62,6 +62,13 @@ Result<std::shared_ptr<const Program>> synthetic_model(const BenchModelOptions& 
                              lo);
 }
 
+// Tokens a second of each prefill, in run order.
+std::vector<double> prefill_rates(int64_t tokens, const std::vector<double>& seconds) {
+  std::vector<double> r;
+  for (double s : seconds) r.push_back(s > 0 ? static_cast<double>(tokens) / s : 0.0);
+  return r;
+}
+
 }  // namespace
 
 int run_bench_model(const BenchModelOptions& o) {
@@ -118,6 +125,7 @@ int run_bench_model(const BenchModelOptions& o) {
                       {"prefill_seconds", prefill_seconds},
                       {"prefill_tok_s", static_cast<double>(o.prompt_len) / prefill_seconds},
                       {"prefill_runs", prefill_s.size()},
+                      {"prefill_tok_s_runs", prefill_rates(o.prompt_len, prefill_s)},
                       {"decode_steps", steps},
                       {"decode_seconds", g->decode_seconds},
                       {"decode_tok_s", decode_tps},

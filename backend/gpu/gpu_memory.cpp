@@ -29,28 +29,48 @@ Result<std::shared_ptr<uint8_t>> MemoryPool::take(const std::shared_ptr<MemoryPo
   const uint64_t cls = size_class(bytes == 0 ? 4 : bytes);
   Block b;
   {
+    // The smallest free block of this class up to twice it: large temporaries (whole MiB
+    // classes) whose sizes vary op to op reuse each other instead of piling up.
     std::lock_guard<std::mutex> lock(pool->mu_);
-    auto& fl = pool->free_[cls];
-    if (!fl.empty()) {
-      b = fl.back();
-      fl.pop_back();
+    for (auto it = pool->free_.lower_bound(cls); it != pool->free_.end() && it->first <= 2 * cls; ++it) {
+      if (it->second.empty()) continue;
+      b = it->second.back();
+      it->second.pop_back();
+      break;
     }
   }
   if (!b.mapped) {
-    SB_ASSIGN_OR_RETURN(b, pool->alloc_->create(cls));
+    auto made = pool->alloc_->create(cls);
+    if (!made.is_ok() && pool->trim() > 0) made = pool->alloc_->create(cls);  // the free blocks given back first
+    SB_ASSIGN_OR_RETURN(b, std::move(made));
   }
   {
     std::lock_guard<std::mutex> lock(pool->mu_);
     pool->live_[reinterpret_cast<uintptr_t>(b.mapped)] = b;
   }
   // The deleter returns the block; the pool (and the device under it) lives while any block does.
-  return std::shared_ptr<uint8_t>(b.mapped, [pool, cls](uint8_t* p) {
+  return std::shared_ptr<uint8_t>(b.mapped, [pool](uint8_t* p) {
     std::lock_guard<std::mutex> lock(pool->mu_);
     auto it = pool->live_.find(reinterpret_cast<uintptr_t>(p));
     if (it == pool->live_.end()) return;
-    pool->free_[cls].push_back(it->second);
+    pool->free_[it->second.size].push_back(it->second);
     pool->live_.erase(it);
   });
+}
+
+uint64_t MemoryPool::trim() {
+  std::vector<Block> drop;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [size, blocks] : free_) drop.insert(drop.end(), blocks.begin(), blocks.end());
+    free_.clear();
+  }
+  uint64_t bytes = 0;
+  for (const Block& b : drop) {
+    bytes += b.size;
+    alloc_->destroy(b);
+  }
+  return bytes;
 }
 
 bool MemoryPool::find(const void* p, uint64_t bytes, Block& block, uint64_t& offset, bool& inside) const {
@@ -81,7 +101,15 @@ Result<Tensor> MappedRuntime::alloc(DType dtype, Shape shape) {
   SB_CHECK_OR_RETURN(bytes <= max_range_, StatusCode::kResourceExhausted,
                      "a %s tensor of %llu bytes exceeds the device's storage-buffer range (%llu bytes)",
                      shape_str(shape).c_str(), (unsigned long long)bytes, (unsigned long long)max_range_);
-  SB_ASSIGN_OR_RETURN(std::shared_ptr<uint8_t> mem, MemoryPool::take(pool_, bytes));
+  auto taken = MemoryPool::take(pool_, bytes);
+  if (!taken.is_ok() && taken.status().code() == StatusCode::kResourceExhausted && inflight_bytes_ > 0 &&
+      !keeping_fills_) {
+    // Out of device memory with work queued: finishing it frees its temporaries; then once more.
+    SB_RETURN_IF_ERROR(sync());
+    pool_->trim();
+    taken = MemoryPool::take(pool_, bytes);
+  }
+  SB_ASSIGN_OR_RETURN(std::shared_ptr<uint8_t> mem, std::move(taken));
   if (inflight_budget_ == 0) inflight_budget_ = std::max<uint64_t>(uint64_t{256} << 20, memory_bytes() / 8);
   inflight_bytes_ += bytes;
   uint8_t* p = mem.get();

@@ -39,6 +39,8 @@ class MemoryPool {
   static Result<std::shared_ptr<uint8_t>> take(const std::shared_ptr<MemoryPool>& pool, uint64_t bytes);
   // The live block holding [p, p + bytes), with p's offset in it; false if none.
   bool find(const void* p, uint64_t bytes, Block& block, uint64_t& offset, bool& inside) const;
+  // Destroys every free block (when the device runs out of memory); returns their bytes.
+  uint64_t trim();
 
  private:
   std::unique_ptr<BlockAllocator> alloc_;
