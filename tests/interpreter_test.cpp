@@ -2,6 +2,7 @@
 // dynamic shapes, mutable buffers, init chain, value inputs and outputs.
 #include <filesystem>
 
+#include "op_harness.h"
 #include "safetensors.h"
 #include "test_util.h"
 
@@ -137,6 +138,25 @@ TEST(Interpreter, MutableBuffersPersistPerSession) {
   EXPECT_EQ(floats(before), (std::vector<float>{3, 6})) << "outputs handed out stay valid";
   SB_ASSERT_OK(s1->reset());
   EXPECT_EQ(floats(*s1->mutable_buffer("acc")), (std::vector<float>{0, 0}));
+}
+
+// Every device zeroes the mutable buffers on reset (a GPU on the device, with queued work), also
+// when the memory it takes back is what an earlier prompt wrote.
+TEST(Interpreter, ResetZeroesMutableBuffersOnEveryDevice) {
+  auto program = accumulator();
+  for (const std::string& dev : optest::test_devices()) {
+    SCOPED_TRACE(dev);
+    auto s = optest::detail::open_session(program, dev);
+    if (!s) continue;
+    SB_ASSERT_OK(s->set_input("x", f32({2}, {1, 2})));
+    for (int round = 0; round < 3; ++round) {
+      SB_ASSERT_OK(s->execute());
+      SB_ASSERT_OK(s->execute());
+      EXPECT_EQ(floats(*s->mutable_buffer("acc")), (std::vector<float>{2, 4})) << "round " << round;
+      SB_ASSERT_OK(s->reset());
+      EXPECT_EQ(floats(*s->mutable_buffer("acc")), (std::vector<float>{0, 0})) << "round " << round;
+    }
+  }
 }
 
 TEST(Interpreter, SliceUpdateCopiesOnWriteSoCallersTensorsNeverChange) {

@@ -101,6 +101,8 @@ class Device {
   virtual Status set_dynamic_values(const std::vector<uint32_t>& words) { return Status::ok(); }
   // A device copy of an input tensor that recorded work reads, refilled before each replay.
   virtual Result<Tensor> stage_input(const Tensor& t) { return t; }
+  // A zero-filled tensor where this device's kernels read it (a reset's mutable buffers).
+  virtual Result<Tensor> zeros(DType dtype, const Shape& shape) { return Tensor::zeros(dtype, shape); }
 };
 
 // Opening a device by name: device_registry.h.

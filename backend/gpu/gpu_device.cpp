@@ -48,6 +48,21 @@ class GpuDevice final : public Device {
     if (t.nbytes()) std::memcpy(dev.mutable_data(), t.data(), t.nbytes());
     return dev;
   }
+  // Zeroed on the device by the queued work (a reset's KV caches and states: no host zeros
+  // copied through the mapping before each prompt).
+  Result<Tensor> zeros(DType dtype, const Shape& shape) override {
+    SB_ASSIGN_OR_RETURN(Tensor t, rt_->alloc(dtype, shape));
+    const uint64_t words = words_of(dtype, t.numel());
+    if (words == 0) return t;
+    if (words > UINT32_MAX) {
+      std::memset(t.mutable_data(), 0, t.nbytes());
+      return t;
+    }
+    SB_ASSIGN_OR_RETURN(BufferRef b, rt_->bind(t, false));
+    k::FillArgs args{static_cast<uint32_t>(words), 0, 0, 0};
+    SB_RETURN_IF_ERROR(rt_->dispatch("fill", {b}, &args, sizeof(args), words));
+    return t;
+  }
   // The dynamic-value words' binding, holding at least `words` (zeros until written). Grown
   // only before an execution, when no queued or recorded work reads them yet.
   Result<BufferRef> dynamic_values(size_t words = 1) {

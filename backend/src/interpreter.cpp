@@ -117,9 +117,11 @@ Status Interpreter::reset() {
     const fb::TensorMetaT& m = *prog_.ir->tensor_meta[t];
     Shape s;
     for (const auto& d : m.shape) s.push_back(d->size);
-    SB_ASSIGN_OR_RETURN(tensors_[t], Tensor::zeros(static_cast<DType>(m.dtype), s));
+    SB_ASSIGN_OR_RETURN(tensors_[t], device_->zeros(static_cast<DType>(m.dtype), s));
     written_[t] = 1;
   }
+  // A GPU zeroes them with queued work: done before the host can read them.
+  if (!prog_.ir->mutable_buffers.empty()) SB_RETURN_IF_ERROR_AT(device_->sync(), "zeroing the mutable buffers");
   if (prog_.ir->init_chain >= 0) {
     clear_transient();
     SB_RETURN_IF_ERROR(device_->set_dynamic_values(dynamic_words()));
