@@ -224,5 +224,27 @@ TEST(Replay, PositionsOutsideTheRecordingAndResetRunNormally) {
   }
 }
 
+// Prompts alone (a reset, then one execution each, as `bench model --prefill-runs` times them)
+// are never recorded: a prefill's recording kept all its temporaries and, never replayed, used up
+// the recordings a session may waste, so its later decode steps were not replayed at all.
+TEST(Replay, PromptsAfterResetAreNotRecorded) {
+  auto p = tiny_program();
+  ASSERT_TRUE(p);
+  for (const std::string& dev : test_devices()) {
+    if (dev == "cpu") continue;
+    SCOPED_TRACE(dev);
+    auto s = open(p, dev, true);
+    if (!s) continue;
+    for (int i = 0; i < 6; ++i) {
+      ASSERT_TRUE(s->reset().is_ok());
+      Step prompt = run(*s, {3, 1, 4, 1, 5}, 0);
+      ASSERT_TRUE(prompt.status.is_ok()) << prompt.status.to_string();
+      EXPECT_FALSE(prompt.replayed);
+    }
+    ASSERT_TRUE(s->reset().is_ok());
+    std::vector<Step> steps = generate(*s, 5);
+    for (size_t i = 0; i < steps.size(); ++i) EXPECT_EQ(steps[i].replayed, i >= 3) << "step " << i;
+  }
+}
 }  // namespace
 }  // namespace switchboard

@@ -42,7 +42,16 @@ Result<std::shared_ptr<uint8_t>> MemoryPool::take(const std::shared_ptr<MemoryPo
   if (!b.mapped) {
     auto made = pool->alloc_->create(cls);
     if (!made.is_ok() && pool->trim() > 0) made = pool->alloc_->create(cls);  // the free blocks given back first
-    SB_ASSIGN_OR_RETURN(b, std::move(made));
+    if (!made.is_ok()) {
+      uint64_t live = 0;
+      size_t n = 0;
+      {
+        std::lock_guard<std::mutex> lock(pool->mu_);
+        for (const auto& [base, blk] : pool->live_) live += blk.size, ++n;
+      }
+      return made.status().annotate(strformat("%llu MiB held in %zu blocks", (unsigned long long)(live >> 20), n));
+    }
+    b = std::move(made).value();
   }
   {
     std::lock_guard<std::mutex> lock(pool->mu_);

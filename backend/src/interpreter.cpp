@@ -112,6 +112,9 @@ Status Interpreter::plan() {
 
 Status Interpreter::reset() {
   recording_.reset();  // the mutable buffers it wrote are replaced below
+  // The next execution (a prompt) is not the second of a pair a recording wants: recording it
+  // would keep every temporary of a prefill alive, and count as a recording never replayed.
+  last_shapes_.clear();
   for (const auto& mb : prog_.ir->mutable_buffers) {
     uint32_t t = mb->tid->idx();
     const fb::TensorMetaT& m = *prog_.ir->tensor_meta[t];
