@@ -752,6 +752,27 @@ TEST(TinyTest, SyncsBetweenOpsGiveTheSameBits) {
   }
 }
 
+// The CPU's steady state takes no memory from the system allocator: a second prompt of the same
+// length and its decode steps reuse the buffers the first one freed (issue #20 item 5).
+TEST(TinyTest, RepeatedDecodeStepsAllocateNothingOnTheCpu) {
+  for (const std::string family : {"", "qwen3_5_moe"}) {
+    SCOPED_TRACE("tiny " + family);
+    const fs::path out = scratch("tiny_alloc" + family);
+    ASSERT_TRUE(testing::export_tiny_model(out.string(), 4, 2026, family).is_ok());
+    auto program = Program::load((out / "program.sbp").string(), LoadOptions{{(out / "weights.safetensors").string()}});
+    ASSERT_TRUE(program.is_ok());
+    auto s = Session::create(*program, SessionOptions{"cpu"});
+    ASSERT_TRUE(s.is_ok());
+    auto first = models::generate(**s, {1, 2, 3, 4, 5}, 8, false, nullptr);
+    ASSERT_TRUE(first.is_ok()) << first.status().to_string();
+    const uint64_t before = buffer_allocations();
+    auto again = models::generate(**s, {5, 4, 3, 2, 1}, 8, false, nullptr);
+    ASSERT_TRUE(again.is_ok()) << again.status().to_string();
+    EXPECT_EQ(again->decode_allocations, 0u);
+    EXPECT_EQ(buffer_allocations() - before, 0u) << "the prefill too";
+  }
+}
+
 // The seed's CI gate in our form: the tiny Qwen3.5 hybrid (export --tiny-test qwen3_5_moe,
 // 4-bit linears), a prompt of 4 tokens (over the sort cutoff: the sorted expert path) and 5
 // new tokens (decode steps: the unsorted path) give these ids on every device. The ids pin the

@@ -160,6 +160,8 @@ int run_bench_model(const BenchModelOptions& o) {
     const double wall_us = g->decode_seconds * 1e6;
     j["decode_kernel_us_per_token"] = g->decode_kernel_us / static_cast<double>(steps);
     j["decode_interpreter_share"] = wall_us > 0 ? 1.0 - g->decode_kernel_us / wall_us : 0.0;
+    // Buffers the decode steps took from the system allocator (the pool serves repeated shapes).
+    j["decode_allocations_per_token"] = static_cast<double>(g->decode_allocations) / static_cast<double>(steps);
   }
   std::printf("%s\n", o.json ? j.dump().c_str() : j.dump(2).c_str());
   return 0;

@@ -1,5 +1,6 @@
 #include "switchboard/tensor.h"
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -39,8 +40,9 @@ int64_t Tensor::numel() const {
 
 namespace {
 
-// Large buffers freed by tensors are kept for reuse: an execution allocates the
-// same sizes every time, and fresh pages from the OS cost a page fault each.
+// Buffers freed by tensors are kept for reuse (every size): an execution allocates the same
+// sizes every time, so a repeated one takes nothing from the system allocator (large fresh
+// pages cost a page fault each).
 class BufferPool {
  public:
   static BufferPool& get() {
@@ -48,7 +50,7 @@ class BufferPool {
     return *pool;
   }
   void* take(size_t bytes) {
-    if (bytes >= kMinPooled) {
+    {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = free_.find(bytes);
       if (it != free_.end()) {
@@ -58,10 +60,11 @@ class BufferPool {
         return p;
       }
     }
+    allocations_.fetch_add(1, std::memory_order_relaxed);
     return std::aligned_alloc(64, bytes);  // 64-byte alignment suits every SIMD width we dispatch to
   }
   void give(void* p, size_t bytes) {
-    if (bytes >= kMinPooled) {
+    {
       std::lock_guard<std::mutex> lock(mu_);
       if (cached_ + bytes <= max_cached_) {
         free_.emplace(bytes, p);
@@ -71,6 +74,7 @@ class BufferPool {
     }
     std::free(p);
   }
+  uint64_t allocations() const { return allocations_.load(std::memory_order_relaxed); }
   size_t max_cached() {
     std::lock_guard<std::mutex> lock(mu_);
     return max_cached_;
@@ -93,17 +97,18 @@ class BufferPool {
 
  private:
   BufferPool() = default;
-  static constexpr size_t kMinPooled = size_t{256} << 10;
   // The cache's bound: $SWITCHBOARD_BUFFER_POOL_MB (default 1 GiB; 0 disables it) until set.
   size_t max_cached_ = env_defaults().buffer_pool_bytes;
   std::mutex mu_;
   std::multimap<size_t, void*> free_;
   size_t cached_ = 0;
+  std::atomic<uint64_t> allocations_{0};
 };
 
 }  // namespace
 
 uint64_t buffer_pool_bytes() { return BufferPool::get().max_cached(); }
+uint64_t buffer_allocations() { return BufferPool::get().allocations(); }
 void set_buffer_pool_bytes(uint64_t bytes) { BufferPool::get().set_max_cached(static_cast<size_t>(bytes)); }
 
 Result<Tensor> Tensor::uninitialized(DType dtype, Shape shape) {

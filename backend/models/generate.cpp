@@ -17,7 +17,7 @@ Result<Generation> generate(Session& session, const std::vector<int32_t>& prompt
   int64_t pos = 0;
   for (int64_t step = 0; step < new_tokens; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
-    const uint64_t d0 = session.device_dispatches();
+    const uint64_t d0 = session.device_dispatches(), a0 = buffer_allocations();
     SB_ASSIGN_OR_RETURN(Tensor tokens, Tensor::from_vector(DType::kI32, {static_cast<int64_t>(feed.size())}, feed));
     SB_RETURN_IF_ERROR(session.set_input("tokens", tokens));
     SB_RETURN_IF_ERROR(session.set_input_value("pos", pos));
@@ -38,6 +38,7 @@ Result<Generation> generate(Session& session, const std::vector<int32_t>& prompt
     (step == 0 ? g.prefill_dispatches : g.decode_dispatches) += session.device_dispatches() - d0;
     if (step > 0) g.decode_replays += session.last_execute_replayed() ? 1 : 0;
     if (step > 0) g.decode_kernel_us += session.last_kernel_time_us();
+    if (step > 0) g.decode_allocations += buffer_allocations() - a0;
     g.tokens.push_back(next.data_as<int32_t>()[0]);
     pos += static_cast<int64_t>(feed.size());
     feed.assign(1, forced ? (*forced)[static_cast<size_t>(step)] : g.tokens.back());

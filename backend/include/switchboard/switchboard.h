@@ -195,6 +195,9 @@ Status set_cpu_path_limit(std::string_view path);
 // 1 GiB; 0 keeps none). Lowering it frees what is cached above the new bound.
 uint64_t buffer_pool_bytes();
 void set_buffer_pool_bytes(uint64_t bytes);
+// Tensor buffers taken from the system allocator so far (the pool's misses, every size): an
+// execution whose shapes repeat the last one's takes none (the CPU's steady state).
+uint64_t buffer_allocations();
 // Log level and destination: switchboard/log.h.
 
 // What any kernel can reach on a GPU device, from its own timestamps: read bandwidth
