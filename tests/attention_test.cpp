@@ -215,11 +215,11 @@ TEST(Attention, BlockedOrderIsExactAcrossDevicesAndBatchInvariant) {
 // kernel (64 vectors a workgroup, the softmax state on chip): the same bits as the CPU and as
 // each row's decode step, which takes the block kernels.
 TEST(Attention, TiledPrefillKeepsTheBlockedBits) {
-  check_blocked({DType::kBF16, 64, 0, 8, 1, 128, 64, 0, false}, 6e-2);   // from 0, 8 heads a cache head
-  check_blocked({DType::kF32, 40, 37, 16, 2, 64, 96, 0, true}, 1e-5);    // after a prompt, sinks
-  check_blocked({DType::kF16, 70, 100, 4, 4, 32, 200, 50, false}, 8e-3); // window across blocks, a part tile
-  check_blocked({DType::kBF16, 33, 5, 8, 4, 96, 40, 0, true}, 6e-2);     // head dims 96, sinks
-  check_blocked({DType::kF32, 100, 0, 2, 1, 128, 100, 17, false}, 1e-5); // cache not a multiple of 32
+  check_blocked({DType::kBF16, 64, 0, 8, 1, 128, 64, 0, false}, 6e-2);    // from 0, 8 heads a cache head
+  check_blocked({DType::kF32, 40, 37, 16, 2, 64, 96, 0, true}, 1e-5);     // after a prompt, sinks
+  check_blocked({DType::kF16, 70, 100, 4, 4, 32, 200, 50, false}, 8e-3);  // window across blocks, a part tile
+  check_blocked({DType::kBF16, 33, 5, 8, 4, 96, 40, 0, true}, 6e-2);      // head dims 96, sinks
+  check_blocked({DType::kF32, 100, 0, 2, 1, 128, 100, 17, false}, 1e-5);  // cache not a multiple of 32
   check_blocked({DType::kF16, 130, 300, 8, 2, 128, 448, 0, false}, 8e-3);
   // 64 cache heads of 2,100 rows pass the tiles' 64 MiB of query scratch: two chunks of rows.
   check_blocked({DType::kBF16, 2100, 0, 64, 64, 32, 2100, 64, false}, 6e-2);

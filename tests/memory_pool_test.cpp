@@ -41,10 +41,19 @@ TEST(MemoryPool, LargeFreeBlocksServeSmallerRequestsUpToHalf) {
   int creates = 0;
   uint64_t in_use = 0;
   auto pool = std::make_shared<MemoryPool>(std::make_unique<FakeAllocator>(1ull << 40, &creates, &in_use));
-  { auto a = MemoryPool::take(pool, 101 * kMiB); ASSERT_TRUE(a.is_ok()); }
-  { auto b = MemoryPool::take(pool, 100 * kMiB); ASSERT_TRUE(b.is_ok()); }  // reuses the 101 MiB block
+  {
+    auto a = MemoryPool::take(pool, 101 * kMiB);
+    ASSERT_TRUE(a.is_ok());
+  }
+  {
+    auto b = MemoryPool::take(pool, 100 * kMiB);
+    ASSERT_TRUE(b.is_ok());
+  }  // reuses the 101 MiB block
   EXPECT_EQ(creates, 1);
-  { auto c = MemoryPool::take(pool, 20 * kMiB); ASSERT_TRUE(c.is_ok()); }  // class 32 MiB: under half of it
+  {
+    auto c = MemoryPool::take(pool, 20 * kMiB);
+    ASSERT_TRUE(c.is_ok());
+  }  // class 32 MiB: under half of it
   EXPECT_EQ(creates, 2);
   EXPECT_EQ(pool->trim(), 101 * kMiB + 32 * kMiB);
   EXPECT_EQ(in_use, 0u);
@@ -54,7 +63,10 @@ TEST(MemoryPool, AFullDeviceGetsTheFreeBlocksBackFirst) {
   int creates = 0;
   uint64_t in_use = 0;
   auto pool = std::make_shared<MemoryPool>(std::make_unique<FakeAllocator>(300 * kMiB, &creates, &in_use));
-  { auto a = MemoryPool::take(pool, 200 * kMiB); ASSERT_TRUE(a.is_ok()); }  // freed, kept in the pool
+  {
+    auto a = MemoryPool::take(pool, 200 * kMiB);
+    ASSERT_TRUE(a.is_ok());
+  }                                             // freed, kept in the pool
   auto b = MemoryPool::take(pool, 250 * kMiB);  // does not fit beside it: the pool gives it back
   ASSERT_TRUE(b.is_ok()) << b.status().to_string();
   EXPECT_EQ(in_use, 250 * kMiB);

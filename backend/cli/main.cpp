@@ -68,8 +68,9 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   bm_cmd->add_option("--prompt-len", bm.prompt_len, "Prompt tokens (prefill)")->check(CLI::Range(1, 8192));
   bm_cmd->add_option("--gen", bm.gen, "Generated tokens (decode steps + 1)")->check(CLI::Range(1, 8192));
-  bm_cmd->add_option("--prefill-runs", bm.prefill_runs,
-                     "Prefills of the prompt timed before the generation's (prefill_tok_s: the median of all)")
+  bm_cmd
+      ->add_option("--prefill-runs", bm.prefill_runs,
+                   "Prefills of the prompt timed before the generation's (prefill_tok_s: the median of all)")
       ->check(CLI::Range(0, 64));
   bm_cmd->add_option("--device", bm.device, "cpu | vulkan | vulkan:N (no Vulkan: the CPU, with a message)");
   bm_cmd->add_option("--threads", bm.threads, "Kernel threads (default: all cores)");

@@ -1,7 +1,6 @@
-// Attention over a KV cache on the GPU (metal_shaders/attention.comp). Order Blocked32: a
-// prefill of head dims 32k <= 128 walks each tile of 64 query vectors (row, head of one cache
-// head) through its key blocks in one workgroup; other rows take one workgroup per (row, head,
-// key block of 32), then one per (row, head) merging the blocks. Order Decomposed: one
+// Attention over a KV cache on the GPU (metal_shaders/attention.comp). Order Blocked32: one
+// workgroup per (row, head, key block of 32), then one per (row, head) merging the blocks (a
+// prefill of head dims 32k <= 128 goes to attention_tiles.cpp instead). Order Decomposed: one
 // workgroup per (row, head).
 #include <algorithm>
 
@@ -21,42 +20,11 @@ constexpr uint64_t kBlockedScratchBytes = 64ull << 20;
 // device: the grid and scratch then follow the cache's length, not the position's.
 constexpr uint64_t kDynamicSplits = 64;
 
-constexpr uint64_t kTile = 64;  // attention.comp's kTile: query vectors a tiles workgroup
-
-// Prefill rows (the position known at dispatch) with head dims the tiles kernel stages, and
-// enough query vectors to fill a tile.
-bool use_tiles(const ops::AttentionDims& d, const k::AttentionArgs& args) {
-  return args.pos_word == 0 && d.hd % 32 == 0 && d.hd <= 128 && d.hk > 0 &&
-         static_cast<uint64_t>(d.m * (d.hq / d.hk)) >= kTile;
-}
-
-// The tiles kernel in chunks of rows: bindings q, k, v, sinks, out, dynamic words; each
-// workgroup's queries widened into 32 KiB of scratch (a row's bits do not depend on its chunk).
-Status tiles(Runtime& rt, const ops::AttentionDims& d, k::AttentionArgs args, const std::vector<BufferRef>& b) {
-  const uint64_t group = static_cast<uint64_t>(d.hq / d.hk), hk = static_cast<uint64_t>(d.hk);
-  const uint64_t tile_floats = kTile * 32 * 4;
-  // Rows a chunk: whole tiles of vectors, the scratch within kBlockedScratchBytes.
-  const uint64_t max_tiles = std::max<uint64_t>(1, kBlockedScratchBytes / 4 / tile_floats / hk);
-  const uint64_t chunk = std::min<uint64_t>(static_cast<uint64_t>(d.m), std::max<uint64_t>(1, max_tiles * kTile / group));
-  const uint64_t tiles_max = (chunk * group + kTile - 1) / kTile;
-  SB_ASSIGN_OR_RETURN(Tensor scratch, rt.alloc(DType::kF32, {static_cast<int64_t>(tiles_max * hk * tile_floats)}));
-  SB_ASSIGN_OR_RETURN(BufferRef bt, rt.bind(scratch, false));
-  for (uint64_t row0 = 0; row0 < static_cast<uint64_t>(d.m); row0 += chunk) {
-    const uint64_t rows = std::min<uint64_t>(chunk, static_cast<uint64_t>(d.m) - row0);
-    args.row0 = static_cast<uint32_t>(row0);
-    args.rows = static_cast<uint32_t>(rows);
-    const uint64_t ntiles = (rows * group + kTile - 1) / kTile;
-    SB_RETURN_IF_ERROR(rt.dispatch("attention_tiles", {b[0], b[1], b[2], b[3], b[4], b[5], bt}, &args, sizeof(args),
-                                   ntiles * hk * 256));
-  }
-  return Status::ok();
-}
-
 // Blocked32 in chunks of rows: bindings q, k, v, sinks, out, dynamic words. With pos_word
 // set, every block of the cache has a scratch slot and the blocks past the position are skipped.
 Status blocked(Runtime& rt, const ops::AttentionDims& d, k::AttentionArgs args, const std::vector<BufferRef>& b) {
   if (d.m == 0 || d.hq == 0) return Status::ok();
-  if (use_tiles(d, args)) return tiles(rt, d, args, b);
+  if (use_attention_tiles(d, args)) return attention_tiles(rt, d, args, b);
   const int64_t keys = args.pos_word ? d.cache : d.len;
   const uint64_t nb = static_cast<uint64_t>((keys + ops::kAttentionBlock - 1) / ops::kAttentionBlock);
   const uint64_t nsplit = args.pos_word ? std::min(nb, kDynamicSplits) : nb;

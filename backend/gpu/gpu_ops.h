@@ -13,6 +13,10 @@
 #include "gpu_kernel_table.h"
 #include "gpu_runtime.h"
 
+namespace switchboard::ops {
+struct AttentionDims;
+}  // namespace switchboard::ops
+
 namespace switchboard::gpu {
 
 namespace k = kernels;
@@ -70,6 +74,11 @@ void register_gather_mm(KernelRegistry& r);
 void register_matmul(KernelRegistry& r);
 void register_norm(KernelRegistry& r);
 void register_attention(KernelRegistry& r);
+// Order Blocked32 for prefills (attention_tiles.cpp): whether it takes these rows, and the
+// dispatch (bindings q, k, v, sinks, out, dynamic words).
+bool use_attention_tiles(const ops::AttentionDims& d, const kernels::AttentionArgs& args);
+Status attention_tiles(Runtime& rt, const ops::AttentionDims& d, kernels::AttentionArgs args,
+                       const std::vector<BufferRef>& b);
 void register_rope(KernelRegistry& r);
 void register_linear_attention(KernelRegistry& r);
 void register_reduce(KernelRegistry& r);

@@ -34,7 +34,8 @@ Result<Generation> generate(Session& session, const std::vector<int32_t>& prompt
     dev = us < 0 || dev < 0 ? -1 : dev + us;
     const double rec = session.last_record_time_us();
     if (step > 0) g.decode_record_us = rec < 0 || g.decode_record_us < 0 ? -1 : g.decode_record_us + rec;
-    else g.prefill_record_us = rec;
+    else
+      g.prefill_record_us = rec;
     (step == 0 ? g.prefill_dispatches : g.decode_dispatches) += session.device_dispatches() - d0;
     if (step > 0) g.decode_replays += session.last_execute_replayed() ? 1 : 0;
     if (step > 0) g.decode_kernel_us += session.last_kernel_time_us();

@@ -205,7 +205,7 @@ struct Generation {
   double prefill_device_us = 0, decode_device_us = 0;  // GPU time (device timestamps); -1 on the CPU
   double decode_record_us = 0;                         // host time recording the decode steps' GPU work; -1 on the CPU
   double prefill_record_us = 0;                        // ... and the prefill's
-  uint64_t decode_allocations = 0;  // tensor buffers the decode steps took from the system allocator
+  uint64_t decode_allocations = 0;                     // tensor buffers the decode steps took from the system allocator
   double decode_kernel_us = 0;  // host time inside the decode steps' op kernels (Session::last_kernel_time_us)
   uint64_t prefill_dispatches = 0, decode_dispatches = 0;  // GPU kernel dispatches (0 on the CPU)
   int64_t decode_replays = 0;  // decode steps that replayed recorded work (SessionOptions::gpu_replay)

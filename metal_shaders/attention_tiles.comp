@@ -1,0 +1,325 @@
+// Kernel variants of this file, one line each (metal_shaders/README.md, "Variants"):
+// SB_KERNEL(attention_tiles, ATTENTION_TILES, "rrrrwrb", AttentionArgs, SB_ATTENTION_ARGS, 256, 0)
+#version 450
+#extension GL_GOOGLE_include_directive : require
+#extension GL_EXT_control_flow_attributes : require
+// Attention (schema AttentionNode) in order Blocked32 for prefill rows, the same operations as
+// attention.comp's block kernels and cpu_fallback/attention.cpp (docs/numerics.md).
+// ATTENTION_TILES (head dims 32k <= 128). Thread -> output:
+// workgroup w takes cache head kh = w % hk and a tile of 64 query vectors v = (row, head of the
+// group) of it, and walks the tile's key blocks in order, the softmax state on chip. Scores:
+// thread t computes query vectors t / 8 + 32y (y < 2) against keys t % 8 + 8x (x < 4), each
+// dot32's halving tree as four subtrees of 8 partials, the block's keys staged in shared memory
+// and the queries, widened once into this workgroup's scratch, read through the cache; threads
+// 0..63 each own query vector t's max, sums and merge factors; values: thread t owns query
+// vectors t / 16 + 16y (y < 4) at dims 4(t % 16) .. +3 and 64 + 4(t % 16) .. +3.
+#include "common.glsl"
+
+layout(local_size_x = 256) in;
+layout(push_constant) uniform Args { SB_ATTENTION_ARGS } args;
+const uint kBlock = 32u;  // op_shapes.h kAttentionBlock
+
+float rnd(float x) { return sb_round_to(x, args.dtype); }
+// Element 0 of key j of cache head kh.
+uint key_at(uint kh, uint j) {
+  return args.seq_major != 0u ? (j * args.hk + kh) * args.hd : (kh * args.cache + j) * args.hd;
+}
+
+layout(std430, binding = 0) readonly buffer Q { uint q[]; };
+layout(std430, binding = 1) readonly buffer K { uint k[]; };
+layout(std430, binding = 2) readonly buffer V { uint v[]; };
+layout(std430, binding = 3) readonly buffer S { uint sinks[]; };
+layout(std430, binding = 4) writeonly buffer O { uint o[]; };
+layout(std430, binding = 5) readonly buffer Dyn { uint dyn[]; };
+layout(std430, binding = 6) buffer QScratch { vec4 qs[]; };  // kQWords vec4 a workgroup
+uint first_pos() { return args.pos + dyn[args.pos_word]; }
+
+const uint kTile = 64u;  // query vectors a workgroup (backend/gpu/attention.cpp kTile)
+const uint kPad = 33u;   // s_e's row stride (rows on different banks)
+// The block's keys at [p * 32 + key] (component c: dim p + 32 c, zero past hd); then its values
+// at [key * hd / 4 + d / 4].
+shared vec4 s_kv[1024];
+shared float s_e[kTile * kPad];  // [v][key]: scores, then exps
+shared uint s_rng[kTile];        // v's visible keys in the block: lo | hi << 8 (lo == hi: none)
+shared uint s_mode[kTile];       // 0: v skips the block, 1: its first visible block, 2: a later one
+shared float s_a[kTile];         // the block's max, then the merge's a (sinks: a too)
+shared float s_c[kTile];         // the merge's c (at the end: rcp(l))
+
+uint g_kh, g_v0, g_nv, g_group, g_qs;
+
+// Query vector vv of the tile: its row i and head h; false past the dispatch's vectors.
+bool row_head(uint vv, out uint i, out uint h) {
+  uint gv = g_v0 + vv;
+  i = args.row0 + gv / g_group;
+  h = g_kh * g_group + gv % g_group;
+  return gv < g_nv;
+}
+
+// The tile's queries widened to f32 in this workgroup's scratch, partial p of vector v at
+// qs[g_qs + p * 64 + v] (component c: dim p + 32 c), read back through the cache per block.
+void stage_queries() {
+  uint t = gl_LocalInvocationID.x;
+  [[unroll]] for (uint u = 0u; u < 8u; ++u) {
+    uint e = t + 256u * u, vv = e & 63u, p = e >> 6u, i, h;
+    vec4 x = vec4(0.0);
+    if (row_head(vv, i, h)) {
+      uint b = (i * args.hq + h) * args.hd;
+      [[unroll]] for (uint c = 0u; c < 4u; ++c) {
+        if (p + 32u * c < args.hd) x[c] = SB_LOAD(q, args.dtype, b + p + 32u * c);
+      }
+    }
+    qs[g_qs + p * kTile + vv] = x;
+  }
+}
+
+// Element d of key (or value) row j of this cache head.
+float kv_at(bool values, uint j, uint d) {
+  if (j >= args.cache) return 0.0;
+  uint e = key_at(g_kh, j) + d;
+  return values ? SB_LOAD(v, args.dtype, e) : SB_LOAD(k, args.dtype, e);
+}
+
+// Block b0's keys (thread t: key t % 32, dim pairs t / 32 + 8 u) or values into s_kv.
+void stage_block(bool values, uint b0) {
+  uint t = gl_LocalInvocationID.x, kk = t & 31u, hd = args.hd, hd4 = hd / 4u;
+  [[unroll]] for (uint u = 0u; u < 8u; ++u) {
+    uint d = 2u * ((t >> 5u) + 8u * u);
+    if (d < hd || !values) {  // keys: zeros past hd (they meet the queries' zeros)
+      float x0 = d < hd ? kv_at(values, b0 + kk, d) : 0.0, x1 = d < hd ? kv_at(values, b0 + kk, d + 1u) : 0.0;
+      if (values) {
+        s_kv[kk * hd4 + d / 4u][d & 3u] = x0;
+        s_kv[kk * hd4 + d / 4u][(d & 3u) + 1u] = x1;
+      } else {
+        s_kv[(d & 31u) * 32u + kk][d >> 5u] = x0;
+        s_kv[((d + 1u) & 31u) * 32u + kk][(d + 1u) >> 5u] = x1;
+      }
+    }
+  }
+}
+
+// Partial p of a dot32 from its four dims (zeros past hd add nothing: a partial is never -0).
+float leaf(vec4 a, vec4 b) {
+  precise float p = 0.0;
+  p = p + a.x * b.x;
+  p = p + a.y * b.y;
+  p = p + a.z * b.z;
+  p = p + a.w * b.w;
+  return p;
+}
+
+// The subtree t3[base] = ((P0 + P16) + (P8 + P24)) + ((P4 + P20) + (P12 + P28)) (partials
+// base + offset) for this thread's vectors vq + 32y and keys kq + 8x: res[4y + x].
+void quarter(uint base, uint vq, uint kq, out float res[8]) {
+  precise float t3[8];
+  [[unroll]] for (uint half_ = 0u; half_ < 2u; ++half_) {
+    precise float t2[8];
+    [[unroll]] for (uint pp = 0u; pp < 2u; ++pp) {
+      uint pa = base + 4u * (half_ + 2u * pp), pb = pa + 16u;
+      vec4 qa[2], qb[2], ka[4], kb[4];
+      [[unroll]] for (uint y = 0u; y < 2u; ++y) {
+        qa[y] = qs[g_qs + pa * kTile + vq + 32u * y];
+        qb[y] = qs[g_qs + pb * kTile + vq + 32u * y];
+      }
+      [[unroll]] for (uint x = 0u; x < 4u; ++x) {
+        ka[x] = s_kv[pa * 32u + kq + 8u * x];
+        kb[x] = s_kv[pb * 32u + kq + 8u * x];
+      }
+      [[unroll]] for (uint n = 0u; n < 8u; ++n) {
+        precise float t1 = leaf(qa[n >> 2u], ka[n & 3u]) + leaf(qb[n >> 2u], kb[n & 3u]);
+        t2[n] = pp == 0u ? t1 : t2[n] + t1;
+      }
+    }
+    [[unroll]] for (uint n = 0u; n < 8u; ++n) t3[n] = half_ == 0u ? t2[n] : t3[n] + t2[n];
+  }
+  [[unroll]] for (uint n = 0u; n < 8u; ++n) res[n] = t3[n];
+}
+
+// Scores of the staged block for this thread's 8 (vector, key) pairs into s_e:
+// (t3[0] + t3[2]) + (t3[1] + t3[3]), rounded, scaled, rounded.
+void scores() {
+  uint t = gl_LocalInvocationID.x, vq = t >> 3u, kq = t & 7u;
+  precise float h0[8], h1[8];
+  float r[8];
+  quarter(0u, vq, kq, r);
+  [[unroll]] for (uint n = 0u; n < 8u; ++n) h0[n] = r[n];
+  quarter(2u, vq, kq, r);
+  [[unroll]] for (uint n = 0u; n < 8u; ++n) h0[n] = h0[n] + r[n];
+  quarter(1u, vq, kq, r);
+  [[unroll]] for (uint n = 0u; n < 8u; ++n) h1[n] = r[n];
+  quarter(3u, vq, kq, r);
+  [[unroll]] for (uint n = 0u; n < 8u; ++n) h1[n] = h1[n] + r[n];
+  [[unroll]] for (uint n = 0u; n < 8u; ++n) {
+    precise float s = h0[n] + h1[n];
+    precise float x = rnd(s);
+    s_e[(vq + 32u * (n >> 2u)) * kPad + kq + 8u * (n & 3u)] = rnd(x * args.scale);
+  }
+}
+
+void main() {
+  uint t = gl_LocalInvocationID.x;
+  uint w = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
+  g_group = args.hq / args.hk;
+  g_nv = args.rows * g_group;
+  uint tiles = (g_nv + kTile - 1u) / kTile;
+  if (w >= tiles * args.hk) return;  // uniform over the workgroup
+  g_kh = w % args.hk;
+  g_v0 = (tiles - 1u - w / args.hk) * kTile;  // the longest rows first
+  g_qs = w * 32u * kTile;
+  uint hd = args.hd, hd4 = hd / 4u, p0 = first_pos() + args.row0;
+  uint last_v = min(g_v0 + kTile, g_nv) - 1u;
+  uint at_a = p0 + g_v0 / g_group, hi_b = p0 + last_v / g_group + 1u;
+  uint lo_a = args.window > 0u && at_a + 1u > args.window ? at_a + 1u - args.window : 0u;
+  stage_queries();
+  memoryBarrierBuffer();
+
+  // Thread t < 64: vector t's visible keys and softmax state (m, l).
+  uint mi, mh;
+  bool mine = t < kTile && row_head(t, mi, mh);
+  uint m_at = first_pos() + mi;
+  uint m_lo = args.window > 0u && m_at + 1u > args.window ? m_at + 1u - args.window : 0u;
+  float m_run = 0.0, l_run = 0.0;
+  bool started = false;
+  // Values: thread t's vectors vq + 16y at dims 4 dg .. + 3 and 64 + 4 dg .. + 3 (units dg, dg + 16).
+  uint dg = t & 15u, vq = t >> 4u;
+  vec4 o0[4], o1[4];
+  [[unroll]] for (uint y = 0u; y < 4u; ++y) {
+    o0[y] = vec4(0.0);
+    o1[y] = vec4(0.0);
+  }
+
+  for (uint b0 = lo_a / kBlock * kBlock; b0 < hi_b; b0 += kBlock) {
+    barrier();  // the last block's values are read (and, the first time, the queries written)
+    stage_block(false, b0);
+    barrier();
+    scores();
+    barrier();
+    // Vector t's visible keys and their max m_b (order-free); the values staged meanwhile.
+    if (t < kTile) {
+      uint j0 = max(m_lo, b0), j1 = min(m_at + 1u, b0 + kBlock), rng = 0u;
+      if (mine && j0 < j1) {
+        uint r0 = j0 - b0, r1 = j1 - b0;
+        rng = r0 | (r1 << 8u);
+        float mb = s_e[t * kPad + r0];
+        [[unroll]] for (uint u = 1u; u < kBlock; ++u) {
+          if (u > r0 && u < r1) mb = sb_max(mb, s_e[t * kPad + u]);
+        }
+        s_a[t] = mb;
+      }
+      s_rng[t] = rng;
+    }
+    stage_block(true, b0);
+    barrier();
+    // e_j = exp(s_j - m_b): thread t takes vector t / 4, keys 8 (t % 4) .. + 7.
+    {
+      uint vv = t >> 2u, rng = s_rng[vv], r0 = rng & 255u, r1 = rng >> 8u;
+      float mb = s_a[vv];
+      [[unroll]] for (uint u = 0u; u < 8u; ++u) {
+        uint kk = (t & 3u) * 8u + u;
+        if (kk >= r0 && kk < r1) {
+          precise float d = s_e[vv * kPad + kk] - mb;
+          s_e[vv * kPad + kk] = sb_exp(d);
+        }
+      }
+    }
+    barrier();
+    // l_b in key order, then the merge's factors.
+    if (t < kTile) {
+      uint rng = s_rng[t], r0 = rng & 255u, r1 = rng >> 8u, mode = 0u;
+      if (r0 < r1) {
+        precise float lb = 0.0;
+        [[unroll]] for (uint u = 0u; u < kBlock; ++u) {
+          if (u >= r0 && u < r1) lb = lb + s_e[t * kPad + u];
+        }
+        float mb = s_a[t];
+        if (!started) {
+          m_run = mb;
+          l_run = lb;
+          started = true;
+          mode = 1u;
+        } else {
+          float mn = sb_max(m_run, mb);
+          precise float da = m_run - mn, dc = mb - mn;
+          float a = sb_exp(da), c = sb_exp(dc);
+          precise float ln = l_run * a + lb * c;
+          l_run = ln;
+          m_run = mn;
+          s_a[t] = a;
+          s_c[t] = c;
+          mode = 2u;
+        }
+      }
+      s_mode[t] = mode;
+    }
+    barrier();
+    // o_b in key order over each vector's visible keys, merged into the state at once.
+    precise vec4 a0[4], a1[4];
+    uint r0[4], r1[4];
+    [[unroll]] for (uint y = 0u; y < 4u; ++y) {
+      a0[y] = vec4(0.0);
+      a1[y] = vec4(0.0);
+      uint rng = s_rng[vq + 16u * y];
+      r0[y] = rng & 255u;
+      r1[y] = rng >> 8u;
+    }
+    [[unroll]] for (uint kk = 0u; kk < kBlock; ++kk) {
+      vec4 v0 = s_kv[kk * hd4 + dg], v1 = s_kv[kk * hd4 + dg + 16u];
+      [[unroll]] for (uint y = 0u; y < 4u; ++y) {
+        if (kk >= r0[y] && kk < r1[y]) {
+          float e = s_e[(vq + 16u * y) * kPad + kk];
+          a0[y] = a0[y] + e * v0;
+          a1[y] = a1[y] + e * v1;
+        }
+      }
+    }
+    [[unroll]] for (uint y = 0u; y < 4u; ++y) {
+      uint mode = s_mode[vq + 16u * y];
+      if (mode == 1u) {
+        o0[y] = a0[y];
+        o1[y] = a1[y];
+      } else if (mode == 2u) {
+        float a = s_a[vq + 16u * y], c = s_c[vq + 16u * y];
+        precise vec4 n0 = o0[y] * a + a0[y] * c, n1 = o1[y] * a + a1[y] * c;
+        o0[y] = n0;
+        o1[y] = n1;
+      }
+    }
+  }
+
+  // The sink (a block of one key with l = 1 and no values), then out = round(o * rcp(l)).
+  barrier();
+  if (mine) {
+    float a = 1.0;
+    if (args.has_sinks != 0u) {
+      precise float sv = SB_LOAD(sinks, args.dtype, mh) + 0.0;
+      sv = rnd(sv);
+      float mn = sb_max(m_run, sv);
+      precise float da = m_run - mn, dc = sv - mn;
+      a = sb_exp(da);
+      precise float ln = l_run * a + sb_exp(dc);
+      l_run = ln;
+    }
+    s_a[t] = a;
+    s_c[t] = sb_rcp(l_run);
+  }
+  barrier();
+  uint per = sb_per_word(args.dtype);
+  [[unroll]] for (uint y = 0u; y < 4u; ++y) {
+    uint i, h;
+    if (!row_head(vq + 16u * y, i, h)) continue;
+    float a = s_a[vq + 16u * y], rc = s_c[vq + 16u * y];
+    [[unroll]] for (uint un = 0u; un < 2u; ++un) {
+      uint unit = dg + 16u * un;
+      if (unit >= hd4) continue;
+      precise vec4 x = un == 0u ? o0[y] : o1[y];
+      if (args.has_sinks != 0u) x = x * a;
+      precise vec4 yv = x * rc;
+      uint e0 = (i * args.hq + h) * hd + unit * 4u;
+      if (per == 1u) {
+        [[unroll]] for (uint c = 0u; c < 4u; ++c) o[e0 + c] = floatBitsToUint(yv[c]);
+      } else {
+        o[e0 / 2u] = sb_encode_word(yv.x, yv.y, args.dtype);
+        o[e0 / 2u + 1u] = sb_encode_word(yv.z, yv.w, args.dtype);
+      }
+    }
+  }
+}
