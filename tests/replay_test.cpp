@@ -112,20 +112,26 @@ TEST(Replay, DecodeStepsReplayWithTheBitsOfEveryRun) {
   }
 }
 
-// body on a session of each GPU test device after a prompt and `steps` decode steps (the last
-// one a replay).
-void after_replays(int steps, const std::function<void(Session&, const std::vector<Step>&)>& body) {
+// body on a replaying session of the tiny model on each GPU test device.
+void on_gpu_sessions(const std::function<void(Session&)>& body) {
   auto p = tiny_program();
   ASSERT_TRUE(p);
   for (const std::string& dev : test_devices()) {
     if (dev == "cpu") continue;
     SCOPED_TRACE(dev);
     auto s = open(p, dev, true);
-    if (!s) continue;
-    const std::vector<Step> done = generate(*s, steps);
-    ASSERT_TRUE(done.back().replayed);
-    body(*s, done);
+    if (s) body(*s);
   }
+}
+
+// body on a session of each GPU test device after a prompt and `steps` decode steps (the last
+// one a replay).
+void after_replays(int steps, const std::function<void(Session&, const std::vector<Step>&)>& body) {
+  on_gpu_sessions([&](Session& s) {
+    const std::vector<Step> done = generate(s, steps);
+    ASSERT_TRUE(done.back().replayed);
+    body(s, done);
+  });
 }
 
 TEST(Replay, HeldTensorsAreNeverOverwritten) {
@@ -228,23 +234,18 @@ TEST(Replay, PositionsOutsideTheRecordingAndResetRunNormally) {
 // are never recorded: a prefill's recording kept all its temporaries and, never replayed, used up
 // the recordings a session may waste, so its later decode steps were not replayed at all.
 TEST(Replay, PromptsAfterResetAreNotRecorded) {
-  auto p = tiny_program();
-  ASSERT_TRUE(p);
-  for (const std::string& dev : test_devices()) {
-    if (dev == "cpu") continue;
-    SCOPED_TRACE(dev);
-    auto s = open(p, dev, true);
-    if (!s) continue;
+  on_gpu_sessions([](Session& s) {
     for (int i = 0; i < 6; ++i) {
-      ASSERT_TRUE(s->reset().is_ok());
-      Step prompt = run(*s, {3, 1, 4, 1, 5}, 0);
+      ASSERT_TRUE(s.reset().is_ok());
+      Step prompt = run(s, {3, 1, 4, 1, 5}, 0);
       ASSERT_TRUE(prompt.status.is_ok()) << prompt.status.to_string();
       EXPECT_FALSE(prompt.replayed);
     }
-    ASSERT_TRUE(s->reset().is_ok());
-    std::vector<Step> steps = generate(*s, 5);
+    ASSERT_TRUE(s.reset().is_ok());
+    std::vector<Step> steps = generate(s, 5);
     for (size_t i = 0; i < steps.size(); ++i) EXPECT_EQ(steps[i].replayed, i >= 3) << "step " << i;
-  }
+  });
 }
+
 }  // namespace
 }  // namespace switchboard
