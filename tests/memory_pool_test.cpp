@@ -1,6 +1,7 @@
 // The GPU memory pool (backend/gpu/gpu_memory.h) over a fake allocator with a capacity: freed
 // blocks serve later requests up to half their size (large temporaries whose sizes vary op to op
-// reuse each other), and when the device is full the free blocks are given back before failing.
+// reuse each other), and when the device is full the free blocks are given back before failing;
+// a runtime out of memory inside an op syncs, letting go of earlier ops' operands only.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -19,7 +20,7 @@ class FakeAllocator : public BlockAllocator {
     ++*creates_;
     *in_use_ += size;
     Block b;
-    b.mapped = static_cast<uint8_t*>(std::malloc(1));
+    b.mapped = static_cast<uint8_t*>(std::calloc(size, 1));
     b.handle = reinterpret_cast<uint64_t>(b.mapped);
     b.size = size;
     return b;
@@ -73,6 +74,50 @@ TEST(MemoryPool, AFullDeviceGetsTheFreeBlocksBackFirst) {
   auto c = MemoryPool::take(pool, 100 * kMiB);  // nothing left to give back: a clear error
   ASSERT_FALSE(c.is_ok());
   EXPECT_EQ(c.status().code(), StatusCode::kResourceExhausted);
+}
+
+// A runtime over the fake pool whose queued work is always finished at sync().
+class FakeRuntime final : public MappedRuntime {
+ public:
+  explicit FakeRuntime(std::shared_ptr<MemoryPool> pool) { EXPECT_TRUE(init(std::move(pool), 1ull << 40, 16).is_ok()); }
+  const std::string& description() const override { return name_; }
+  Status sync() override {
+    finish_submission();
+    return Status::ok();
+  }
+
+ protected:
+  Status record_dispatch(const char*, const std::vector<BufferRef>&, const void*, size_t, uint64_t,
+                         const SpecConstants&, uint32_t) override {
+    return Status::ok();
+  }
+
+ private:
+  std::string name_ = "fake";
+};
+
+TEST(MappedRuntime, OutOfMemoryInsideAnOpKeepsWhatTheOpBound) {
+  int creates = 0;
+  uint64_t in_use = 0;
+  auto pool = std::make_shared<MemoryPool>(std::make_unique<FakeAllocator>(3 * kMiB + 4096, &creates, &in_use));
+  FakeRuntime rt(pool);
+  rt.op_boundary();
+  {  // an earlier op's temporary: only the queued work holds it
+    auto a = rt.alloc(DType::kF32, {static_cast<int64_t>(2 * kMiB / 4)});
+    ASSERT_TRUE(a.is_ok());
+    ASSERT_TRUE(rt.bind(*a, false).is_ok());
+  }
+  rt.op_boundary();
+  auto s = rt.scratch(256 << 10, 0);  // this op's scratch: it dispatches with it later
+  ASSERT_TRUE(s.is_ok());
+  auto big = rt.alloc(DType::kF32, {static_cast<int64_t>(kMiB / 4)});  // fits only once the 2 MiB go
+  ASSERT_TRUE(big.is_ok()) << big.status().to_string();
+  Block b;
+  uint64_t off = 0;
+  bool inside = false;
+  EXPECT_TRUE(pool->find(reinterpret_cast<const void*>(s->buffer + s->offset), 4, b, off, inside))
+      << "the op's scratch was let go by the sync";
+  EXPECT_EQ(in_use, kMiB + (256 << 10) + 256);  // the new block, the scratch, the error word
 }
 
 }  // namespace

@@ -68,6 +68,8 @@ class Device {
   // True when the work queued since the last sync holds so much memory that the interpreter
   // should sync between two ops (a long prefill's temporaries, freed only once it finished).
   virtual bool wants_flush() const { return false; }
+  // Called before each op (GPU: a sync the op needs keeps what it has bound).
+  virtual void op_boundary() {}
   // Device time of the work the last sync() waited for, in microseconds; -1 if unknown.
   virtual double last_device_us() const { return -1; }
   // Host time spent recording the last sync's GPU work (us); -1 where not measured.

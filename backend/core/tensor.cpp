@@ -3,6 +3,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <vector>
@@ -63,16 +64,26 @@ class BufferPool {
     allocations_.fetch_add(1, std::memory_order_relaxed);
     return std::aligned_alloc(64, bytes);  // 64-byte alignment suits every SIMD width we dispatch to
   }
+  // Past the bound the largest cached buffers make room: sizes freed lately (those an execution
+  // repeats) stay, one-off sizes (a longer prompt's) go.
   void give(void* p, size_t bytes) {
+    std::vector<void*> drop;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (cached_ + bytes <= max_cached_) {
+      if (bytes > max_cached_) {
+        drop.push_back(p);
+      } else {
+        while (cached_ + bytes > max_cached_) {
+          auto it = std::prev(free_.end());
+          cached_ -= it->first;
+          drop.push_back(it->second);
+          free_.erase(it);
+        }
         free_.emplace(bytes, p);
         cached_ += bytes;
-        return;
       }
     }
-    std::free(p);
+    for (void* q : drop) std::free(q);
   }
   uint64_t allocations() const { return allocations_.load(std::memory_order_relaxed); }
   size_t max_cached() {

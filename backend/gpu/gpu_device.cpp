@@ -25,6 +25,7 @@ class GpuDevice final : public Device {
               const PrivateTemp& private_temp) const override;
   Status sync() override { return rt_->sync(); }
   bool wants_flush() const override { return rt_->wants_flush(); }
+  void op_boundary() override { rt_->op_boundary(); }
   double last_device_us() const override { return rt_->last_gpu_us(); }
   double last_record_us() const override { return rt_->last_record_us(); }
   uint64_t dispatches() const override { return rt_->dispatches(); }

@@ -41,7 +41,8 @@ Result<std::shared_ptr<uint8_t>> MemoryPool::take(const std::shared_ptr<MemoryPo
   }
   if (!b.mapped) {
     auto made = pool->alloc_->create(cls);
-    if (!made.is_ok() && pool->trim() > 0) made = pool->alloc_->create(cls);  // the free blocks given back first
+    if (!made.is_ok() && made.status().code() == StatusCode::kResourceExhausted && pool->trim() > 0)
+      made = pool->alloc_->create(cls);  // the free blocks given back first
     if (!made.is_ok()) {
       uint64_t live = 0;
       size_t n = 0;
@@ -113,8 +114,9 @@ Result<Tensor> MappedRuntime::alloc(DType dtype, Shape shape) {
   auto taken = MemoryPool::take(pool_, bytes);
   if (!taken.is_ok() && taken.status().code() == StatusCode::kResourceExhausted && inflight_bytes_ > 0 &&
       !keeping_fills_) {
-    // Out of device memory with work queued: finishing it frees its temporaries; then once more.
-    SB_RETURN_IF_ERROR(sync());
+    // Out of device memory with work queued: finishing it frees earlier ops' temporaries (this
+    // op's stay); then once more.
+    SB_RETURN_IF_ERROR(sync_within_op());
     pool_->trim();
     taken = MemoryPool::take(pool_, bytes);
   }
@@ -139,7 +141,7 @@ Result<BufferRef> MappedRuntime::bind(const Tensor& t, bool constant) {
   }
   // A host tensor is copied in now (its bytes are final). A misaligned view of device
   // memory is copied too, after the queued work that may write it has finished.
-  if (inside) SB_RETURN_IF_ERROR(sync());
+  if (inside) SB_RETURN_IF_ERROR(sync_within_op());
   SB_ASSIGN_OR_RETURN(Tensor dev, alloc(t.dtype(), t.shape()));
   if (t.nbytes()) std::memcpy(dev.mutable_data(), t.data(), t.nbytes());
   SB_ASSIGN_OR_RETURN(BufferRef ref, bind(dev, false));
@@ -152,7 +154,7 @@ Result<Tensor> MappedRuntime::device_tensor(const Tensor& t) {
   uint64_t off = 0;
   bool inside = false;
   if (pool_->find(t.data(), t.nbytes(), b, off, inside) && off % alignment_ == 0) return t;
-  if (inside) SB_RETURN_IF_ERROR(sync());
+  if (inside) SB_RETURN_IF_ERROR(sync_within_op());
   SB_ASSIGN_OR_RETURN(Tensor dev, alloc(t.dtype(), t.shape()));
   if (t.nbytes()) std::memcpy(dev.mutable_data(), t.data(), t.nbytes());
   return dev;
@@ -249,6 +251,17 @@ void MappedRuntime::release_kept(const Kept& k) {
 
 void MappedRuntime::refill(const Kept& k) {
   for (const auto& [t, word] : k.fills) fill_words(t, word);
+}
+
+Status MappedRuntime::sync_within_op() {
+  std::vector<Tensor> held(keep_.begin() + static_cast<std::ptrdiff_t>(std::min(op_mark_, keep_.size())), keep_.end());
+  Status st = sync();
+  for (Tensor& t : held) {
+    if (t.storage_id()) ++kept_[t.storage_id()];
+    keep_.push_back(std::move(t));
+  }
+  op_mark_ = 0;
+  return st;
 }
 
 uint32_t MappedRuntime::finish_submission() {

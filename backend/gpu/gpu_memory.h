@@ -60,6 +60,7 @@ class MappedRuntime : public GpuRuntime {
   BufferRef error_word() const override;
   long queued_refs(const Tensor& t) const override;
   bool wants_flush() const override { return inflight_bytes_ > inflight_budget_; }
+  void op_boundary() override { op_mark_ = keep_.size(); }
 
  protected:
   Status init(std::shared_ptr<MemoryPool> pool, uint64_t max_range, uint64_t alignment);
@@ -72,6 +73,9 @@ class MappedRuntime : public GpuRuntime {
   Status probe_mma_layout();
   // Drops the operands of finished work and returns (and clears) the error word's bits.
   uint32_t finish_submission();
+  // sync() inside an op: the operands the op has bound so far stay kept (it may dispatch with
+  // them after the sync); those of earlier ops are let go.
+  Status sync_within_op();
 
   // A recorded submission's operands (kept while it lives; they count as queued) and its
   // scratch words, filled again before each replay.
@@ -95,6 +99,7 @@ class MappedRuntime : public GpuRuntime {
   uint64_t inflight_bytes_ = 0, inflight_budget_ = 0;
   // Operands of recorded dispatches, and how many of them hold each storage.
   std::vector<Tensor> keep_;
+  size_t op_mark_ = 0;  // keep_'s size when the current op began
   std::unordered_map<const void*, long> kept_, recorded_;  // storage -> queued / recorded references
   std::vector<std::pair<Tensor, uint32_t>> fills_;
   struct KeyHash {

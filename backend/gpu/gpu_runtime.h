@@ -79,6 +79,9 @@ class GpuRuntime {
   virtual uint64_t memory_bytes() const { return 0; }
   // Device::wants_flush: memory allocated since the last finished submission passed the budget.
   virtual bool wants_flush() const { return false; }
+  // Between two ops: what is bound from here on belongs to the next op (a sync inside it keeps
+  // those operands, which it may still dispatch with).
+  virtual void op_boundary() {}
   // GPU time of the last submission, first dispatch start to last dispatch end (us);
   // -1 when the device has no timer.
   virtual double last_gpu_us() const { return -1; }

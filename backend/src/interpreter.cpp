@@ -158,6 +158,7 @@ Status Interpreter::run_chain(uint32_t chain, uint32_t depth) {
   const auto& ins = prog_.ir->chains[chain]->instructions;
   for (size_t i = 0; i < ins.size(); ++i) {
     const fb::OpNodeUnion& op = ins[i]->op;
+    device_->op_boundary();
     auto start = std::chrono::steady_clock::now();
     if (const Fusion& f = fused_[chain][i]; f.fn) {
       // Instructions [i, i + span) as one kernel; errors name the first of them.
