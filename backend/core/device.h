@@ -70,9 +70,12 @@ class Device {
   virtual bool wants_flush() const { return false; }
   // Called before each op (GPU: a sync the op needs keeps what it has bound).
   virtual void op_boundary() {}
-  // Device time of the work the last sync() waited for, in microseconds; -1 if unknown.
+  // Called when an execution starts: last_device_us / last_record_us sum from here.
+  virtual void begin_execution() {}
+  // Device time of the work the syncs since begin_execution() waited for, in microseconds; -1
+  // if unknown.
   virtual double last_device_us() const { return -1; }
-  // Host time spent recording the last sync's GPU work (us); -1 where not measured.
+  // Host time spent recording that GPU work (us); -1 where not measured.
   virtual double last_record_us() const { return -1; }
   // Kernel dispatches recorded since the device opened; 0 where there are none (the CPU).
   virtual uint64_t dispatches() const { return 0; }

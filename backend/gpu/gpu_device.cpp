@@ -26,8 +26,9 @@ class GpuDevice final : public Device {
   Status sync() override { return rt_->sync(); }
   bool wants_flush() const override { return rt_->wants_flush(); }
   void op_boundary() override { rt_->op_boundary(); }
-  double last_device_us() const override { return rt_->last_gpu_us(); }
-  double last_record_us() const override { return rt_->last_record_us(); }
+  double last_device_us() const override { return rt_->execution_gpu_us(); }
+  double last_record_us() const override { return rt_->execution_record_us(); }
+  void begin_execution() override { rt_->begin_execution(); }
   uint64_t dispatches() const override { return rt_->dispatches(); }
   long queued_refs(const Tensor& t) const override { return rt_->queued_refs(t); }
   // The heap's size, not what is free in it: a claim past it can never be met.

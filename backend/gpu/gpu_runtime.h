@@ -88,6 +88,11 @@ class GpuRuntime {
   // Host time of the last submission's recording, its first dispatch to its last submit (us);
   // -1 when not measured.
   virtual double last_record_us() const { return -1; }
+  // The same summed over every submission since begin_execution() (an execution that syncs
+  // between ops, as a long prefill does, submits several times); -1 if one had no timer.
+  virtual void begin_execution() {}
+  virtual double execution_gpu_us() const { return last_gpu_us(); }
+  virtual double execution_record_us() const { return last_record_us(); }
   // References to t's storage held by recorded, unfinished dispatches.
   virtual long queued_refs(const Tensor& t) const { return 0; }
   // Submissions finished so far (every sync, the runtime's own included): state recorded for

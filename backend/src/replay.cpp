@@ -19,6 +19,7 @@ Status Interpreter::execute() {
     SB_CHECK_OR_RETURN(set, StatusCode::kInvalidArgument, "input '%s' was not set", io->name.c_str());
   }
   clear_transient();
+  device_->begin_execution();
   last_replayed_ = false;
   kernel_us_ = 0;
   SB_RETURN_IF_ERROR(device_->set_dynamic_values(dynamic_words()));

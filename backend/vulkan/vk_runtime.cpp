@@ -677,6 +677,12 @@ Status VulkanRuntime::sync() {
 
 // One line per timed dispatch (SWITCHBOARD_OP_LOG): kernel and GPU microseconds, then the total.
 void VulkanRuntime::log_timestamps() {
+  read_timestamps();
+  exec_gpu_us_ = last_gpu_us_ < 0 || exec_gpu_us_ < 0 ? -1 : exec_gpu_us_ + last_gpu_us_;
+  exec_record_us_ = last_record_us_ < 0 || exec_record_us_ < 0 ? -1 : exec_record_us_ + last_record_us_;
+}
+
+void VulkanRuntime::read_timestamps() {
   Context& c = *ctx_;
   last_gpu_us_ = -1;
   if (c.timestamps && !per_dispatch_timing_) {

@@ -38,6 +38,9 @@ class VulkanRuntime final : public gpu::MappedRuntime {
   Status replay(const RecordedWork& work) override;
   double last_gpu_us() const override { return last_gpu_us_; }
   double last_record_us() const override { return last_record_us_; }
+  void begin_execution() override { exec_gpu_us_ = exec_record_us_ = 0; }
+  double execution_gpu_us() const override { return exec_gpu_us_; }
+  double execution_record_us() const override { return exec_record_us_; }
   uint64_t memory_bytes() const override;
 
  private:
@@ -48,7 +51,8 @@ class VulkanRuntime final : public gpu::MappedRuntime {
   Status begin_if_needed();
   Status begin_slice();
   Status submit_slice();
-  void log_timestamps();
+  void log_timestamps();   // reads the submission's timestamps, adds them to the execution's
+  void read_timestamps();  // last_gpu_us_ (and the op log's lines)
   void barrier(bool to_host = false);  // into the current slice
   bool hazard(const std::vector<gpu::BufferRef>& bindings, const kernels::Access* access, uint32_t handoff);
   void track(const std::vector<gpu::BufferRef>& bindings, const kernels::Access* access);
@@ -66,6 +70,7 @@ class VulkanRuntime final : public gpu::MappedRuntime {
   uint32_t slice_dispatches_ = 0;
   std::vector<const char*> timed_;  // kernels of the timed dispatches, in order
   double last_gpu_us_ = -1, last_record_us_ = -1;
+  double exec_gpu_us_ = 0, exec_record_us_ = 0;  // since begin_execution(); -1: a submission had no timer
   using Clock = std::chrono::steady_clock;
   Clock::time_point record_start_;  // when the submission's first dispatch was recorded
   const void* bound_ = nullptr;
