@@ -176,8 +176,9 @@ std::vector<Case> cases() {
                  return b.gather_qmm(in.x, experts(b, c, "q", r, 1, 4096, 2048));
                }});
   // Qwen3-30B-A3B attention at decode and in prefills of 64 and 512 rows (32 query heads, 4 KV
-  // heads of 128, bf16, 576 keys of a 640-key cache), as the Attention op and as the decoder's decomposed ops (the mask, made
-  // once per step and shared by the layers, is a constant here). Distinct caches per copy.
+  // heads of 128, bf16, 576 keys of a 640-key cache), as the Attention op and as the decoder's
+  // decomposed ops (the mask, made once per step and shared by the layers, is a constant here).
+  // Distinct caches per copy.
   for (DType dt : {DType::kBF16, DType::kF32})
   for (int64_t m : {int64_t{1}, int64_t{64}, int64_t{512}}) {
     const int64_t pos = 576 - m;

@@ -99,7 +99,8 @@ class MappedRuntime : public GpuRuntime {
   uint64_t inflight_bytes_ = 0, inflight_budget_ = 0;
   // Operands of recorded dispatches, and how many of them hold each storage.
   std::vector<Tensor> keep_;
-  size_t op_mark_ = 0;  // keep_'s size when the current op began
+  // keep_'s size when the current op began.
+  size_t op_mark_ = 0;
   std::unordered_map<const void*, long> kept_, recorded_;  // storage -> queued / recorded references
   std::vector<std::pair<Tensor, uint32_t>> fills_;
   struct KeyHash {

@@ -51,8 +51,10 @@ class VulkanRuntime final : public gpu::MappedRuntime {
   Status begin_if_needed();
   Status begin_slice();
   Status submit_slice();
-  void log_timestamps();   // reads the submission's timestamps, adds them to the execution's
-  void read_timestamps();  // last_gpu_us_ (and the op log's lines)
+  // read_timestamps: the submission's last_gpu_us_ (and the op log's lines); log_timestamps
+  // also adds the submission's times to the execution's.
+  void log_timestamps();
+  void read_timestamps();
   void barrier(bool to_host = false);  // into the current slice
   bool hazard(const std::vector<gpu::BufferRef>& bindings, const kernels::Access* access, uint32_t handoff);
   void track(const std::vector<gpu::BufferRef>& bindings, const kernels::Access* access);
