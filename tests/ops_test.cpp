@@ -704,6 +704,9 @@ TEST(Matmul, TiledShapes) {
   check_matmul(kF32, {18, 45}, {45, 20}, false, true, Tolerance::exact(), true);
   check_batch_matmul(kF32, {4, 20, 40}, {2, 24, 40}, true, kF32Matmul);
   check_batch_matmul(kBF16, {2, 17, 33}, {1, 33, 18}, false, kBF16Matmul);
+  // Long k: many staged chunks and a part one, bits equal to the CPU's (values whose sums round).
+  check_matmul(kBF16, {20, 300}, {18, 300}, true, true, kBF16Matmul);
+  check_matmul(kF32, {17, 300}, {300, 16}, false, false, Tolerance::rel(4e-5));
 }
 
 // K = 0: the sum is empty, so out = zeros (+ bias) exactly.
