@@ -33,7 +33,7 @@ layout(push_constant) uniform Args { SB_ATTENTION_ARGS } args;
 const uint kT = 128u;
 const uint kMaxHd = 256u;  // the host refuses larger heads
 
-float rnd(float x) { return sb_round_to(x, args.dtype); }
+#include "attention_common.glsl"
 
 // Halving tree 16, 8, 4, 2, 1 over 32 partials.
 #define SB_TREE32(p)                                                   \
@@ -170,7 +170,6 @@ void main() {
 #endif  // ATTENTION
 
 #if defined(ATTENTION_BLOCKS) || defined(ATTENTION_MERGE)
-const uint kBlock = 32u;  // op_shapes.h kAttentionBlock
 
 // The first query's position: pos, plus the word the host writes per execution where pos is
 // an input (word 0 is always 0), so a recorded decode step replays at any position.
@@ -179,12 +178,8 @@ uint first_pos();
 // Pair r of this dispatch: its query row's visible keys [lo, hi) (op_shapes.h visible_keys).
 void visible(uint r, out uint lo, out uint hi) {
   uint at = first_pos() + args.row0 + r / args.hq;
-  lo = args.window > 0u && at + 1u > args.window ? at + 1u - args.window : 0u;
+  lo = first_visible(at);
   hi = at + 1u;
-}
-// Element 0 of key j of cache head kh.
-uint key_at(uint kh, uint j) {
-  return args.seq_major != 0u ? (j * args.hk + kh) * args.hd : (kh * args.cache + j) * args.hd;
 }
 uint ml_at(uint r, uint b) { return (r * args.nb + b) * 2u; }
 uint ob_at(uint r, uint b) { return args.rows * args.hq * args.nb * 2u + (r * args.nb + b) * args.hd; }

@@ -17,13 +17,7 @@
 
 layout(local_size_x = 256) in;
 layout(push_constant) uniform Args { SB_ATTENTION_ARGS } args;
-const uint kBlock = 32u;  // op_shapes.h kAttentionBlock
-
-float rnd(float x) { return sb_round_to(x, args.dtype); }
-// Element 0 of key j of cache head kh.
-uint key_at(uint kh, uint j) {
-  return args.seq_major != 0u ? (j * args.hk + kh) * args.hd : (kh * args.cache + j) * args.hd;
-}
+#include "attention_common.glsl"
 
 layout(std430, binding = 0) readonly buffer Q { uint q[]; };
 layout(std430, binding = 1) readonly buffer K { uint k[]; };
@@ -168,7 +162,7 @@ void main() {
   uint hd = args.hd, hd4 = hd / 4u, p0 = first_pos() + args.row0;
   uint last_v = min(g_v0 + kTile, g_nv) - 1u;
   uint at_a = p0 + g_v0 / g_group, hi_b = p0 + last_v / g_group + 1u;
-  uint lo_a = args.window > 0u && at_a + 1u > args.window ? at_a + 1u - args.window : 0u;
+  uint lo_a = first_visible(at_a);
   stage_queries();
   memoryBarrierBuffer();
 
@@ -176,7 +170,7 @@ void main() {
   uint mi, mh;
   bool mine = t < kTile && row_head(t, mi, mh);
   uint m_at = first_pos() + mi;
-  uint m_lo = args.window > 0u && m_at + 1u > args.window ? m_at + 1u - args.window : 0u;
+  uint m_lo = first_visible(m_at);
   float m_run = 0.0, l_run = 0.0;
   bool started = false;
   // Values: thread t's vectors vq + 16y at dims 4 dg .. + 3 and 64 + 4 dg .. + 3 (units dg, dg + 16).

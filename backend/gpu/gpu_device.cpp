@@ -54,14 +54,10 @@ class GpuDevice final : public Device {
   // copied through the mapping before each prompt).
   Result<Tensor> zeros(DType dtype, const Shape& shape) override {
     SB_ASSIGN_OR_RETURN(Tensor t, rt_->alloc(dtype, shape));
-    const uint64_t words = words_of(dtype, t.numel());
+    SB_ASSIGN_OR_RETURN(uint32_t words, u32_count(static_cast<int64_t>(words_of(dtype, t.numel())), "a mutable buffer"));
     if (words == 0) return t;
-    if (words > UINT32_MAX) {
-      std::memset(t.mutable_data(), 0, t.nbytes());
-      return t;
-    }
     SB_ASSIGN_OR_RETURN(BufferRef b, rt_->bind(t, false));
-    k::FillArgs args{static_cast<uint32_t>(words), 0, 0, 0};
+    k::FillArgs args{words, 0, 0, 0};
     SB_RETURN_IF_ERROR(rt_->dispatch("fill", {b}, &args, sizeof(args), words));
     return t;
   }

@@ -1,0 +1,14 @@
+// Helpers attention.comp and attention_tiles.comp share; included after `args` (SB_ATTENTION_ARGS).
+const uint kBlock = 32u;  // op_shapes.h kAttentionBlock
+
+// v rounded to the attention's dtype, as a stored result holds it.
+float rnd(float x) { return sb_round_to(x, args.dtype); }
+
+// Element 0 of key j of cache head kh: caches [hk, S, hd] or (seq_major) [S, hk, hd].
+uint key_at(uint kh, uint j) {
+  return args.seq_major != 0u ? (j * args.hk + kh) * args.hd : (kh * args.cache + j) * args.hd;
+}
+
+// The first key a query at position `at` sees: 0, or at + 1 - window with a sliding window
+// (op_shapes.h visible_keys; the last is `at`).
+uint first_visible(uint at) { return args.window > 0u && at + 1u > args.window ? at + 1u - args.window : 0u; }
