@@ -54,7 +54,8 @@ class GpuDevice final : public Device {
   // copied through the mapping before each prompt).
   Result<Tensor> zeros(DType dtype, const Shape& shape) override {
     SB_ASSIGN_OR_RETURN(Tensor t, rt_->alloc(dtype, shape));
-    SB_ASSIGN_OR_RETURN(uint32_t words, u32_count(static_cast<int64_t>(words_of(dtype, t.numel())), "a mutable buffer"));
+    SB_ASSIGN_OR_RETURN(uint32_t words,
+                        u32_count(static_cast<int64_t>(words_of(dtype, t.numel())), "a mutable buffer"));
     if (words == 0) return t;
     SB_ASSIGN_OR_RETURN(BufferRef b, rt_->bind(t, false));
     k::FillArgs args{words, 0, 0, 0};
