@@ -14,6 +14,9 @@
 // SB_KERNEL(qmm_row_glu_2k_dot4, QMM_ROW_GLU_2K_DOT4, "rrrrrrrwbrrrb", QmmGluArgs, SB_QMM_GLU_ARGS, 256, F_DOT)
 // qmm_row_combine_2k's bindings, then qmm_row_glu_2k_dot4's counts (its wait_tiles).
 // SB_KERNEL(qmm_row_combine_2k_dot4, QMM_ROW_COMBINE_2K_DOT4, "rrrrrrrbbrrrbwr", QmmCombineArgs, SB_QMM_COMBINE_ARGS, 256, F_DOT)
+// qmm_row_2k's bindings with x the RmsNorm's input, then its residual, weight, out and sum.
+// SB_KERNEL(qmm_row_norm_2k, QMM_ROW_NORM_2K, "rrrrrrrwbrrww", QmmNormArgs, SB_QMM_NORM_ARGS, 256, 0)
+// SB_KERNEL(qmm_row_norm_2k_dot4, QMM_ROW_NORM_2K_DOT4, "rrrrrrrwbrrww", QmmNormArgs, SB_QMM_NORM_ARGS, 256, F_DOT)
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
@@ -29,6 +32,10 @@
 // same pairs (gate, then up: tasks [0, T) and [T, 2T)); thread o rounds both sums to
 // the output dtype, as stored outputs would be, and writes their Glu. QMM_ROW_COMBINE:
 // then the last workgroup of a (token, tile) combines it, thread -> output word.
+// QMM_ROW_NORM_2K: QMM_ROW_2K of RmsNorm's output (order Tree32, norm.comp's RMS_NORM_TREE)
+// computed by each workgroup from the norm's input: thread u holds elements [8u, 8u + 8) of
+// s = round(x + residual), threads 0..31 dot32's partials, thread 0 the tree and rsqrt; the
+// first tile of each row also stores the row's sum and (store_out) its normalized values.
 
 // *_DOT4: the row kernels for all-4-bit experts on packed int8 dot products (OpSDot of
 // SPV_KHR_integer_dot_product, which SPIRV-Cross cannot translate: Vulkan only).
@@ -43,6 +50,14 @@
 #ifdef QMM_ROW_2K_DOT4
 #define QMM_ROW_2K
 #define SB_ROW_DOT4
+#endif
+#ifdef QMM_ROW_NORM_2K_DOT4
+#define QMM_ROW_NORM_2K
+#define SB_ROW_DOT4
+#endif
+#ifdef QMM_ROW_NORM_2K
+#define QMM_ROW_2K
+#define SB_ROW_NORM
 #endif
 #ifdef QMM_ROW_GLU_2K_DOT4
 #define QMM_ROW_GLU_2K
@@ -127,6 +142,16 @@ layout(std430, binding = 10) readonly buffer Su { uint scales_up[]; };
 layout(std430, binding = 11) readonly buffer Bu { uint biases_up[]; };
 layout(push_constant) uniform Args { SB_QMM_GLU_ARGS } args;
 const uint kProjections = 2u;
+#elif defined(SB_ROW_NORM)
+layout(std430, binding = 9) readonly buffer Nr { uvec4 res4[]; };  // 16-byte aligned (the host checks)
+layout(std430, binding = 10) readonly buffer Nw { uint norm_w[]; };
+layout(std430, binding = 11) writeonly buffer No { uvec4 norm_out4[]; };
+layout(std430, binding = 12) writeonly buffer Ns { uvec4 norm_sum4[]; };
+layout(push_constant) uniform Args { SB_QMM_NORM_ARGS } args;
+const uint kProjections = 1u;
+shared float s_row[SB_QMM_ROW_SMALL_K];
+shared float s_part[32];
+shared float s_inv;
 #else
 layout(push_constant) uniform Args { SB_QMM_ARGS } args;
 const uint kProjections = 1u;
@@ -223,18 +248,83 @@ uint q8_shift(uint i) { return 8u * (i & 3u); }
 // Elements [e, e + 8) of x (e a multiple of 8) from one 16-byte load (f16, bf16) or two
 // (f32): every workgroup of a decode projection reads the same row, and element-wise
 // loads made that row's staging a large part of the dispatch.
-void load_unit(uint e, out float v[8]) {
-  if (sb_is16(X_DTYPE)) {
-    uvec4 w = x4[e >> 3u];
-    [[unroll]] for (uint i = 0u; i < 8u; ++i) v[i] = sb_decode(w[i >> 1u], X_DTYPE, i);
-  } else {
-    uvec4 a = x4[e >> 2u], b = x4[(e >> 2u) + 1u];
-    [[unroll]] for (uint i = 0u; i < 4u; ++i) {
-      v[i] = uintBitsToFloat(a[i]);
-      v[i + 4u] = uintBitsToFloat(b[i]);
+#define SB_LOAD_UNIT(NAME, BUF4)                                                        \
+  void NAME(uint e, out float v[8]) {                                                   \
+    if (sb_is16(X_DTYPE)) {                                                             \
+      uvec4 w = BUF4[e >> 3u];                                                          \
+      [[unroll]] for (uint i = 0u; i < 8u; ++i) v[i] = sb_decode(w[i >> 1u], X_DTYPE, i); \
+    } else {                                                                            \
+      uvec4 a = BUF4[e >> 2u], b = BUF4[(e >> 2u) + 1u];                                \
+      [[unroll]] for (uint i = 0u; i < 4u; ++i) {                                       \
+        v[i] = uintBitsToFloat(a[i]);                                                   \
+        v[i + 4u] = uintBitsToFloat(b[i]);                                              \
+      }                                                                                 \
+    }                                                                                   \
+  }
+SB_LOAD_UNIT(load_unit, x4)
+
+#ifdef SB_ROW_NORM
+SB_LOAD_UNIT(load_res_unit, res4)
+// Elements [e, e + 8) of a norm output row, in x's dtype (the encoding rounds).
+#define SB_STORE_UNIT(BUF4, e, v)                                                         \
+  if (sb_is16(X_DTYPE)) {                                                                 \
+    BUF4[(e) >> 3u] = uvec4(sb_encode_word(v[0], v[1], X_DTYPE), sb_encode_word(v[2], v[3], X_DTYPE), \
+                            sb_encode_word(v[4], v[5], X_DTYPE), sb_encode_word(v[6], v[7], X_DTYPE)); \
+  } else {                                                                                \
+    BUF4[(e) >> 2u] = floatBitsToUint(vec4(v[0], v[1], v[2], v[3]));                     \
+    BUF4[((e) >> 2u) + 1u] = floatBitsToUint(vec4(v[4], v[5], v[6], v[7]));              \
+  }
+
+// Unit u of row r (v: x's elements on entry, the normalized ones on return), in order Tree32:
+// s_i = round(x_i + residual_i); ss = dot32(s, s); r = rsqrt(ss * inv_d + eps);
+// out_i = round((s_i * r) * w_i). `store`: this workgroup stores the row's sum and out.
+void norm_unit(uint r, uint u, bool mine, bool store, inout float v[8]) {
+  uint tid = gl_LocalInvocationID.x, e = r * args.k + u * 8u;
+  float wv[8];
+  [[unroll]] for (uint i = 0u; i < 8u; ++i) wv[i] = SB_LOAD(norm_w, args.w_dtype, u * 8u + i);
+  if (args.has_residual != 0u) {
+    float rv[8];
+    load_res_unit(e, rv);
+    [[unroll]] for (uint i = 0u; i < 8u; ++i) {
+      precise float a = v[i] + rv[i];
+      v[i] = sb_round_to(a, X_DTYPE);
     }
   }
+  if (mine) {
+    [[unroll]] for (uint i = 0u; i < 8u; ++i) s_row[u * 8u + i] = v[i];
+    if (store && args.has_residual != 0u) SB_STORE_UNIT(norm_sum4, e, v)
+  }
+  barrier();
+  if (tid < 32u) {  // partial tid: elements tid, tid + 32, ... in order, eight loaded ahead
+    precise float p = 0.0;
+    for (uint i0 = tid; i0 < args.k; i0 += 256u) {
+      float sv[8];
+      [[unroll]] for (uint l = 0u; l < 8u; ++l) sv[l] = s_row[min(i0 + 32u * l, args.k - 1u)];
+      [[unroll]] for (uint l = 0u; l < 8u; ++l) {
+        if (i0 + 32u * l < args.k) p = p + sv[l] * sv[l];
+      }
+    }
+    s_part[tid] = p;
+  }
+  barrier();
+  if (tid == 0u) {
+    precise float p[32];
+    [[unroll]] for (uint l = 0u; l < 32u; ++l) p[l] = s_part[l];
+    [[unroll]] for (uint h = 16u; h >= 1u; h >>= 1u) {
+      [[unroll]] for (uint l = 0u; l < h; ++l) p[l] = p[l] + p[l + h];
+    }
+    precise float ms = p[0] * args.inv_d + args.eps;
+    s_inv = sb_rsqrt(ms);
+  }
+  barrier();
+  float inv = s_inv;
+  [[unroll]] for (uint i = 0u; i < 8u; ++i) {
+    precise float y = (v[i] * inv) * wv[i];
+    v[i] = sb_round_to(y, X_DTYPE);
+  }
+  if (mine && store && args.store_out != 0u) SB_STORE_UNIT(norm_out4, e, v)
 }
+#endif
 
 // Row r of x -> s_q (int8 codes), s_d, s_sum: unit u = elements [8u, 8u + 8) of block u / 4.
 #ifdef QMM_ROW_2K
@@ -244,6 +334,9 @@ void stage_row(uint r, uint tid) {
   uint blocks = args.k / 32u, units = args.k / 8u, xbase = r * args.k, u = min(tid, units - 1u);
   float v[8];
   load_unit(xbase + u * 8u, v);
+#ifdef SB_ROW_NORM
+  norm_unit(r, u, tid < units, (gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x) % args.tiles == 0u, v);
+#endif
   if (tid < blocks) {
     s_amax[tid] = 0u;
     s_sum[tid] = 0;

@@ -65,6 +65,11 @@
 // over -1s; each workgroup stages x, then waits for its pair's index (no barrier between),
 // and counts itself in done[pair] once its outputs are stored.
 #define SB_QMM_GLU_ARGS SB_QMM_ARGS uint glu_kind; float glu_alpha; float glu_limit; uint wait_rhs;
+// QMM_ROW_NORM_2K: QMM_ROW_2K whose x is RmsNorm's input (order Tree32; has_residual: with
+// a residual; inv_d, eps, w_dtype as NormArgs); store_out: the first tile also stores the
+// normalized row (the sum is always stored with a residual).
+#define SB_QMM_NORM_ARGS \
+  SB_QMM_ARGS uint has_residual; float inv_d; float eps; uint w_dtype; uint store_out; uint pad1; uint pad2; uint pad3;
 // QMM_ROW_COMBINE: QMM_ROW with combine.comp's operands (pairs = tokens * slots).
 // wait_tiles (qmm_row_combine_2k_dot4): x (h) is being written by the gate/up dispatch just
 // before; each workgroup waits until that many of its row's workgroups have counted.
@@ -110,6 +115,11 @@
   uint rows; uint cols; uint k; uint dtype; \
   uint b_dtype; uint transpose_b; uint has_bias; uint bias_dtype; \
   uint batch; uint group; uint pad0; uint pad1;
+// MATMUL_NORM: `matmul` (b transposed, batch 1) of RmsNorm's output (order Tree32) from its
+// input a (k <= SB_MATMUL_NORM_K); the norm's fields as QMM_ROW_NORM_2K's.
+#define SB_MATMUL_NORM_K 4096
+#define SB_MATMUL_NORM_ARGS \
+  SB_MATMUL_ARGS uint has_residual; float inv_d; float eps; uint w_dtype; uint store_out; uint pad2; uint pad3; uint pad4;
 
 // norm.comp: x viewed as [rows, d] (SOFTMAX; RMS_NORM with weight [d], inv_d = f32(1/d)).
 #define SB_NORM_ROW_MAX 4096  // longest row the workgroup-per-row variants stage in shared memory
@@ -161,6 +171,7 @@ struct Q8Args { SB_Q8_ARGS };
 struct QmmArgs { SB_QMM_ARGS };
 struct QmmGluArgs { SB_QMM_GLU_ARGS };
 struct QmmCombineArgs { SB_QMM_COMBINE_ARGS };
+struct QmmNormArgs { SB_QMM_NORM_ARGS };
 struct PermuteArgs { SB_PERMUTE_ARGS };
 struct ProbeArgs { SB_PROBE_ARGS };
 struct StreamArgs { SB_STREAM_ARGS };
@@ -169,6 +180,7 @@ struct ReduceArgs { SB_REDUCE_ARGS };
 struct RegionArgs { SB_REGION_ARGS };
 struct TransposeArgs { SB_TRANSPOSE_ARGS };
 struct MatmulArgs { SB_MATMUL_ARGS };
+struct MatmulNormArgs { SB_MATMUL_NORM_ARGS };
 struct NormArgs { SB_NORM_ARGS };
 struct AttentionArgs { SB_ATTENTION_ARGS };
 struct RopeArgs { SB_ROPE_ARGS };

@@ -2,6 +2,8 @@
 // SB_KERNEL(matmul, MATMUL, "rrrw", MatmulArgs, SB_MATMUL_ARGS, 32, 0)
 // SB_KERNEL(matmul_rows16, MATMUL_ROWS16, "rrrw", MatmulArgs, SB_MATMUL_ARGS, 32, 0)
 // SB_KERNEL(matmul_tile, MATMUL_TILE, "rrrw", MatmulArgs, SB_MATMUL_ARGS, 256, 0)
+// matmul's bindings with a the RmsNorm's input, then its residual, weight, out and sum.
+// SB_KERNEL(matmul_norm, MATMUL_NORM, "rrrwrrww", MatmulNormArgs, SB_MATMUL_NORM_ARGS, 32, 0)
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
@@ -29,7 +31,25 @@ layout(std430, binding = 1) readonly buffer B { uint b[]; };
 #endif
 layout(std430, binding = 2) readonly buffer Bias { uint bias[]; };
 layout(std430, binding = 3) writeonly buffer O { uint o[]; };
+#ifdef MATMUL_NORM
+// MATMUL_NORM: `matmul` of RmsNorm's output (order Tree32, norm.comp's RMS_NORM_TREE), which
+// each workgroup computes from the norm's input: lane l adds the squares of elements l,
+// l + 32, ... of s = round(a + residual) (dot32's partial l), lane 0 the tree and rsqrt; the
+// normalized row stays in shared memory, and the workgroup of a row's first output word
+// also stores the row's sum and (store_out) its normalized values.
+#define MATMUL
+layout(std430, binding = 4) readonly buffer R { uint res[]; };
+layout(std430, binding = 5) readonly buffer Nw { uint norm_w[]; };
+layout(std430, binding = 6) writeonly buffer No { uint norm_out[]; };
+layout(std430, binding = 7) writeonly buffer Ns { uint norm_sum[]; };
+layout(push_constant) uniform Args { SB_MATMUL_NORM_ARGS } args;
+shared float s_h[SB_MATMUL_NORM_K];
+shared float s_inv;
+#define A_AT(r, i) s_h[i]
+#else
 layout(push_constant) uniform Args { SB_MATMUL_ARGS } args;
+#define A_AT(r, i) SB_LOAD(a, args.dtype, (r) * args.k + (i))
+#endif
 
 #ifdef MATMUL_TILE
 // Many rows and columns (prefill attention, projections): workgroup (batch, row tile,
@@ -147,7 +167,7 @@ void dot32(uint e, uint slot) {
     [[unroll]] for (uint j = 0u; j < 16u; ++j) {
       uint i = min(i0 + 32u * j, args.k - 1u);
       uint bi = boff + (args.transpose_b != 0u ? c * args.k + i : i * args.cols + c);
-      av[j] = SB_LOAD(a, args.dtype, r * args.k + i);
+      av[j] = A_AT(r, i);
       bv[j] = SB_LOAD(b, args.b_dtype, bi);
     }
     [[unroll]] for (uint j = 0u; j < 16u; ++j)
@@ -171,12 +191,68 @@ void dot32(uint e, uint slot) {
   barrier();
 }
 
+#ifdef MATMUL_NORM
+// Row r of the norm's output into s_h (module comment); `store`: this workgroup stores the
+// row's sum and out words.
+void norm_row(uint r, bool store) {
+  uint lane = gl_LocalInvocationID.x, base = r * args.k, per = sb_per_word(args.dtype);
+  precise float p = 0.0;
+  for (uint i0 = lane; i0 < args.k; i0 += 256u) {  // eight elements a pass, loaded ahead
+    float xv[8], rv[8];
+    [[unroll]] for (uint l = 0u; l < 8u; ++l) {
+      uint i = min(i0 + 32u * l, args.k - 1u);
+      xv[l] = SB_LOAD(a, args.dtype, base + i);
+      rv[l] = args.has_residual != 0u ? SB_LOAD(res, args.dtype, base + i) : 0.0;
+    }
+    [[unroll]] for (uint l = 0u; l < 8u; ++l) {
+      if (i0 + 32u * l < args.k) {
+        float s = xv[l];
+        if (args.has_residual != 0u) {
+          precise float t = xv[l] + rv[l];
+          s = sb_round_to(t, args.dtype);
+        }
+        s_h[i0 + 32u * l] = s;
+        p = p + s * s;
+      }
+    }
+  }
+  s_part[lane] = p;
+  barrier();
+  if (lane == 0u) {
+    precise float q[32];
+    [[unroll]] for (uint l = 0u; l < 32u; ++l) q[l] = s_part[l];
+    [[unroll]] for (uint h = 16u; h >= 1u; h >>= 1u) {
+      [[unroll]] for (uint l = 0u; l < h; ++l) q[l] = q[l] + q[l + h];
+    }
+    precise float ms = q[0] * args.inv_d + args.eps;
+    s_inv = sb_rsqrt(ms);
+  }
+  uint words = args.k / per;  // 16-bit rows have even k (the host checks)
+  if (store && args.has_residual != 0u)
+    for (uint w = lane; w < words; w += 32u)
+      norm_sum[base / per + w] = sb_encode_word(s_h[w * per], per == 2u ? s_h[w * per + 1u] : 0.0, args.dtype);
+  barrier();
+  float inv = s_inv;
+  for (uint i = lane; i < args.k; i += 32u) {
+    precise float y = (s_h[i] * inv) * SB_LOAD(norm_w, args.w_dtype, i);
+    s_h[i] = sb_round_to(y, args.dtype);
+  }
+  barrier();
+  if (store && args.store_out != 0u)
+    for (uint w = lane; w < words; w += 32u)
+      norm_out[base / per + w] = sb_encode_word(s_h[w * per], per == 2u ? s_h[w * per + 1u] : 0.0, args.dtype);
+}
+#endif
+
 void main() {
   uint wg = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
   uint per = sb_per_word(args.dtype);
   uint i = wg * per;
   uint count = args.batch * args.rows * args.cols;
   if (i >= count) return;
+#ifdef MATMUL_NORM
+  norm_row(i / args.cols, i % args.cols == 0u);  // a word's two outputs share a row (even cols)
+#endif
   dot32(i, 0u);
   bool two = per == 2u && i + 1u < count;
   if (two) dot32(i + 1u, 1u);

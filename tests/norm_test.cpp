@@ -222,6 +222,114 @@ TEST(RmsNorm, Tree32WithAndWithoutAResidual) {
       }
 }
 
+// RmsNorm (Tree32) straight into a GatherQmm or a Matmul of its output: the GPU normalizes the
+// row inside the projection's workgroups (qmm_row_norm_2k, matmul_norm) where the rows suit
+// it, else runs the two ops.
+// The same program also runs the pair apart (an op between them): projection, sum and the
+// normalized row hold the same bits either way, on every device, as on the CPU; where the
+// fused kernel applies, it is the one dispatch the pair costs.
+struct NormQmmCase {
+  DType dt = kBF16, w_dtype = kBF16;
+  int64_t rows = 1, k = 2048, n = 96;
+  int bits = 4;
+  bool residual = true, store_out = false;
+  bool one_dispatch = true;  // the fused kernel applies
+  bool matmul = false;       // a Matmul (b [n, k] of dt, with a bias) instead of the GatherQmm
+};
+
+void run_norm_qmm(const NormQmmCase& c) {
+  SCOPED_TRACE(std::string(c.matmul ? "matmul " : "") + dtype_name(c.dt) + " rows=" + std::to_string(c.rows) + " k=" + std::to_string(c.k) +
+               " bits=" + std::to_string(c.bits) + (c.residual ? " residual" : "") + (c.store_out ? " out" : ""));
+  const int group = 64;
+  std::mt19937 rng(static_cast<uint32_t>(c.k + c.rows + c.bits));
+  std::vector<double> codes(static_cast<size_t>(c.n * c.k * c.bits / 32));
+  for (double& v : codes) v = rng();  // any bit pattern is a valid code stream
+  Inputs in{{"x", random_tensor(c.dt, {c.rows, c.k}, rng, std::uniform_real_distribution<double>(-3, 3))},
+            {"w", random_tensor(c.w_dtype, {c.k}, rng, std::uniform_real_distribution<double>(0.5, 1.5))},
+            {"codes", make(DType::kU32, {1, c.n, c.k * c.bits / 32}, codes)},
+            {"scales", random_tensor(kF16, {1, c.n, c.k / group}, rng, std::normal_distribution<double>(0, 0.02))},
+            {"biases", random_tensor(kF16, {1, c.n, c.k / group}, rng, std::normal_distribution<double>(0, 0.1))}};
+  if (c.residual) in["r"] = random_tensor(c.dt, {c.rows, c.k}, rng, std::uniform_real_distribution<double>(-2, 2));
+  in["b"] = random_tensor(c.dt, {c.n, c.k}, rng, std::normal_distribution<double>(0, 0.05));
+  in["bias"] = random_tensor(c.dt, {c.n}, rng, std::normal_distribution<double>(0, 0.1));
+  struct Refs {
+    TensorRef x, w, r;
+    QuantizedExperts q;
+    TensorRef b, bias;
+  };
+  auto inputs = [&](ProgramBuilder& b) {
+    return Refs{b.input("x", c.dt, {c.rows, c.k}), b.input("w", c.w_dtype, {c.k}),
+                c.residual ? b.input("r", c.dt, {c.rows, c.k}) : TensorRef{},
+                QuantizedExperts{b.input("codes", DType::kU32, {1, c.n, c.k * c.bits / 32}),
+                                 b.input("scales", kF16, {1, c.n, c.k / group}),
+                                 b.input("biases", kF16, {1, c.n, c.k / group}), c.bits, group, {}},
+                b.input("b", c.dt, {c.n, c.k}), b.input("bias", c.dt, {c.n})};
+  };
+  auto pair = [&](ProgramBuilder& b, const Refs& in, const std::string& tag, bool apart) {
+    ProgramBuilder::AddNorm an = b.add_rms_norm(in.x, in.r, in.w, 1e-6f);
+    if (apart) b.output("between" + tag, b.neg(in.x));
+    b.output("y" + tag, c.matmul ? b.matmul(an.out, in.b, true, in.bias) : b.gather_qmm(an.out, in.q));
+    if (c.residual) b.output("sum" + tag, an.sum);
+    if (c.store_out) b.output("h" + tag, an.out);
+  };
+  ProgramBuilder both;
+  const Refs refs = inputs(both);
+  pair(both, refs, "", false);
+  pair(both, refs, "_apart", true);
+  std::vector<std::pair<std::string, std::string>> same{{"y", "y_apart"}};
+  if (c.residual) same.emplace_back("sum", "sum_apart");
+  if (c.store_out) same.emplace_back("h", "h_apart");
+  check_same_bits(both, in, same);
+
+  ProgramBuilder fused;
+  pair(fused, inputs(fused), "", false);
+  detail::for_each_device(fused, in, [&](const Program&, Session& s, const std::string& dev) {
+    const uint64_t before = s.device_dispatches();
+    const Status st = s.execute();
+    ASSERT_TRUE(st.is_ok()) << dev << ": " << st.to_string();
+    if (dev != "cpu" && c.one_dispatch) {
+      EXPECT_EQ(s.device_dispatches() - before, 1u) << dev;
+    }
+  });
+}
+
+TEST(RmsNorm, Tree32FusedIntoTheNextProjection) {
+  NormQmmCase decode;  // Qwen3-30B's decode shape: one bf16 row of 2048, 4-bit
+  run_norm_qmm(decode);
+  NormQmmCase out = decode;  // the normalized row also read later; f32 weights (1 + w)
+  out.store_out = true;
+  out.w_dtype = kF32;
+  run_norm_qmm(out);
+  NormQmmCase f16 = decode;  // f16, three rows, no residual, 3-bit codes (the portable kernel)
+  f16.dt = f16.w_dtype = kF16;
+  f16.rows = 3;
+  f16.residual = false;
+  f16.bits = 3;
+  f16.k = 256;
+  f16.store_out = true;
+  run_norm_qmm(f16);
+  NormQmmCase f32 = decode;  // f32, K below a workgroup's units
+  f32.dt = f32.w_dtype = kF32;
+  f32.k = 128;
+  f32.rows = 2;
+  run_norm_qmm(f32);
+  NormQmmCase wide = decode;  // K past the fused kernel's 2048: the two ops one by one
+  wide.k = 4096;
+  wide.store_out = true;
+  wide.one_dispatch = false;
+  run_norm_qmm(wide);
+  for (NormQmmCase m : {decode, out, f16, f32}) {  // the router logits' Matmul (128 experts)
+    m.matmul = true;
+    m.n = 128;
+    run_norm_qmm(m);
+  }
+  NormQmmCase rows = decode;  // rows past matmul_norm's few: the two ops one by one
+  rows.matmul = true;
+  rows.rows = 24;
+  rows.one_dispatch = false;
+  run_norm_qmm(rows);
+}
+
 TEST(RmsNorm, Tree32RulesNameTheField) {
   ProgramBuilder b;
   TensorRef x = b.input("x", kF32, {2, 4});

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "gpu_gather_qmm.h"
+#include "op_shapes.h"
 
 namespace switchboard::gpu {
 namespace {
@@ -156,6 +157,70 @@ Status gate_up_glu(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>* 
       kernel, bindings, &args, sizeof(args), 256 * static_cast<uint64_t>(g.pairs) * args.tiles,
       row_spec(rt, all_4bit, g.args, args.glu_kind), wait ? handoff_mask(bindings, {moe_handoff(ctx).indices}) : 0u));
   return ctx.out(glu_node->out.get(), std::move(out));
+}
+
+namespace {
+
+// RmsNorm (order Tree32, no gate) and the GatherQmm of its output (GpuDevice::fuse): where the
+// rows suit qmm_row_norm_2k, every workgroup normalizes its row itself just before quantizing
+// it, and the first tile of a row stores its sum (and its normalized values when `store_out`)
+// — the bits of the two ops, one dispatch instead of two dependent ones. Otherwise the two
+// ops one by one.
+Status norm_then_qmm(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>* ins, bool store_out) {
+  const auto& nn = *ins[0]->op.AsRmsNormNode();
+  const auto* qn = ins[1]->op.AsGatherQmmNode();
+  Runtime& rt = rt_of(ctx);
+  Tensor x, res, w;
+  SB_ASSIGN_OR_RETURN(BufferRef bx, bind_in(ctx, nn.x.get(), &x));
+  SB_ASSIGN_OR_RETURN(BufferRef bw, bind_in(ctx, nn.weight.get(), &w));
+  BufferRef br = bx;  // never read without a residual
+  if (nn.residual) {
+    SB_ASSIGN_OR_RETURN(br, bind_in(ctx, nn.residual.get(), &res));
+  }
+  const int64_t d = x.rank() ? x.dim(x.rank() - 1) : 0;
+  SB_ASSIGN_OR_RETURN(QmmSetup q, qmm_setup(ctx, qn, &x));
+  q.bx = bx;
+  const bool fits = x.rank() == 2 && d == q.kdim && w.numel() == d && q.kdim <= SB_QMM_ROW_SMALL_K &&
+                    !q.args.has_lhs && !q.args.has_rhs && q.pairs == q.rows && q.rows == x.dim(0) &&
+                    (!nn.residual || (res.shape() == x.shape() && br.offset % 16 == 0)) && qmm_row_plan(q, 1);
+  if (!fits) {
+    SB_RETURN_IF_ERROR(rms_norm(ctx, ins[0]->op));
+    return gather_qmm(ctx, ins[1]->op);
+  }
+  SB_ASSIGN_OR_RETURN(Tensor out, rt.alloc(x.dtype(), {q.pairs, q.nout}));
+  SB_ASSIGN_OR_RETURN(BufferRef bo, rt.bind(out, false));
+  Tensor normed, sum;
+  BufferRef bn = bo, bs = bo;  // stand-ins, never written
+  if (store_out) {
+    SB_ASSIGN_OR_RETURN(normed, rt.alloc(x.dtype(), x.shape()));
+    SB_ASSIGN_OR_RETURN(bn, rt.bind(normed, false));
+  }
+  if (nn.residual) {
+    SB_ASSIGN_OR_RETURN(sum, rt.alloc(x.dtype(), x.shape()));
+    SB_ASSIGN_OR_RETURN(bs, rt.bind(sum, false));
+  }
+  auto args = extend_qmm_args<k::QmmNormArgs>(q.args);
+  args.has_residual = nn.residual ? 1u : 0u;
+  args.inv_d = ops::inverse_count(d);
+  args.eps = nn.eps;
+  args.w_dtype = static_cast<uint32_t>(w.dtype());
+  args.store_out = store_out ? 1u : 0u;
+  const char* kernel = row_dot4(rt, q.all_4bit) ? "qmm_row_norm_2k_dot4" : "qmm_row_norm_2k";
+  SB_RETURN_IF_ERROR(rt.dispatch(kernel, {bx, q.bw, q.bs, q.bb, q.bl, q.br, q.bi, bo, rt.error_word(), br, bw, bn, bs},
+                                 &args, sizeof(args), 256 * static_cast<uint64_t>(q.pairs) * q.args.tiles,
+                                 row_spec(rt, q.all_4bit, q.args)));
+  if (nn.residual) SB_RETURN_IF_ERROR(ctx.out(nn.sum.get(), std::move(sum)));
+  if (store_out) SB_RETURN_IF_ERROR(ctx.out(nn.out.get(), std::move(normed)));
+  return ctx.out(qn->out.get(), std::move(out));
+}
+
+}  // namespace
+
+Status norm_qmm(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>* ins) {
+  return norm_then_qmm(ctx, ins, true);
+}
+Status norm_qmm_private(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>* ins) {
+  return norm_then_qmm(ctx, ins, false);
 }
 
 }  // namespace switchboard::gpu

@@ -115,6 +115,7 @@ struct Scatter {
 Result<Scatter> invert_scatter(KernelContext& ctx, const fb::ScatterRowsNodeT* n);
 
 Status gather_qmm(KernelContext& ctx, const fb::OpNodeUnion& op);
+Status rms_norm(KernelContext& ctx, const fb::OpNodeUnion& op);
 
 // --- fusions (GpuDevice::fuse picks them) ----------------------------------------------
 // ScatterRows + Combine of its private output (combine.cpp).
@@ -123,5 +124,13 @@ Status scatter_combine(KernelContext& ctx, const std::unique_ptr<fb::Instruction
 Status gate_up_glu(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>* ins);
 // ... + the down GatherQmm of the Glu's output (gather_qmm_mma.cpp).
 Status moe_ffn(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>* ins);
+// RmsNorm (order Tree32) + the GatherQmm of its output (gather_qmm_row.cpp); the _private
+// form leaves the norm's output unwritten (nothing after the GatherQmm reads it).
+Status norm_qmm(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>* ins);
+Status norm_qmm_private(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>* ins);
+// RmsNorm (order Tree32) + the Matmul of its output (matmul.cpp), the same two forms.
+Status norm_matmul(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>* ins);
+Status norm_matmul_private(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>* ins);
+Status matmul(KernelContext& ctx, const fb::OpNodeUnion& op);
 
 }  // namespace switchboard::gpu

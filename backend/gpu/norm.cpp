@@ -98,13 +98,13 @@ Status rms_norm_tree(KernelContext& ctx, const fb::RmsNormNodeT& n) {
   return ctx.out(n.out.get(), std::move(out));
 }
 
+}  // namespace
+
 Status rms_norm(KernelContext& ctx, const fb::OpNodeUnion& op) {
   const auto* n = op.AsRmsNormNode();
   if (n->order == fb::NormOrder::Tree32) return rms_norm_tree(ctx, *n);
   return norm_rows(ctx, "rms_norm", n->x.get(), n->weight.get(), n->eps, n->out.get());
 }
-
-}  // namespace
 
 void register_norm(KernelRegistry& r) {
   r.add(fb::OpNode::SoftmaxNode, softmax);
