@@ -2,8 +2,6 @@
 // SB_KERNEL(attention, ATTENTION, "rrrrbw", AttentionArgs, SB_ATTENTION_ARGS, 128, 0)
 // SB_KERNEL(attention_blocks, ATTENTION_BLOCKS, "rrrwr", AttentionArgs, SB_ATTENTION_ARGS, 128, 0)
 // SB_KERNEL(attention_merge, ATTENTION_MERGE, "rrwr", AttentionArgs, SB_ATTENTION_ARGS, 128, 0)
-// attention_blocks' bindings (scratch read back), then sinks, out and the per-pair counters.
-// SB_KERNEL(attention_decode, ATTENTION_DECODE, "rrrbrrwb", AttentionArgs, SB_ATTENTION_ARGS, 128, 0)
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
@@ -28,9 +26,6 @@
 // factors a, c of blocks t, t + 128, ... into shared memory; then thread t merges output words
 // t, t + 128, ... (one or two columns a word) in block order. Past kMerge blocks each thread
 // walks the blocks itself (the same operations).
-// ATTENTION_DECODE (order Blocked32): ATTENTION_BLOCKS, then the workgroup that counts last
-// among its pair's splits (an atomic after its stores are made visible) runs ATTENTION_MERGE's
-// steps for the pair: one dispatch, the same bits.
 #include "common.glsl"
 
 layout(local_size_x = 128) in;
@@ -174,39 +169,11 @@ void main() {
 }
 #endif  // ATTENTION
 
-#ifdef ATTENTION_DECODE
-#define SB_BLOCKS
-#define SB_MERGE
-layout(std430, binding = 0) readonly buffer Q { uint q[]; };
-layout(std430, binding = 1) readonly buffer K { uint k[]; };
-layout(std430, binding = 2) readonly buffer V { uint v[]; };
-layout(std430, binding = 3) coherent buffer Scratch { float scratch[]; };
-layout(std430, binding = 4) readonly buffer Dyn { uint dyn[]; };
-layout(std430, binding = 5) readonly buffer S { uint sinks[]; };
-layout(std430, binding = 6) writeonly buffer O { uint o[]; };
-layout(std430, binding = 7) coherent buffer Cn { uint counters[]; };  // per pair, zero at start
-#endif
-#ifdef ATTENTION_BLOCKS
-#define SB_BLOCKS
-layout(std430, binding = 0) readonly buffer Q { uint q[]; };
-layout(std430, binding = 1) readonly buffer K { uint k[]; };
-layout(std430, binding = 2) readonly buffer V { uint v[]; };
-layout(std430, binding = 3) writeonly buffer Scratch { float scratch[]; };
-layout(std430, binding = 4) readonly buffer Dyn { uint dyn[]; };
-#endif
-#ifdef ATTENTION_MERGE
-#define SB_MERGE
-layout(std430, binding = 0) readonly buffer S { uint sinks[]; };
-layout(std430, binding = 1) readonly buffer Scratch { float scratch[]; };
-layout(std430, binding = 2) writeonly buffer O { uint o[]; };
-layout(std430, binding = 3) readonly buffer Dyn { uint dyn[]; };
-#endif
-
-#if defined(SB_BLOCKS) || defined(SB_MERGE)
+#if defined(ATTENTION_BLOCKS) || defined(ATTENTION_MERGE)
 
 // The first query's position: pos, plus the word the host writes per execution where pos is
 // an input (word 0 is always 0), so a recorded decode step replays at any position.
-uint first_pos() { return args.pos + dyn[args.pos_word]; }
+uint first_pos();
 
 // Pair r of this dispatch: its query row's visible keys [lo, hi) (op_shapes.h visible_keys).
 void visible(uint r, out uint lo, out uint hi) {
@@ -218,7 +185,14 @@ uint ml_at(uint r, uint b) { return (r * args.nb + b) * 2u; }
 uint ob_at(uint r, uint b) { return args.rows * args.hq * args.nb * 2u + (r * args.nb + b) * args.hd; }
 #endif
 
-#ifdef SB_BLOCKS
+#ifdef ATTENTION_BLOCKS
+layout(std430, binding = 0) readonly buffer Q { uint q[]; };
+layout(std430, binding = 1) readonly buffer K { uint k[]; };
+layout(std430, binding = 2) readonly buffer V { uint v[]; };
+layout(std430, binding = 3) writeonly buffer Scratch { float scratch[]; };
+layout(std430, binding = 4) readonly buffer Dyn { uint dyn[]; };
+uint first_pos() { return args.pos + dyn[args.pos_word]; }
+
 shared float s_q[kMaxHd];
 shared float s_part[kBlock * 33u];  // key kk's 32 partials at kk * 33 (padded against bank clashes)
 shared float s_s[kBlock];
@@ -287,41 +261,39 @@ void block(uint r, uint b, uint kh, uint lo, uint hi) {
   barrier();  // the next block reuses the shared arrays
 }
 
-// Workgroup w's key blocks (split w % nsplit of pair w / nsplit); false when the split has
-// no visible block (uniform: nothing done).
-bool blocks_of(uint w) {
+void main() {
   uint t = gl_LocalInvocationID.x;
+  uint w = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
+  if (w >= args.rows * args.hq * args.nsplit) return;  // uniform over the workgroup
   uint split = w % args.nsplit, r = w / args.nsplit, hd = args.hd;
   uint i = args.row0 + r / args.hq, h = r % args.hq, kh = h / (args.hq / args.hk);
   uint lo, hi;
   visible(r, lo, hi);
-  if (split * kBlock >= hi) return false;
+  if (split * kBlock >= hi) return;  // uniform: no visible block for this split
   for (uint c = t; c < hd; c += kT) s_q[c] = SB_LOAD(q, args.dtype, (i * args.hq + h) * hd + c);
   barrier();
   for (uint b = split; b < args.nb && b * kBlock < hi; b += args.nsplit) {
     if (b * kBlock + kBlock > lo) block(r, b, kh, lo, hi);
   }
-  return true;
 }
-#endif  // SB_BLOCKS
+#endif  // ATTENTION_BLOCKS
 
-#ifdef ATTENTION_BLOCKS
-void main() {
-  uint w = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
-  if (w >= args.rows * args.hq * args.nsplit) return;  // uniform over the workgroup
-  blocks_of(w);
-}
-#endif
+#ifdef ATTENTION_MERGE
+layout(std430, binding = 0) readonly buffer S { uint sinks[]; };
+layout(std430, binding = 1) readonly buffer Scratch { float scratch[]; };
+layout(std430, binding = 2) writeonly buffer O { uint o[]; };
+layout(std430, binding = 3) readonly buffer Dyn { uint dyn[]; };
+uint first_pos() { return args.pos + dyn[args.pos_word]; }
 
-#ifdef SB_MERGE
 const uint kMerge = 1024u;
 shared float s_m[kMerge];  // the state's max after block b (first .. last)
 shared float s_a[kMerge];  // exp(m before - m after) of block b
 shared float s_c[kMerge];  // exp(m_b - m after) of block b
 
-// Pair r's output from its blocks' (m_b, l_b, o_b) in scratch.
-void merge_pair(uint r) {
+void main() {
   uint t = gl_LocalInvocationID.x;
+  uint r = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
+  if (r >= args.rows * args.hq) return;  // uniform over the workgroup
   uint i = args.row0 + r / args.hq, h = r % args.hq, hd = args.hd;
   uint lo, hi;
   visible(r, lo, hi);
@@ -411,32 +383,5 @@ void merge_pair(uint r) {
     o[(i * args.hq + h) * words + wd] = per == 1u ? floatBitsToUint(rnd(y0)) : sb_encode_word(y0, y1, args.dtype);
   }
 }
-#endif  // SB_MERGE
-
-#ifdef ATTENTION_MERGE
-void main() {
-  uint r = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
-  if (r >= args.rows * args.hq) return;  // uniform over the workgroup
-  merge_pair(r);
-}
-#endif
-
-#ifdef ATTENTION_DECODE
-shared uint s_last;
-void main() {
-  uint w = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
-  if (w >= args.rows * args.hq * args.nsplit) return;  // uniform over the workgroup
-  if (!blocks_of(w)) return;                           // uniform; not counted (nor by the host)
-  uint r = w / args.nsplit, lo, hi;
-  visible(r, lo, hi);
-  uint splits = min(args.nsplit, (hi + kBlock - 1u) / kBlock);  // splits with a visible block
-  memoryBarrierBuffer();  // this workgroup's blocks stored before the count
-  barrier();
-  if (gl_LocalInvocationID.x == 0u) s_last = atomicAdd(counters[r], 1u) + 1u == splits ? 1u : 0u;
-  barrier();
-  if (s_last == 0u) return;  // uniform
-  memoryBarrierBuffer();     // the other splits' blocks, counted before ours, are visible now
-  merge_pair(r);
-}
-#endif
+#endif  // ATTENTION_MERGE
 

@@ -117,7 +117,7 @@
   uint batch; uint group; uint pad0; uint pad1;
 // MATMUL_NORM: `matmul` (b transposed, batch 1) of RmsNorm's output (order Tree32) from its
 // input a (k <= SB_MATMUL_NORM_K); the norm's fields as QMM_ROW_NORM_2K's.
-#define SB_MATMUL_NORM_K 4096
+#define SB_MATMUL_NORM_K 2048
 #define SB_MATMUL_NORM_ARGS \
   SB_MATMUL_ARGS uint has_residual; float inv_d; float eps; uint w_dtype; uint store_out; uint pad2; uint pad3; uint pad4;
 

@@ -14,6 +14,170 @@
 // reading the rows through shared memory).
 #include "common.glsl"
 
+#ifdef MATMUL_NORM
+// MATMUL_NORM: `matmul` (b transposed) of RmsNorm's output (order Tree32, norm.comp's
+// RMS_NORM_TREE), which each workgroup computes from the norm's input. Thread -> output: as
+// `matmul` (workgroup w, output word w; lane l holds dot32's partial l). The row's 16-byte
+// units go to lane u % 32, all loads issued at once: s = round(a + residual) and w staged in
+// shared memory; lane l adds the squares of elements l, l + 32, ... (dot32's partial l), lane
+// 0 the tree and rsqrt; each lane normalizes its own units, then each output's b row is staged
+// the same way. The workgroup of a row's first output word also stores its sum and (store_out)
+// its normalized values. Rows and b rows in whole 16-byte units, 16-byte aligned (the host
+// checks); k <= SB_MATMUL_NORM_K.
+layout(local_size_x = 32) in;
+layout(std430, binding = 0) readonly buffer A { uvec4 a4[]; };
+layout(std430, binding = 1) readonly buffer B { uvec4 b4[]; };
+layout(std430, binding = 2) readonly buffer Bias { uint bias[]; };
+layout(std430, binding = 3) writeonly buffer O { uint o[]; };
+layout(std430, binding = 4) readonly buffer R { uvec4 res4[]; };
+layout(std430, binding = 5) readonly buffer Nw { uvec4 norm_w4[]; };
+layout(std430, binding = 6) writeonly buffer No { uvec4 norm_out4[]; };
+layout(std430, binding = 7) writeonly buffer Ns { uvec4 norm_sum4[]; };
+layout(push_constant) uniform Args { SB_MATMUL_NORM_ARGS } args;
+const uint kLanes = 32u;
+shared float s_h[SB_MATMUL_NORM_K];  // the row: s, then the normalized values
+shared float s_x[SB_MATMUL_NORM_K];  // the norm's weight, then an output's b row
+shared float s_part[kLanes];
+shared float s_inv;
+
+uint unit_len(uint dt) { return sb_is16(dt) ? 8u : 4u; }
+// Element i of a 16-byte unit of dtype dt.
+float unit_at(uvec4 u, uint dt, uint i) { return sb_is16(dt) ? sb_decode(u[i >> 1u], dt, i) : uintBitsToFloat(u[i & 3u]); }
+uvec4 encode_unit(uint e, uint dt) {  // s_h's unit at element e
+  uvec4 u;
+  uint per = sb_per_word(dt);
+  [[unroll]] for (uint w = 0u; w < 4u; ++w)
+    u[w] = sb_encode_word(s_h[e + w * per], per == 2u ? s_h[e + w * per + 1u] : 0.0, dt);
+  return u;
+}
+
+// Units lane, lane + 32, ... of a row of `len` elements of dtype dt from unit `base` of BUF4
+// into DST (as floats), eight units' loads issued before any is used; unit elements by constant
+// index (a variable one would put the unit in local memory).
+#define SB_STAGE_ROW(NAME, BUF4, DST)                                                \
+  void NAME(uint base, uint len, uint dt) {                                          \
+    uint lane = gl_LocalInvocationID.x, n = unit_len(dt), units = len / n;           \
+    for (uint j0 = 0u; j0 * kLanes < units; j0 += 8u) {                              \
+      uvec4 v[8];                                                                    \
+      [[unroll]] for (uint j = 0u; j < 8u; ++j)                                      \
+        v[j] = BUF4[base + min(lane + (j0 + j) * kLanes, units - 1u)];               \
+      [[unroll]] for (uint j = 0u; j < 8u; ++j) {                                    \
+        uint u = lane + (j0 + j) * kLanes;                                           \
+        [[unroll]] for (uint i = 0u; i < 8u; ++i)                                    \
+          if (u < units && i < n) DST[u * n + i] = unit_at(v[j], dt, i);             \
+      }                                                                              \
+    }                                                                                \
+  }
+SB_STAGE_ROW(stage_a, a4, s_h)
+SB_STAGE_ROW(stage_w, norm_w4, s_x)
+SB_STAGE_ROW(stage_b, b4, s_x)
+
+// Row r of the norm's output into s_h; `store`: this workgroup stores the row's sum and out.
+void norm_row(uint r, bool store) {
+  uint lane = gl_LocalInvocationID.x, n = unit_len(args.dtype), units = args.k / n, base = r * units;
+  stage_w(0u, args.k, args.w_dtype);
+  if (args.has_residual != 0u) {  // s = round(a + residual), a lane's own units
+    for (uint j0 = 0u; j0 * kLanes < units; j0 += 8u) {
+      uvec4 va[8], vr[8];
+      [[unroll]] for (uint j = 0u; j < 8u; ++j) {
+        uint u = base + min(lane + (j0 + j) * kLanes, units - 1u);
+        va[j] = a4[u];
+        vr[j] = res4[u];
+      }
+      [[unroll]] for (uint j = 0u; j < 8u; ++j) {
+        uint u = lane + (j0 + j) * kLanes;
+        if (u < units) {
+          [[unroll]] for (uint i = 0u; i < 8u; ++i) {
+            precise float t = unit_at(va[j], args.dtype, i) + unit_at(vr[j], args.dtype, i);
+            if (i < n) s_h[u * n + i] = sb_round_to(t, args.dtype);
+          }
+          if (store) norm_sum4[base + u] = encode_unit(u * n, args.dtype);
+        }
+      }
+    }
+  } else {
+    stage_a(base, args.k, args.dtype);
+  }
+  barrier();
+  precise float p = 0.0;  // partial `lane`: elements lane, lane + 32, ... in order
+  for (uint i0 = lane; i0 < args.k; i0 += 8u * kLanes) {
+    float sv[8];
+    [[unroll]] for (uint l = 0u; l < 8u; ++l) sv[l] = s_h[min(i0 + l * kLanes, args.k - 1u)];
+    [[unroll]] for (uint l = 0u; l < 8u; ++l) {
+      if (i0 + l * kLanes < args.k) p = p + sv[l] * sv[l];
+    }
+  }
+  s_part[lane] = p;
+  barrier();
+  if (lane == 0u) {
+    precise float q[32];
+    [[unroll]] for (uint l = 0u; l < 32u; ++l) q[l] = s_part[l];
+    [[unroll]] for (uint h = 16u; h >= 1u; h >>= 1u) {
+      [[unroll]] for (uint l = 0u; l < h; ++l) q[l] = q[l] + q[l + h];
+    }
+    precise float ms = q[0] * args.inv_d + args.eps;
+    s_inv = sb_rsqrt(ms);
+  }
+  barrier();
+  float inv = s_inv;
+  for (uint u = lane; u < units; u += kLanes) {  // a lane's own units: no other lane reads them yet
+    [[unroll]] for (uint i = 0u; i < 8u; ++i) {
+      if (i < n) {
+        precise float y = (s_h[u * n + i] * inv) * s_x[u * n + i];
+        s_h[u * n + i] = sb_round_to(y, args.dtype);
+      }
+    }
+    if (store && args.store_out != 0u) norm_out4[base + u] = encode_unit(u * n, args.dtype);
+  }
+  barrier();
+}
+
+// Output c of the row in s_h: b's row c staged, dot32 (lane l: partial l), the halving tree.
+float dot_row(uint c) {
+  uint lane = gl_LocalInvocationID.x;
+  stage_b(c * (args.k / unit_len(args.b_dtype)), args.k, args.b_dtype);
+  barrier();
+  precise float p = 0.0;
+  for (uint i0 = lane; i0 < args.k; i0 += 8u * kLanes) {
+    float av[8], bv[8];
+    [[unroll]] for (uint l = 0u; l < 8u; ++l) {
+      uint i = min(i0 + l * kLanes, args.k - 1u);
+      av[l] = s_h[i];
+      bv[l] = s_x[i];
+    }
+    [[unroll]] for (uint l = 0u; l < 8u; ++l) {
+      if (i0 + l * kLanes < args.k) p = p + av[l] * bv[l];
+    }
+  }
+  s_part[lane] = p;
+  barrier();
+  for (uint s = 16u; s >= 1u; s >>= 1) {
+    if (lane < s) {
+      precise float sum = s_part[lane] + s_part[lane + s];
+      s_part[lane] = sum;
+    }
+    barrier();
+  }
+  precise float v = s_part[0];
+  if (args.has_bias != 0u) v = v + SB_LOAD(bias, args.bias_dtype, c);
+  barrier();  // s_part and s_x are reused by the next output
+  return v;
+}
+
+void main() {
+  uint wg = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
+  uint per = sb_per_word(args.dtype), i = wg * per, count = args.rows * args.cols;
+  if (i >= count) return;  // uniform over the workgroup
+  uint r = i / args.cols, c = i % args.cols;  // a word's two outputs share a row (even cols)
+  norm_row(r, c == 0u);
+  float v0 = dot_row(c);
+  bool two = per == 2u && i + 1u < count;
+  float v1 = 0.0;
+  if (two) v1 = dot_row(c + 1u);  // uniform
+  if (gl_LocalInvocationID.x == 0u) o[wg] = sb_encode_word(v0, v1, args.dtype);
+}
+#else
+
 #ifdef MATMUL_TILE
 layout(local_size_x = 256) in;
 #else
@@ -31,25 +195,7 @@ layout(std430, binding = 1) readonly buffer B { uint b[]; };
 #endif
 layout(std430, binding = 2) readonly buffer Bias { uint bias[]; };
 layout(std430, binding = 3) writeonly buffer O { uint o[]; };
-#ifdef MATMUL_NORM
-// MATMUL_NORM: `matmul` of RmsNorm's output (order Tree32, norm.comp's RMS_NORM_TREE), which
-// each workgroup computes from the norm's input: lane l adds the squares of elements l,
-// l + 32, ... of s = round(a + residual) (dot32's partial l), lane 0 the tree and rsqrt; the
-// normalized row stays in shared memory, and the workgroup of a row's first output word
-// also stores the row's sum and (store_out) its normalized values.
-#define MATMUL
-layout(std430, binding = 4) readonly buffer R { uint res[]; };
-layout(std430, binding = 5) readonly buffer Nw { uint norm_w[]; };
-layout(std430, binding = 6) writeonly buffer No { uint norm_out[]; };
-layout(std430, binding = 7) writeonly buffer Ns { uint norm_sum[]; };
-layout(push_constant) uniform Args { SB_MATMUL_NORM_ARGS } args;
-shared float s_h[SB_MATMUL_NORM_K];
-shared float s_inv;
-#define A_AT(r, i) s_h[i]
-#else
 layout(push_constant) uniform Args { SB_MATMUL_ARGS } args;
-#define A_AT(r, i) SB_LOAD(a, args.dtype, (r) * args.k + (i))
-#endif
 
 #ifdef MATMUL_TILE
 // Many rows and columns (prefill attention, projections): workgroup (batch, row tile,
@@ -167,7 +313,7 @@ void dot32(uint e, uint slot) {
     [[unroll]] for (uint j = 0u; j < 16u; ++j) {
       uint i = min(i0 + 32u * j, args.k - 1u);
       uint bi = boff + (args.transpose_b != 0u ? c * args.k + i : i * args.cols + c);
-      av[j] = A_AT(r, i);
+      av[j] = SB_LOAD(a, args.dtype, r * args.k + i);
       bv[j] = SB_LOAD(b, args.b_dtype, bi);
     }
     [[unroll]] for (uint j = 0u; j < 16u; ++j)
@@ -191,71 +337,16 @@ void dot32(uint e, uint slot) {
   barrier();
 }
 
-#ifdef MATMUL_NORM
-// Row r of the norm's output into s_h (module comment); `store`: this workgroup stores the
-// row's sum and out words.
-void norm_row(uint r, bool store) {
-  uint lane = gl_LocalInvocationID.x, base = r * args.k, per = sb_per_word(args.dtype);
-  precise float p = 0.0;
-  for (uint i0 = lane; i0 < args.k; i0 += 256u) {  // eight elements a pass, loaded ahead
-    float xv[8], rv[8];
-    [[unroll]] for (uint l = 0u; l < 8u; ++l) {
-      uint i = min(i0 + 32u * l, args.k - 1u);
-      xv[l] = SB_LOAD(a, args.dtype, base + i);
-      rv[l] = args.has_residual != 0u ? SB_LOAD(res, args.dtype, base + i) : 0.0;
-    }
-    [[unroll]] for (uint l = 0u; l < 8u; ++l) {
-      if (i0 + 32u * l < args.k) {
-        float s = xv[l];
-        if (args.has_residual != 0u) {
-          precise float t = xv[l] + rv[l];
-          s = sb_round_to(t, args.dtype);
-        }
-        s_h[i0 + 32u * l] = s;
-        p = p + s * s;
-      }
-    }
-  }
-  s_part[lane] = p;
-  barrier();
-  if (lane == 0u) {
-    precise float q[32];
-    [[unroll]] for (uint l = 0u; l < 32u; ++l) q[l] = s_part[l];
-    [[unroll]] for (uint h = 16u; h >= 1u; h >>= 1u) {
-      [[unroll]] for (uint l = 0u; l < h; ++l) q[l] = q[l] + q[l + h];
-    }
-    precise float ms = q[0] * args.inv_d + args.eps;
-    s_inv = sb_rsqrt(ms);
-  }
-  uint words = args.k / per;  // 16-bit rows have even k (the host checks)
-  if (store && args.has_residual != 0u)
-    for (uint w = lane; w < words; w += 32u)
-      norm_sum[base / per + w] = sb_encode_word(s_h[w * per], per == 2u ? s_h[w * per + 1u] : 0.0, args.dtype);
-  barrier();
-  float inv = s_inv;
-  for (uint i = lane; i < args.k; i += 32u) {
-    precise float y = (s_h[i] * inv) * SB_LOAD(norm_w, args.w_dtype, i);
-    s_h[i] = sb_round_to(y, args.dtype);
-  }
-  barrier();
-  if (store && args.store_out != 0u)
-    for (uint w = lane; w < words; w += 32u)
-      norm_out[base / per + w] = sb_encode_word(s_h[w * per], per == 2u ? s_h[w * per + 1u] : 0.0, args.dtype);
-}
-#endif
-
 void main() {
   uint wg = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
   uint per = sb_per_word(args.dtype);
   uint i = wg * per;
   uint count = args.batch * args.rows * args.cols;
   if (i >= count) return;
-#ifdef MATMUL_NORM
-  norm_row(i / args.cols, i % args.cols == 0u);  // a word's two outputs share a row (even cols)
-#endif
   dot32(i, 0u);
   bool two = per == 2u && i + 1u < count;
   if (two) dot32(i + 1u, 1u);
   if (gl_LocalInvocationID.x == 0u) o[wg] = sb_encode_word(s_out[0], two ? s_out[1] : 0.0, args.dtype);
 }
 #endif
+#endif  // MATMUL_NORM

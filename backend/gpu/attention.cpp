@@ -1,6 +1,5 @@
 // Attention over a KV cache on the GPU (metal_shaders/attention.comp). Order Blocked32: one
-// workgroup per (row, head, key block of 32), then one per (row, head) merging the blocks — or,
-// where workgroups may hand off, the last block of each pair merges in the same dispatch (a
+// workgroup per (row, head, key block of 32), then one per (row, head) merging the blocks (a
 // prefill of head dims 32k <= 128 goes to attention_tiles.cpp instead). Order Decomposed: one
 // workgroup per (row, head).
 #include <algorithm>
@@ -41,13 +40,6 @@ Status blocked(Runtime& rt, const ops::AttentionDims& d, k::AttentionArgs args, 
     args.row0 = static_cast<uint32_t>(row0);
     args.rows = static_cast<uint32_t>(rows);
     const uint64_t pairs = rows * static_cast<uint64_t>(d.hq);
-    if (rt.cross_workgroup_handoff()) {
-      // One dispatch: each pair's last split to finish merges its blocks (attention_decode).
-      SB_ASSIGN_OR_RETURN(BufferRef counters, rt.scratch(pairs * 4, 0));
-      SB_RETURN_IF_ERROR(rt.dispatch("attention_decode", {b[0], b[1], b[2], bt, b[5], b[3], b[4], counters}, &args,
-                                     sizeof(args), pairs * nsplit * 128));
-      continue;
-    }
     SB_RETURN_IF_ERROR(
         rt.dispatch("attention_blocks", {b[0], b[1], b[2], bt, b[5]}, &args, sizeof(args), pairs * nsplit * 128));
     SB_RETURN_IF_ERROR(rt.dispatch("attention_merge", {b[3], bt, b[4], b[5]}, &args, sizeof(args), pairs * 128));

@@ -66,10 +66,12 @@ Status norm_then_matmul(KernelContext& ctx, const std::unique_ptr<fb::Instructio
   }
   const int64_t d = x.rank() == 2 ? x.dim(1) : 0, rows = x.rank() == 2 ? x.dim(0) : 0;
   const int64_t cols = b.rank() == 2 ? b.dim(0) : 0;
+  // Rows of x, the residual, w and b in whole 16-byte units at 16-byte aligned offsets.
+  auto units = [&](DType t, BufferRef ref) { return d % (16 / static_cast<int64_t>(dtype_size(t))) == 0 && ref.offset % 16 == 0; };
   const bool fits = n->transpose_b && d > 0 && d <= SB_MATMUL_NORM_K && rows <= kNormMatmulRows && b.rank() == 2 &&
                     b.dim(1) == d && w.numel() == d && (!nn.residual || res.shape() == x.shape()) &&
-                    (dtype_size(x.dtype()) == 4 || (d % 2 == 0 && cols % 2 == 0)) &&
-                    (!n->bias || bias.shape() == Shape{cols});
+                    units(x.dtype(), bx) && units(x.dtype(), br) && units(w.dtype(), bw) && units(b.dtype(), bb) &&
+                    (dtype_size(x.dtype()) == 4 || cols % 2 == 0) && (!n->bias || bias.shape() == Shape{cols});
   if (!fits) {
     SB_RETURN_IF_ERROR(rms_norm(ctx, ins[0]->op));
     return matmul(ctx, ins[1]->op);
