@@ -115,11 +115,6 @@
   uint rows; uint cols; uint k; uint dtype; \
   uint b_dtype; uint transpose_b; uint has_bias; uint bias_dtype; \
   uint batch; uint group; uint pad0; uint pad1;
-// MATMUL_NORM: `matmul` (b transposed, batch 1) of RmsNorm's output (order Tree32) from its
-// input a (k <= SB_MATMUL_NORM_K); the norm's fields as QMM_ROW_NORM_2K's.
-#define SB_MATMUL_NORM_K 2048
-#define SB_MATMUL_NORM_ARGS \
-  SB_MATMUL_ARGS uint has_residual; float inv_d; float eps; uint w_dtype; uint store_out; uint pad2; uint pad3; uint pad4;
 
 // norm.comp: x viewed as [rows, d] (SOFTMAX; RMS_NORM with weight [d], inv_d = f32(1/d)).
 #define SB_NORM_ROW_MAX 4096  // longest row the workgroup-per-row variants stage in shared memory
@@ -180,7 +175,6 @@ struct ReduceArgs { SB_REDUCE_ARGS };
 struct RegionArgs { SB_REGION_ARGS };
 struct TransposeArgs { SB_TRANSPOSE_ARGS };
 struct MatmulArgs { SB_MATMUL_ARGS };
-struct MatmulNormArgs { SB_MATMUL_NORM_ARGS };
 struct NormArgs { SB_NORM_ARGS };
 struct AttentionArgs { SB_ATTENTION_ARGS };
 struct RopeArgs { SB_ROPE_ARGS };

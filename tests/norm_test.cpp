@@ -222,9 +222,9 @@ TEST(RmsNorm, Tree32WithAndWithoutAResidual) {
       }
 }
 
-// RmsNorm (Tree32) straight into a GatherQmm or a Matmul of its output: the GPU normalizes the
-// row inside the projection's workgroups (qmm_row_norm_2k, matmul_norm) where the rows suit
-// it, else runs the two ops.
+// RmsNorm (Tree32) straight into a GatherQmm of its output: the GPU normalizes the row inside
+// the projection's workgroups (qmm_row_norm_2k) where the rows suit it, else runs the two ops
+// (and always before a Matmul).
 // The same program also runs the pair apart (an op between them): projection, sum and the
 // normalized row hold the same bits either way, on every device, as on the CPU; where the
 // fused kernel applies, it is the one dispatch the pair costs.
@@ -234,7 +234,7 @@ struct NormQmmCase {
   int bits = 4;
   bool residual = true, store_out = false;
   bool one_dispatch = true;  // the fused kernel applies
-  bool matmul = false;       // a Matmul (b [n, k] of dt, with a bias) instead of the GatherQmm
+  bool matmul = false;       // a Matmul (b [n, k] of dt, with a bias): not fused
 };
 
 void run_norm_qmm(const NormQmmCase& c) {
@@ -318,16 +318,11 @@ TEST(RmsNorm, Tree32FusedIntoTheNextProjection) {
   wide.store_out = true;
   wide.one_dispatch = false;
   run_norm_qmm(wide);
-  for (NormQmmCase m : {decode, out, f16, f32}) {  // the router logits' Matmul (128 experts)
-    m.matmul = true;
-    m.n = 128;
-    run_norm_qmm(m);
-  }
-  NormQmmCase rows = decode;  // rows past matmul_norm's few: the two ops one by one
-  rows.matmul = true;
-  rows.rows = 24;
-  rows.one_dispatch = false;
-  run_norm_qmm(rows);
+  NormQmmCase router = decode;  // the router logits' Matmul: the two ops one by one
+  router.matmul = true;
+  router.n = 128;
+  router.one_dispatch = false;
+  run_norm_qmm(router);
 }
 
 TEST(RmsNorm, Tree32RulesNameTheField) {

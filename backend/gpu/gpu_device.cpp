@@ -133,27 +133,20 @@ GpuDevice::GpuDevice(std::unique_ptr<Runtime> rt, std::string name) : rt_(std::m
   register_reduce(registry_);
 }
 
-// RmsNorm (order Tree32, no gate) and the op after it when that op reads the norm's output
-// only as its activations: a GatherQmm without indices (unless it starts a gate/up fusion) or
-// a Matmul.
-Fusion norm_fusion(const std::vector<std::unique_ptr<fb::InstructionT>>& ins, size_t i,
-                   const PrivateTemp& private_temp, const Fusion& next) {
+// RmsNorm (order Tree32, no gate) and a GatherQmm without indices that reads the norm's output
+// only as x — unless that GatherQmm starts a gate/up fusion. (Into the router's Matmul, whose
+// 32-lane workgroups would each normalize the row, it was slower: bench/RESULTS.md.)
+Fusion norm_qmm_fusion(const std::vector<std::unique_ptr<fb::InstructionT>>& ins, size_t i,
+                       const PrivateTemp& private_temp, const Fusion& next) {
   const auto* nn = ins[i]->op.AsRmsNormNode();
-  if (nn->order != fb::NormOrder::Tree32 || nn->gate || next.fn) return {};
+  const auto* q = ins[i + 1]->op.AsGatherQmmNode();
+  if (nn->order != fb::NormOrder::Tree32 || nn->gate || next.fn || !q) return {};
   const uint32_t h = nn->out->idx();
   auto not_h = [&](const std::unique_ptr<fb::Tid>& t) { return !t || t->idx() != h; };
-  const bool priv = private_temp(nn->out.get(), i + 1);
-  if (const auto* q = ins[i + 1]->op.AsGatherQmmNode()) {
-    if (q->x->idx() != h || q->lhs_indices || q->rhs_indices || q->combine_weights || !not_h(q->w) ||
-        !not_h(q->scales) || !not_h(q->biases))
-      return {};
-    return Fusion{priv ? norm_qmm_private : norm_qmm, 2};
-  }
-  if (const auto* m = ins[i + 1]->op.AsMatmulNode()) {
-    if (m->a->idx() != h || !not_h(m->b) || !not_h(m->bias)) return {};
-    return Fusion{priv ? norm_matmul_private : norm_matmul, 2};
-  }
-  return {};
+  if (q->x->idx() != h || q->lhs_indices || q->rhs_indices || q->combine_weights || !not_h(q->w) ||
+      !not_h(q->scales) || !not_h(q->biases))
+    return {};
+  return Fusion{private_temp(nn->out.get(), i + 1) ? norm_qmm_private : norm_qmm, 2};
 }
 
 // Decode's gate and up projections with their Glu: GatherQmm, GatherQmm (either order),
@@ -161,7 +154,7 @@ Fusion norm_fusion(const std::vector<std::unique_ptr<fb::InstructionT>>& ins, si
 Fusion GpuDevice::fuse(const std::vector<std::unique_ptr<fb::InstructionT>>& ins, size_t i,
                        const PrivateTemp& private_temp) const {
   if (i + 2 <= ins.size() && ins[i]->op.type == fb::OpNode::RmsNormNode)
-    return norm_fusion(ins, i, private_temp, fuse(ins, i + 1, private_temp));
+    return norm_qmm_fusion(ins, i, private_temp, fuse(ins, i + 1, private_temp));
   if (i + 2 <= ins.size() && ins[i]->op.type == fb::OpNode::ScatterRowsNode &&
       ins[i + 1]->op.type == fb::OpNode::CombineNode) {
     const auto* sc = ins[i]->op.AsScatterRowsNode();

@@ -83,7 +83,6 @@ static_assert(sizeof(QmmGluArgs) == 80 && offsetof(QmmGluArgs, glu_kind) == 64 &
 static_assert(sizeof(QmmCombineArgs) == 96 && offsetof(QmmCombineArgs, slots) == 64 &&
               offsetof(QmmCombineArgs, gate_dtype) == 80);
 static_assert(sizeof(QmmNormArgs) == 96 && offsetof(QmmNormArgs, has_residual) == 64 && offsetof(QmmNormArgs, store_out) == 80);
-static_assert(sizeof(MatmulNormArgs) == 80 && offsetof(MatmulNormArgs, has_residual) == 48);
 static_assert(sizeof(PermuteArgs) == 32 && offsetof(PermuteArgs, out_words) == 16);
 static_assert(sizeof(ProbeArgs) == 16 && sizeof(StreamArgs) == 16 && sizeof(ArgsortArgs) == 16);
 static_assert(sizeof(GatherMmArgs) == 32 && sizeof(ReduceArgs) == 32 && sizeof(RegionArgs) == 48);

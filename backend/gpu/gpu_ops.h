@@ -128,9 +128,5 @@ Status moe_ffn(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>* ins)
 // form leaves the norm's output unwritten (nothing after the GatherQmm reads it).
 Status norm_qmm(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>* ins);
 Status norm_qmm_private(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>* ins);
-// RmsNorm (order Tree32) + the Matmul of its output (matmul.cpp), the same two forms.
-Status norm_matmul(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>* ins);
-Status norm_matmul_private(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>* ins);
-Status matmul(KernelContext& ctx, const fb::OpNodeUnion& op);
 
 }  // namespace switchboard::gpu

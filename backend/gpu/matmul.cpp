@@ -1,6 +1,4 @@
 // Matmul and BatchMatmul on the GPU (metal_shaders/matmul.comp).
-#include <cstring>
-
 #include "gpu_ops.h"
 #include "op_shapes.h"
 
@@ -44,71 +42,6 @@ Status dispatch_matmul(Runtime& rt, const k::MatmulArgs& args, DType dtype, cons
                      32 * words_of(dtype, static_cast<int64_t>(batch * rows * cols)));
 }
 
-// RmsNorm (order Tree32, no gate) and the Matmul of its output (GpuDevice::fuse): for a few
-// rows (decode's router logits) every workgroup normalizes its row itself (matmul_norm), the
-// bits of the two ops in one dispatch instead of two dependent ones; else the two one by one.
-constexpr int64_t kNormMatmulRows = 4;
-
-Status norm_then_matmul(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>* ins, bool store_out) {
-  const auto& nn = *ins[0]->op.AsRmsNormNode();
-  const auto* n = ins[1]->op.AsMatmulNode();
-  Runtime& rt = rt_of(ctx);
-  Tensor x, res, w, b, bias;
-  SB_ASSIGN_OR_RETURN(BufferRef bx, bind_in(ctx, nn.x.get(), &x));
-  SB_ASSIGN_OR_RETURN(BufferRef bw, bind_in(ctx, nn.weight.get(), &w));
-  SB_ASSIGN_OR_RETURN(BufferRef bb, bind_in(ctx, n->b.get(), &b));
-  BufferRef br = bx, bbias = bx;  // stand-ins when absent
-  if (nn.residual) {
-    SB_ASSIGN_OR_RETURN(br, bind_in(ctx, nn.residual.get(), &res));
-  }
-  if (n->bias) {
-    SB_ASSIGN_OR_RETURN(bbias, bind_in(ctx, n->bias.get(), &bias));
-  }
-  const int64_t d = x.rank() == 2 ? x.dim(1) : 0, rows = x.rank() == 2 ? x.dim(0) : 0;
-  const int64_t cols = b.rank() == 2 ? b.dim(0) : 0;
-  // Rows of x, the residual, w and b in whole 16-byte units at 16-byte aligned offsets.
-  auto units = [&](DType t, BufferRef ref) { return d % (16 / static_cast<int64_t>(dtype_size(t))) == 0 && ref.offset % 16 == 0; };
-  const bool fits = n->transpose_b && d > 0 && d <= SB_MATMUL_NORM_K && rows <= kNormMatmulRows && b.rank() == 2 &&
-                    b.dim(1) == d && w.numel() == d && (!nn.residual || res.shape() == x.shape()) &&
-                    units(x.dtype(), bx) && units(x.dtype(), br) && units(w.dtype(), bw) && units(b.dtype(), bb) &&
-                    (dtype_size(x.dtype()) == 4 || cols % 2 == 0) && (!n->bias || bias.shape() == Shape{cols});
-  if (!fits) {
-    SB_RETURN_IF_ERROR(rms_norm(ctx, ins[0]->op));
-    return matmul(ctx, ins[1]->op);
-  }
-  SB_RETURN_IF_ERROR(u32_count(std::max({x.numel(), b.numel(), rows * cols}), "Matmul").status());
-  SB_ASSIGN_OR_RETURN(Tensor out, rt.alloc(x.dtype(), {rows, cols}));
-  SB_ASSIGN_OR_RETURN(BufferRef bo, rt.bind(out, false));
-  Tensor normed, sum;
-  BufferRef bn = bo, bs = bo;  // stand-ins, never written
-  if (store_out) {
-    SB_ASSIGN_OR_RETURN(normed, rt.alloc(x.dtype(), x.shape()));
-    SB_ASSIGN_OR_RETURN(bn, rt.bind(normed, false));
-  }
-  if (nn.residual) {
-    SB_ASSIGN_OR_RETURN(sum, rt.alloc(x.dtype(), x.shape()));
-    SB_ASSIGN_OR_RETURN(bs, rt.bind(sum, false));
-  }
-  k::MatmulNormArgs args{};
-  const k::MatmulArgs m = matmul_args(rows, cols, d, x.dtype(), b.dtype(), true);
-  std::memcpy(&args, &m, sizeof(m));
-  args.has_bias = bias.defined();
-  args.bias_dtype = bias.defined() ? static_cast<uint32_t>(bias.dtype()) : 0;
-  args.has_residual = nn.residual ? 1u : 0u;
-  args.inv_d = ops::inverse_count(d);
-  args.eps = nn.eps;
-  args.w_dtype = static_cast<uint32_t>(w.dtype());
-  args.store_out = store_out ? 1u : 0u;
-  if (rows * cols > 0)
-    SB_RETURN_IF_ERROR(rt.dispatch("matmul_norm", {bx, bb, bbias, bo, br, bw, bn, bs}, &args, sizeof(args),
-                                   32 * words_of(x.dtype(), rows * cols)));
-  if (nn.residual) SB_RETURN_IF_ERROR(ctx.out(nn.sum.get(), std::move(sum)));
-  if (store_out) SB_RETURN_IF_ERROR(ctx.out(nn.out.get(), std::move(normed)));
-  return ctx.out(n->out.get(), std::move(out));
-}
-
-}  // namespace
-
 Status matmul(KernelContext& ctx, const fb::OpNodeUnion& op) {
   const auto* n = op.AsMatmulNode();
   Runtime& rt = rt_of(ctx);
@@ -132,15 +65,6 @@ Status matmul(KernelContext& ctx, const fb::OpNodeUnion& op) {
   SB_RETURN_IF_ERROR(dispatch_matmul(rt, args, a.dtype(), {ba, bb, bbias, bo}));
   return ctx.out(n->out.get(), std::move(out));
 }
-
-Status norm_matmul(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>* ins) {
-  return norm_then_matmul(ctx, ins, true);
-}
-Status norm_matmul_private(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>* ins) {
-  return norm_then_matmul(ctx, ins, false);
-}
-
-namespace {
 
 // Softmax / RmsNorm along the last axis (norm.comp), one thread per row. 16-bit rows of
 // odd length would share output words between threads, so they go through f32 and a
