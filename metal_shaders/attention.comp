@@ -196,6 +196,7 @@ uint first_pos() { return args.pos + dyn[args.pos_word]; }
 shared float s_q[kMaxHd];
 shared float s_part[kBlock * 33u];  // key kk's 32 partials at kk * 33 (padded against bank clashes)
 shared float s_s[kBlock];
+shared float s_mx[kBlock];  // the block max's halving tree
 shared float s_e[kBlock];
 
 // Key block b of pair r (head kh of query row i; s_q holds the query).
@@ -231,9 +232,15 @@ void block(uint r, uint b, uint kh, uint lo, uint hi) {
   }
   barrier();
 
-  // m_b (order-free), e_j = exp(s_j - m_b), then l_b and o_b in key order.
-  float mb = s_s[j0 - b0];
-  for (uint jj = j0 + 1u; jj < j1; ++jj) mb = sb_max(mb, s_s[jj - b0]);
+  // m_b (order-free: a halving tree over the visible keys' scores), e_j = exp(s_j - m_b), then
+  // l_b and o_b in key order.
+  if (t < kBlock) s_mx[t] = s_s[clamp(t + b0, j0, j1 - 1u) - b0];  // repeats change no max
+  barrier();
+  [[unroll]] for (uint h = 16u; h >= 1u; h >>= 1u) {
+    if (t < h) s_mx[t] = sb_max(s_mx[t], s_mx[t + h]);
+    barrier();
+  }
+  float mb = s_mx[0];
   if (t < kBlock && b0 + t >= j0 && b0 + t < j1) {
     precise float d = s_s[t] - mb;
     s_e[t] = sb_exp(d);
@@ -241,20 +248,22 @@ void block(uint r, uint b, uint kh, uint lo, uint hi) {
   barrier();
   uint obase = ob_at(r, b);
   for (uint c = t; c < hd; c += kT) {
-    // Key order; eight values loaded ahead of their adds.
+    // Key order; the block's values loaded at once (clamped, never past the visible keys).
+    float vx[kBlock];
+    [[unroll]] for (uint l = 0u; l < kBlock; ++l) vx[l] = SB_LOAD(v, args.dtype, key_at(kh, clamp(b0 + l, j0, j1 - 1u)) + c);
     precise float acc = 0.0;
-    uint jj = j0;
-    for (; jj + 8u <= j1; jj += 8u) {
-      float vx[8];
-      [[unroll]] for (uint l = 0u; l < 8u; ++l) vx[l] = SB_LOAD(v, args.dtype, key_at(kh, jj + l) + c);
-      [[unroll]] for (uint l = 0u; l < 8u; ++l) acc = acc + s_e[jj + l - b0] * vx[l];
+    [[unroll]] for (uint l = 0u; l < kBlock; ++l) {
+      if (b0 + l >= j0 && b0 + l < j1) acc = acc + s_e[l] * vx[l];
     }
-    for (; jj < j1; ++jj) acc = acc + s_e[jj - b0] * SB_LOAD(v, args.dtype, key_at(kh, jj) + c);
     scratch[obase + c] = acc;
   }
   if (t == 0u) {
+    float ex[kBlock];
+    [[unroll]] for (uint l = 0u; l < kBlock; ++l) ex[l] = s_e[l];
     precise float lb = 0.0;
-    for (uint jj = j0; jj < j1; ++jj) lb = lb + s_e[jj - b0];
+    [[unroll]] for (uint l = 0u; l < kBlock; ++l) {
+      if (b0 + l >= j0 && b0 + l < j1) lb = lb + ex[l];
+    }
     scratch[ml_at(r, b)] = mb;
     scratch[ml_at(r, b) + 1u] = lb;
   }
