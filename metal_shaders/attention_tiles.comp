@@ -102,50 +102,50 @@ float leaf(vec4 a, vec4 b) {
 }
 
 // The subtree t3[base] = ((P0 + P16) + (P8 + P24)) + ((P4 + P20) + (P12 + P28)) (partials
-// base + offset) for this thread's vectors vq + 32y and keys kq + 8x: res[4y + x].
-void quarter(uint base, uint vq, uint kq, out float res[8]) {
-  precise float t3[8];
+// base + offset) for query vector vq and this thread's keys kq + 8x: res[x].
+void quarter(uint base, uint vq, uint kq, out float res[4]) {
+  precise float t3[4];
   [[unroll]] for (uint half_ = 0u; half_ < 2u; ++half_) {
-    precise float t2[8];
+    precise float t2[4];
     [[unroll]] for (uint pp = 0u; pp < 2u; ++pp) {
       uint pa = base + 4u * (half_ + 2u * pp), pb = pa + 16u;
-      vec4 qa[2], qb[2], ka[4], kb[4];
-      [[unroll]] for (uint y = 0u; y < 2u; ++y) {
-        qa[y] = qs[g_qs + pa * kTile + vq + 32u * y];
-        qb[y] = qs[g_qs + pb * kTile + vq + 32u * y];
-      }
+      vec4 qa = qs[g_qs + pa * kTile + vq], qb = qs[g_qs + pb * kTile + vq], ka[4], kb[4];
       [[unroll]] for (uint x = 0u; x < 4u; ++x) {
         ka[x] = s_kv[pa * 32u + kq + 8u * x];
         kb[x] = s_kv[pb * 32u + kq + 8u * x];
       }
-      [[unroll]] for (uint n = 0u; n < 8u; ++n) {
-        precise float t1 = leaf(qa[n >> 2u], ka[n & 3u]) + leaf(qb[n >> 2u], kb[n & 3u]);
-        t2[n] = pp == 0u ? t1 : t2[n] + t1;
+      [[unroll]] for (uint x = 0u; x < 4u; ++x) {
+        precise float t1 = leaf(qa, ka[x]) + leaf(qb, kb[x]);
+        t2[x] = pp == 0u ? t1 : t2[x] + t1;
       }
     }
-    [[unroll]] for (uint n = 0u; n < 8u; ++n) t3[n] = half_ == 0u ? t2[n] : t3[n] + t2[n];
+    [[unroll]] for (uint x = 0u; x < 4u; ++x) t3[x] = half_ == 0u ? t2[x] : t3[x] + t2[x];
   }
-  [[unroll]] for (uint n = 0u; n < 8u; ++n) res[n] = t3[n];
+  [[unroll]] for (uint x = 0u; x < 4u; ++x) res[x] = t3[x];
 }
 
 // Scores of the staged block for this thread's 8 (vector, key) pairs into s_e:
-// (t3[0] + t3[2]) + (t3[1] + t3[3]), rounded, scaled, rounded.
+// (t3[0] + t3[2]) + (t3[1] + t3[3]), rounded, scaled, rounded. One vector at a time (not
+// unrolled): half the live registers of both at once.
 void scores() {
-  uint t = gl_LocalInvocationID.x, vq = t >> 3u, kq = t & 7u;
-  precise float h0[8], h1[8];
-  float r[8];
-  quarter(0u, vq, kq, r);
-  [[unroll]] for (uint n = 0u; n < 8u; ++n) h0[n] = r[n];
-  quarter(2u, vq, kq, r);
-  [[unroll]] for (uint n = 0u; n < 8u; ++n) h0[n] = h0[n] + r[n];
-  quarter(1u, vq, kq, r);
-  [[unroll]] for (uint n = 0u; n < 8u; ++n) h1[n] = r[n];
-  quarter(3u, vq, kq, r);
-  [[unroll]] for (uint n = 0u; n < 8u; ++n) h1[n] = h1[n] + r[n];
-  [[unroll]] for (uint n = 0u; n < 8u; ++n) {
-    precise float s = h0[n] + h1[n];
-    precise float x = rnd(s);
-    s_e[(vq + 32u * (n >> 2u)) * kPad + kq + 8u * (n & 3u)] = rnd(x * args.scale);
+  uint t = gl_LocalInvocationID.x, kq = t & 7u;
+  [[dont_unroll]] for (uint y = 0u; y < 2u; ++y) {
+    uint vq = (t >> 3u) + 32u * y;
+    precise float h0[4], h1[4];
+    float r[4];
+    quarter(0u, vq, kq, r);
+    [[unroll]] for (uint x = 0u; x < 4u; ++x) h0[x] = r[x];
+    quarter(2u, vq, kq, r);
+    [[unroll]] for (uint x = 0u; x < 4u; ++x) h0[x] = h0[x] + r[x];
+    quarter(1u, vq, kq, r);
+    [[unroll]] for (uint x = 0u; x < 4u; ++x) h1[x] = r[x];
+    quarter(3u, vq, kq, r);
+    [[unroll]] for (uint x = 0u; x < 4u; ++x) h1[x] = h1[x] + r[x];
+    [[unroll]] for (uint x = 0u; x < 4u; ++x) {
+      precise float s = h0[x] + h1[x];
+      precise float v = rnd(s);
+      s_e[vq * kPad + kq + 8u * x] = rnd(v * args.scale);
+    }
   }
 }
 
