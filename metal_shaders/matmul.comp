@@ -2,6 +2,8 @@
 // SB_KERNEL(matmul, MATMUL, "rrrw", MatmulArgs, SB_MATMUL_ARGS, 32, 0)
 // SB_KERNEL(matmul_rows16, MATMUL_ROWS16, "rrrw", MatmulArgs, SB_MATMUL_ARGS, 32, 0)
 // SB_KERNEL(matmul_tile, MATMUL_TILE, "rrrw", MatmulArgs, SB_MATMUL_ARGS, 256, 0)
+// matmul_rows16 that counts its finished workgroups in binding 4 (the router waits on it).
+// SB_KERNEL(matmul_rows16_count, MATMUL_ROWS16_COUNT, "rrrwb", MatmulArgs, SB_MATMUL_ARGS, 32, 0)
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
@@ -17,6 +19,10 @@ layout(local_size_x = 256) in;
 #else
 layout(local_size_x = 32) in;
 #endif
+#ifdef MATMUL_ROWS16_COUNT
+#define MATMUL_ROWS16
+#define SB_COUNT
+#endif
 #ifdef MATMUL_ROWS16
 // MATMUL_ROWS16: `matmul` for b transposed and rows of a and b in whole 16-byte units from
 // 16-byte aligned bindings (the host checks).
@@ -28,7 +34,14 @@ layout(std430, binding = 0) readonly buffer A { uint a[]; };
 layout(std430, binding = 1) readonly buffer B { uint b[]; };
 #endif
 layout(std430, binding = 2) readonly buffer Bias { uint bias[]; };
+#ifdef SB_COUNT
+// MATMUL_ROWS16_COUNT: each workgroup, its word stored and made visible, counts itself in
+// done[0], for a kernel recorded after it with no barrier (the router).
+layout(std430, binding = 3) coherent writeonly buffer O { uint o[]; };
+layout(std430, binding = 4) coherent buffer Dn { uint done[]; };
+#else
 layout(std430, binding = 3) writeonly buffer O { uint o[]; };
+#endif
 layout(push_constant) uniform Args { SB_MATMUL_ARGS } args;
 
 #ifdef MATMUL_TILE
@@ -180,6 +193,12 @@ void main() {
   dot32(i, 0u);
   bool two = per == 2u && i + 1u < count;
   if (two) dot32(i + 1u, 1u);
-  if (gl_LocalInvocationID.x == 0u) o[wg] = sb_encode_word(s_out[0], two ? s_out[1] : 0.0, args.dtype);
+  if (gl_LocalInvocationID.x == 0u) {
+    o[wg] = sb_encode_word(s_out[0], two ? s_out[1] : 0.0, args.dtype);
+#ifdef SB_COUNT
+    memoryBarrierBuffer();  // the word before the count
+    atomicAdd(done[0], 1u);
+#endif
+  }
 }
 #endif

@@ -1,9 +1,9 @@
 // Kernel variants of this file, one line each (metal_shaders/README.md, "Variants"):
-// SB_KERNEL(router, ROUTER, "rrrrwwb", RouterArgs, SB_ROUTER_ARGS, 256, 0)
+// SB_KERNEL(router, ROUTER, "rrrrwwbr", RouterArgs, SB_ROUTER_ARGS, 256, 0)
 // router for <= 256 experts of one kind (RouterKind 0, 1, 2).
-// SB_KERNEL(router_e256_softmax, ROUTER_E256_SOFTMAX, "rrrrwwb", RouterArgs, SB_ROUTER_ARGS, 256, 0)
-// SB_KERNEL(router_e256_topk_softmax, ROUTER_E256_TOPK_SOFTMAX, "rrrrwwb", RouterArgs, SB_ROUTER_ARGS, 256, 0)
-// SB_KERNEL(router_e256_sigmoid, ROUTER_E256_SIGMOID, "rrrrwwb", RouterArgs, SB_ROUTER_ARGS, 256, 0)
+// SB_KERNEL(router_e256_softmax, ROUTER_E256_SOFTMAX, "rrrrwwbr", RouterArgs, SB_ROUTER_ARGS, 256, 0)
+// SB_KERNEL(router_e256_topk_softmax, ROUTER_E256_TOPK_SOFTMAX, "rrrrwwbr", RouterArgs, SB_ROUTER_ARGS, 256, 0)
+// SB_KERNEL(router_e256_sigmoid, ROUTER_E256_SIGMOID, "rrrrwwbr", RouterArgs, SB_ROUTER_ARGS, 256, 0)
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
@@ -16,7 +16,8 @@
 #include "common.glsl"
 
 layout(local_size_x = 256) in;
-layout(std430, binding = 0) readonly buffer L { uint logits[]; };
+// Coherent: with wait_count the logits' matmul may still run when this starts (no barrier).
+layout(std430, binding = 0) coherent readonly buffer L { uint logits[]; };
 layout(std430, binding = 1) readonly buffer Bi { float bias[]; };
 layout(std430, binding = 2) readonly buffer Sc { float expert_scale[]; };
 layout(std430, binding = 3) readonly buffer Lv { uint live[]; };
@@ -24,6 +25,8 @@ layout(std430, binding = 3) readonly buffer Lv { uint live[]; };
 layout(std430, binding = 4) coherent writeonly buffer W { float weights[]; };
 layout(std430, binding = 5) coherent writeonly buffer I { int indices[]; };
 layout(std430, binding = 6) buffer E { uint err[]; };
+// wait_count > 0: the matmul's workgroups done (matmul_rows16_count, recorded just before).
+layout(std430, binding = 7) coherent volatile readonly buffer Dn { uint logits_done[]; };
 layout(push_constant) uniform Args { SB_ROUTER_ARGS } args;
 
 // The router_e256_* variants: <= 256 experts, one kind each. Shared memory is sized for
@@ -196,9 +199,23 @@ float slot_weight(uint j, float w) {
   return v;
 }
 
+// The logits once the matmul recorded just before (no barrier between) has counted all its
+// args.wait_count workgroups: thread 0 polls, bounded (SB_ERR_HANDOFF), as the row kernels
+// wait for the router; that matmul's workgroups were launched first and finish meanwhile.
+void wait_for_logits() {
+  if (gl_LocalInvocationID.x == 0u) {
+    uint n = 0u;
+    while (logits_done[0] < args.wait_count && n < (1u << 22)) ++n;
+    if (n == (1u << 22)) atomicOr(err[0], SB_ERR_HANDOFF);
+  }
+  barrier();
+  memoryBarrierBuffer();
+}
+
 void main() {
   uint t = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
   if (t >= args.tokens) return;  // uniform over the workgroup
+  if (args.wait_count != 0u) wait_for_logits();  // uniform
   uint tid = gl_LocalInvocationID.x, e = args.experts;
   if (tid == 0u) {
     s_max_key = int(0x80000000u);

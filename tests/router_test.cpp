@@ -372,6 +372,36 @@ TEST(Router, Bf16LogitsAreWidenedExactly) {
   }
 }
 
+// Decode's router logits straight into the Router: on GPUs whose dispatches hand off, the router
+// waits for the GEMV's count of workgroups instead of a barrier (matmul_rows16_count). The same
+// program also runs the pair apart (an op between them): every output holds the same bits as
+// there, on every device, as on the CPU; a wrong count would stall the wait and fail the run.
+TEST(Router, RightAfterItsLogitsMatmul) {
+  for (RouterKind kind : kKinds)
+    for (int64_t rows : {1, 3}) {
+      SCOPED_TRACE(std::to_string(static_cast<int>(kind)) + " rows=" + std::to_string(rows));
+      const int64_t e = 128, d = 2048;
+      std::mt19937 rng(static_cast<uint32_t>(rows) * 7 + static_cast<uint32_t>(kind));
+      Inputs in{{"x", random_tensor(kBF16, {rows, d}, rng, std::normal_distribution<double>(0, 1))},
+                {"w", random_tensor(kBF16, {e, d}, rng, std::normal_distribution<double>(0, 0.05))}};
+      ProgramBuilder b;
+      TensorRef x = b.input("x", kBF16, {rows, d}), w = b.input("w", kBF16, {e, d});
+      RouterSpec spec;
+      spec.kind = kind;
+      spec.k = 8;
+      spec.renormalize = kind != kTopKSoftmax;
+      for (const std::string tag : {"", "_apart"}) {
+        TensorRef logits = b.matmul(x, w, true);
+        if (!tag.empty()) b.output("between", b.neg(x));
+        RouterOut r = b.router(logits, spec);
+        b.output("logits" + tag, logits);
+        b.output("weights" + tag, r.weights);
+        b.output("indices" + tag, r.indices);
+      }
+      check_same_bits(b, in, {{"logits", "logits_apart"}, {"weights", "weights_apart"}, {"indices", "indices_apart"}});
+    }
+}
+
 // --- ties ----------------------------------------------------------------------------------------
 
 // Rows of equal values, equal maxima and +0 / -0; every kind ranks equal scores by the lower id.

@@ -155,6 +155,10 @@ Fusion GpuDevice::fuse(const std::vector<std::unique_ptr<fb::InstructionT>>& ins
                        const PrivateTemp& private_temp) const {
   if (i + 2 <= ins.size() && ins[i]->op.type == fb::OpNode::RmsNormNode)
     return norm_qmm_fusion(ins, i, private_temp, fuse(ins, i + 1, private_temp));
+  if (i + 2 <= ins.size() && ins[i]->op.type == fb::OpNode::MatmulNode &&
+      ins[i + 1]->op.type == fb::OpNode::RouterNode &&
+      ins[i + 1]->op.AsRouterNode()->logits->idx() == ins[i]->op.AsMatmulNode()->out->idx())
+    return Fusion{matmul_router, 2};
   if (i + 2 <= ins.size() && ins[i]->op.type == fb::OpNode::ScatterRowsNode &&
       ins[i + 1]->op.type == fb::OpNode::CombineNode) {
     const auto* sc = ins[i]->op.AsScatterRowsNode();

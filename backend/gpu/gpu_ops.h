@@ -116,6 +116,9 @@ Result<Scatter> invert_scatter(KernelContext& ctx, const fb::ScatterRowsNodeT* n
 
 Status gather_qmm(KernelContext& ctx, const fb::OpNodeUnion& op);
 Status rms_norm(KernelContext& ctx, const fb::OpNodeUnion& op);
+// Matmul; with `done`, a decode GEMV counts its workgroups there (*counted: how many; 0 when
+// another kernel ran) for a kernel recorded after it without a barrier (matmul.cpp).
+Status matmul_run(KernelContext& ctx, const fb::OpNodeUnion& op, const BufferRef* done, uint32_t* counted);
 
 // --- fusions (GpuDevice::fuse picks them) ----------------------------------------------
 // ScatterRows + Combine of its private output (combine.cpp).
@@ -128,5 +131,8 @@ Status moe_ffn(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>* ins)
 // form leaves the norm's output unwritten (nothing after the GatherQmm reads it).
 Status norm_qmm(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>* ins);
 Status norm_qmm_private(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>* ins);
+// Matmul + the Router of its logits (router.cpp): where dispatches may hand off, the router
+// waits for the GEMV's workgroups instead of a barrier.
+Status matmul_router(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>* ins);
 
 }  // namespace switchboard::gpu

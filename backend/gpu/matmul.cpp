@@ -26,7 +26,11 @@ k::MatmulArgs matmul_args(int64_t rows, int64_t cols, int64_t kdim, DType a, DTy
 // columns both fill tiles (prefill), else one output word per 32-lane workgroup (decode
 // GEMVs: the lanes split k). 16-bit outputs of odd width share words across rows, which
 // only the per-output kernel handles.
-Status dispatch_matmul(Runtime& rt, const k::MatmulArgs& args, DType dtype, const std::vector<BufferRef>& binds) {
+// `done` (decode's router logits): the GEMV kernel counts its workgroups there
+// (matmul_rows16_count) and *counted gets their number; 0 where another kernel ran.
+Status dispatch_matmul(Runtime& rt, const k::MatmulArgs& args, DType dtype, const std::vector<BufferRef>& binds,
+                       const BufferRef* done = nullptr, uint32_t* counted = nullptr) {
+  if (counted) *counted = 0;
   const uint64_t batch = args.batch, rows = args.rows, cols = args.cols;
   if (rows >= 16 && cols >= 16 && (dtype == DType::kF32 || cols % 2 == 0))
     return rt.dispatch("matmul_tile", binds, &args, sizeof(args),
@@ -38,11 +42,19 @@ Status dispatch_matmul(Runtime& rt, const k::MatmulArgs& args, DType dtype, cons
   const bool rows16 = args.transpose_b != 0 && args.k >= kMatmulRows16MinK && args.k % (16 / dtype_size(dtype)) == 0 &&
                       args.k % (16 / dtype_size(static_cast<DType>(args.b_dtype))) == 0 && binds[0].offset % 16 == 0 &&
                       binds[1].offset % 16 == 0;
-  return rt.dispatch(rows16 ? "matmul_rows16" : "matmul", binds, &args, sizeof(args),
-                     32 * words_of(dtype, static_cast<int64_t>(batch * rows * cols)));
+  const uint64_t words = words_of(dtype, static_cast<int64_t>(batch * rows * cols));
+  if (rows16 && done && words <= UINT32_MAX) {
+    std::vector<BufferRef> counted_binds = binds;
+    counted_binds.push_back(*done);
+    *counted = static_cast<uint32_t>(words);
+    return rt.dispatch("matmul_rows16_count", counted_binds, &args, sizeof(args), 32 * words);
+  }
+  return rt.dispatch(rows16 ? "matmul_rows16" : "matmul", binds, &args, sizeof(args), 32 * words);
 }
 
-Status matmul(KernelContext& ctx, const fb::OpNodeUnion& op) {
+}  // namespace
+
+Status matmul_run(KernelContext& ctx, const fb::OpNodeUnion& op, const BufferRef* done, uint32_t* counted) {
   const auto* n = op.AsMatmulNode();
   Runtime& rt = rt_of(ctx);
   Tensor a, b, bias;
@@ -62,9 +74,13 @@ Status matmul(KernelContext& ctx, const fb::OpNodeUnion& op) {
   k::MatmulArgs args = matmul_args(rows, cols, kdim, a.dtype(), b.dtype(), n->transpose_b);
   args.has_bias = bias.defined();
   args.bias_dtype = bias.defined() ? static_cast<uint32_t>(bias.dtype()) : 0;
-  SB_RETURN_IF_ERROR(dispatch_matmul(rt, args, a.dtype(), {ba, bb, bbias, bo}));
+  SB_RETURN_IF_ERROR(dispatch_matmul(rt, args, a.dtype(), {ba, bb, bbias, bo}, done, counted));
   return ctx.out(n->out.get(), std::move(out));
 }
+
+Status matmul(KernelContext& ctx, const fb::OpNodeUnion& op) { return matmul_run(ctx, op, nullptr, nullptr); }
+
+namespace {
 
 // Softmax / RmsNorm along the last axis (norm.comp), one thread per row. 16-bit rows of
 // odd length would share output words between threads, so they go through f32 and a

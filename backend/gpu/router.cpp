@@ -7,7 +7,9 @@
 namespace switchboard::gpu {
 namespace {
 
-Status router(KernelContext& ctx, const fb::OpNodeUnion& op) {
+// `done`, `wait`: the logits' matmul counts its workgroups at `done`, recorded just before
+// with no barrier; the router waits until `wait` have (0: no wait).
+Status router_run(KernelContext& ctx, const fb::OpNodeUnion& op, BufferRef done, uint32_t wait) {
   const auto* n = op.AsRouterNode();
   Runtime& rt = rt_of(ctx);
   Tensor logits, bias, scale;
@@ -46,17 +48,35 @@ Status router(KernelContext& ctx, const fb::OpNodeUnion& op) {
   args.routed_scaling_factor = n->routed_scaling_factor;
   args.has_bias = bias.defined();
   args.has_scale = scale.defined();
+  args.wait_count = wait;
   // One workgroup of 256 threads per token (router.comp); the router_e256_* variants have
   // a quarter of the shared memory and only their kind's code.
   static constexpr const char* kE256[] = {"router_e256_softmax", "router_e256_topk_softmax", "router_e256_sigmoid"};
   SB_CHECK_OR_RETURN(args.kind < 3, StatusCode::kInvalidArgument, "Router kind %u is not known", args.kind);
-  SB_RETURN_IF_ERROR(rt.dispatch(e <= 256 ? kE256[args.kind] : "router", {bl, bb, bs, blive, bw, bi, rt.error_word()},
-                                 &args, sizeof(args), 256 * static_cast<uint64_t>(tokens)));
+  const std::vector<BufferRef> bindings = {bl, bb, bs, blive, bw, bi, rt.error_word(), wait ? done : rt.error_word()};
+  SB_RETURN_IF_ERROR(rt.dispatch(e <= 256 ? kE256[args.kind] : "router", bindings, &args, sizeof(args),
+                                 256 * static_cast<uint64_t>(tokens), {},
+                                 wait ? handoff_mask(bindings, {bl, done}) : 0u));
   SB_RETURN_IF_ERROR(ctx.out(n->weights.get(), std::move(weights)));
   return ctx.out(n->indices.get(), std::move(indices));
 }
 
+Status router(KernelContext& ctx, const fb::OpNodeUnion& op) { return router_run(ctx, op, {}, 0); }
+
 }  // namespace
+
+// Decode's router logits and the Router (GpuDevice::fuse): no barrier between the two where
+// dispatches hand off; the router polls the GEMV's count of workgroups done.
+Status matmul_router(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>* ins) {
+  Runtime& rt = rt_of(ctx);
+  BufferRef done;
+  uint32_t counted = 0;
+  if (rt.cross_dispatch_handoff()) {
+    SB_ASSIGN_OR_RETURN(done, rt.scratch(4, 0));
+  }
+  SB_RETURN_IF_ERROR(matmul_run(ctx, ins[0]->op, rt.cross_dispatch_handoff() ? &done : nullptr, &counted));
+  return router_run(ctx, ins[1]->op, done, counted);
+}
 
 void register_router(KernelRegistry& r) { r.add(fb::OpNode::RouterNode, router); }
 
