@@ -136,6 +136,16 @@ std::vector<Case> cases() {
                  c["rw" + std::to_string(r)] = filled(DType::kF32, {128, 2048}, 19 + r, 0.02f);
                  return b.matmul(in.x, b.constant("rw" + std::to_string(r), DType::kF32, {128, 2048}));
                }});
+  // Prefill GEMMs on matmul_tile: the routers' logits (n = 128) and a dense projection, 512 bf16 rows.
+  for (int64_t n : {int64_t{128}, int64_t{2048}})
+    v.push_back({"matmul_tile_512x2048x" + std::to_string(n) + "_bf16", 2.0 * n * 2048,
+                 [n](ProgramBuilder& b, int r, const In& in, std::map<std::string, Tensor>& c) {
+                   const std::string id = std::to_string(r);
+                   c["mx" + id] = filled(DType::kBF16, {512, 2048}, 23 + r, 1.f);
+                   c["mw" + id] = filled(DType::kBF16, {n, 2048}, 29 + r, 0.02f);
+                   return b.matmul(b.constant("mx" + id, DType::kBF16, {512, 2048}),
+                                   b.constant("mw" + id, DType::kBF16, {n, 2048}), true);
+                 }});
   // Qwen3-30B-A3B decode: 8 of 64 experts (distinct per copy), gate/up and down shapes.
   const double gate_bytes = 8.0 * 768 * 2048 * (0.5 + 4.0 / 64);
   v.push_back({"qmm_gate_8x768x2048_4bit", gate_bytes,

@@ -255,7 +255,7 @@ void main() {
       r0[y] = rng & 255u;
       r1[y] = rng >> 8u;
     }
-    // Kept rolled: unrolled, the kernel ran 20% slower on the H100 (bench/RESULTS.md).
+    // Kept rolled: unrolled, the kernel was slower on the H100 (bench/RESULTS.md).
     [[dont_unroll]] for (uint kk = 0u; kk < kBlock; ++kk) {
       vec4 v0 = s_kv[kk * hd4 + dg], v1 = s_kv[kk * hd4 + dg + 16u];
       [[unroll]] for (uint y = 0u; y < 4u; ++y) {

@@ -51,9 +51,11 @@ layout(push_constant) uniform Args { SB_MATMUL_ARGS } args;
 // keeping all 32 dot32 partial sums itself (element i -> partial i % 32, increasing i, each
 // product rounded then added), then the halving tree 16..1 in registers; the same bits as
 // the one-output-per-workgroup kernel below.
-const uint kT = 16u;
-shared vec4 s_a[kT * 8u];  // [row][k / 4] of the chunk
-shared vec4 s_b[kT * 8u];  // [column][k / 4] of the chunk (B transposed)
+// Each row of 8 vec4 is padded to 9: unpadded, the 16 threads reading B's columns all hit
+// one bank (bench/RESULTS.md).
+const uint kT = 16u, kRow = 9u;
+shared vec4 s_a[kT * kRow];  // [row][k / 4] of the chunk
+shared vec4 s_b[kT * kRow];  // [column][k / 4] of the chunk (B transposed)
 shared float s_o[256];
 
 void main() {
@@ -74,13 +76,13 @@ void main() {
       float va = 0.0, vb = 0.0;  // branches, not selects: no load outside the buffers
       if (ka) va = SB_LOAD(a, args.dtype, (r0 + rc) * args.k + i);
       if (kb) vb = SB_LOAD(b, args.b_dtype, bi);
-      s_a[rc * 8u + (kk >> 2u)][kk & 3u] = va;
-      s_b[rc * 8u + (kk >> 2u)][kk & 3u] = vb;
+      s_a[rc * kRow + (kk >> 2u)][kk & 3u] = va;
+      s_b[rc * kRow + (kk >> 2u)][kk & 3u] = vb;
     }
     barrier();
     uint lr = t >> 4u, lc = t & 15u;
     [[unroll]] for (uint q4 = 0u; q4 < 8u; ++q4) {
-      vec4 av = s_a[lr * 8u + q4], bv = s_b[lc * 8u + q4];
+      vec4 av = s_a[lr * kRow + q4], bv = s_b[lc * kRow + q4];
       [[unroll]] for (uint u = 0u; u < 4u; ++u) {
         uint kk = 4u * q4 + u;
         if (k0 + kk < args.k) p[kk] = p[kk] + av[u] * bv[u];  // terms past k are skipped, not added as 0
