@@ -238,8 +238,9 @@ struct NormQmmCase {
 };
 
 void run_norm_qmm(const NormQmmCase& c) {
-  SCOPED_TRACE(std::string(c.matmul ? "matmul " : "") + dtype_name(c.dt) + " rows=" + std::to_string(c.rows) + " k=" + std::to_string(c.k) +
-               " bits=" + std::to_string(c.bits) + (c.residual ? " residual" : "") + (c.store_out ? " out" : ""));
+  SCOPED_TRACE(std::string(c.matmul ? "matmul " : "") + dtype_name(c.dt) + " rows=" + std::to_string(c.rows) +
+               " k=" + std::to_string(c.k) + " bits=" + std::to_string(c.bits) + (c.residual ? " residual" : "") +
+               (c.store_out ? " out" : ""));
   const int group = 64;
   std::mt19937 rng(static_cast<uint32_t>(c.k + c.rows + c.bits));
   std::vector<double> codes(static_cast<size_t>(c.n * c.k * c.bits / 32));
@@ -258,12 +259,17 @@ void run_norm_qmm(const NormQmmCase& c) {
     TensorRef b, bias;
   };
   auto inputs = [&](ProgramBuilder& b) {
-    return Refs{b.input("x", c.dt, {c.rows, c.k}), b.input("w", c.w_dtype, {c.k}),
+    return Refs{b.input("x", c.dt, {c.rows, c.k}),
+                b.input("w", c.w_dtype, {c.k}),
                 c.residual ? b.input("r", c.dt, {c.rows, c.k}) : TensorRef{},
                 QuantizedExperts{b.input("codes", DType::kU32, {1, c.n, c.k * c.bits / 32}),
                                  b.input("scales", kF16, {1, c.n, c.k / group}),
-                                 b.input("biases", kF16, {1, c.n, c.k / group}), c.bits, group, {}},
-                b.input("b", c.dt, {c.n, c.k}), b.input("bias", c.dt, {c.n})};
+                                 b.input("biases", kF16, {1, c.n, c.k / group}),
+                                 c.bits,
+                                 group,
+                                 {}},
+                b.input("b", c.dt, {c.n, c.k}),
+                b.input("bias", c.dt, {c.n})};
   };
   auto pair = [&](ProgramBuilder& b, const Refs& in, const std::string& tag, bool apart) {
     ProgramBuilder::AddNorm an = b.add_rms_norm(in.x, in.r, in.w, 1e-6f);

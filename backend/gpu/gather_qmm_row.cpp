@@ -180,8 +180,8 @@ Status norm_then_qmm(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>
   const int64_t d = x.rank() ? x.dim(x.rank() - 1) : 0;
   SB_ASSIGN_OR_RETURN(QmmSetup q, qmm_setup(ctx, qn, &x));
   q.bx = bx;
-  const bool fits = x.rank() == 2 && d == q.kdim && w.numel() == d && q.kdim <= SB_QMM_ROW_SMALL_K &&
-                    !q.args.has_lhs && !q.args.has_rhs && q.pairs == q.rows && q.rows == x.dim(0) &&
+  const bool fits = x.rank() == 2 && d == q.kdim && w.numel() == d && q.kdim <= SB_QMM_ROW_SMALL_K && !q.args.has_lhs &&
+                    !q.args.has_rhs && q.pairs == q.rows && q.rows == x.dim(0) &&
                     (!nn.residual || (res.shape() == x.shape() && br.offset % 16 == 0)) && qmm_row_plan(q, 1);
   if (!fits) {
     SB_RETURN_IF_ERROR(rms_norm(ctx, ins[0]->op));

@@ -143,8 +143,8 @@ Fusion norm_qmm_fusion(const std::vector<std::unique_ptr<fb::InstructionT>>& ins
   if (nn->order != fb::NormOrder::Tree32 || nn->gate || next.fn || !q) return {};
   const uint32_t h = nn->out->idx();
   auto not_h = [&](const std::unique_ptr<fb::Tid>& t) { return !t || t->idx() != h; };
-  if (q->x->idx() != h || q->lhs_indices || q->rhs_indices || q->combine_weights || !not_h(q->w) ||
-      !not_h(q->scales) || !not_h(q->biases))
+  if (q->x->idx() != h || q->lhs_indices || q->rhs_indices || q->combine_weights || !not_h(q->w) || !not_h(q->scales) ||
+      !not_h(q->biases))
     return {};
   return Fusion{private_temp(nn->out.get(), i + 1) ? norm_qmm_private : norm_qmm, 2};
 }

@@ -82,7 +82,8 @@ static_assert(sizeof(QmmArgs) == 64 && offsetof(QmmArgs, out_dtype) == 32 && off
 static_assert(sizeof(QmmGluArgs) == 80 && offsetof(QmmGluArgs, glu_kind) == 64 && offsetof(QmmGluArgs, glu_limit) == 72);
 static_assert(sizeof(QmmCombineArgs) == 96 && offsetof(QmmCombineArgs, slots) == 64 &&
               offsetof(QmmCombineArgs, gate_dtype) == 80);
-static_assert(sizeof(QmmNormArgs) == 96 && offsetof(QmmNormArgs, has_residual) == 64 && offsetof(QmmNormArgs, store_out) == 80);
+static_assert(sizeof(QmmNormArgs) == 96 && offsetof(QmmNormArgs, has_residual) == 64 &&
+              offsetof(QmmNormArgs, store_out) == 80);
 static_assert(sizeof(PermuteArgs) == 32 && offsetof(PermuteArgs, out_words) == 16);
 static_assert(sizeof(ProbeArgs) == 16 && sizeof(StreamArgs) == 16 && sizeof(ArgsortArgs) == 16);
 static_assert(sizeof(GatherMmArgs) == 32 && sizeof(ReduceArgs) == 32 && sizeof(RegionArgs) == 48);
