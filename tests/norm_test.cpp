@@ -302,6 +302,10 @@ void run_norm_qmm(const NormQmmCase& c) {
 TEST(RmsNorm, Tree32FusedIntoTheNextProjection) {
   NormQmmCase decode;  // Qwen3-30B's decode shape: one bf16 row of 2048, 4-bit
   run_norm_qmm(decode);
+  NormQmmCase rows = decode;  // three rows of six tiles each: each row's first tile stores it
+  rows.rows = 3;
+  rows.store_out = true;
+  run_norm_qmm(rows);
   NormQmmCase out = decode;  // the normalized row also read later; f32 weights (1 + w)
   out.store_out = true;
   out.w_dtype = kF32;

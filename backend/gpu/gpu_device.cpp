@@ -326,7 +326,9 @@ Status status_from_error_bits(uint32_t bits) {
     return make_error(StatusCode::kInvalidArgument, "indices are not a permutation (found on the device)");
   // A kernel that gave up waiting for the router's indices also sees a bad index (-1).
   if (bits & SB_ERR_HANDOFF)
-    return make_error(StatusCode::kInternal, "a kernel gave up waiting for the router's indices (found on the device)");
+    return make_error(StatusCode::kInternal,
+                      "a kernel gave up waiting for a value the dispatch before it writes (the router's indices or "
+                      "logits, an expert's rows; found on the device)");
   if (bits & SB_ERR_INDEX) return make_error(StatusCode::kOutOfRange, "an index is out of range (found on the device)");
   if (bits & SB_ERR_PRUNED)
     return make_error(StatusCode::kInvalidArgument, "a pair selects an expert which is pruned (0 bits)");
