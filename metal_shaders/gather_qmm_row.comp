@@ -92,6 +92,7 @@
 #error "gather_qmm_row.comp: compile with -DQMM_ROW or one of its variants"
 #endif
 #include "gather_qmm_common.glsl"
+#include "norm_common.glsl"
 
 layout(local_size_x = 256) in;
 
@@ -307,15 +308,7 @@ void norm_unit(uint r, uint u, bool mine, bool store, inout float v[8]) {
     s_part[tid] = p;
   }
   barrier();
-  if (tid == 0u) {
-    precise float p[32];
-    [[unroll]] for (uint l = 0u; l < 32u; ++l) p[l] = s_part[l];
-    [[unroll]] for (uint h = 16u; h >= 1u; h >>= 1u) {
-      [[unroll]] for (uint l = 0u; l < h; ++l) p[l] = p[l] + p[l + h];
-    }
-    precise float ms = p[0] * args.inv_d + args.eps;
-    s_inv = sb_rsqrt(ms);
-  }
+  if (tid == 0u) s_inv = sb_tree32_rsqrt(s_part, args.inv_d, args.eps);
   barrier();
   float inv = s_inv;
   [[unroll]] for (uint i = 0u; i < 8u; ++i) {

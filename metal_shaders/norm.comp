@@ -18,6 +18,7 @@
 // kept in registers); thread 0 alone adds the terms, in index order, so the bits are the
 // sequential kernel's; softmax's running max is an order-free reduction (row_max).
 #include "common.glsl"
+#include "norm_common.glsl"
 
 #ifdef RMS_NORM_TREE
 // RMS_NORM_TREE (RmsNorm order Tree32; pad0 = 1: with a residual; gated = 1: binding 1 is the
@@ -63,15 +64,7 @@ void main() {
     s_part[t] = p;
   }
   barrier();
-  if (t == 0u) {
-    precise float p[32];
-    [[unroll]] for (uint l = 0u; l < 32u; ++l) p[l] = s_part[l];
-    [[unroll]] for (uint h = 16u; h >= 1u; h >>= 1u) {
-      [[unroll]] for (uint l = 0u; l < h; ++l) p[l] = p[l] + p[l + h];
-    }
-    precise float ms = p[0] * args.inv_d + args.eps;
-    s_inv = sb_rsqrt(ms);
-  }
+  if (t == 0u) s_inv = sb_tree32_rsqrt(s_part, args.inv_d, args.eps);
   barrier();
   float inv = s_inv;
   uint per = sb_per_word(args.dtype), words = args.d / per;  // 16-bit rows have even d (host)

@@ -16,6 +16,7 @@
 // of the H' = q_heads + 2 k_heads heads read: a query (-> out), a key (-> the cache) or a value
 // (-> v_cache, its words copied); queries and keys as ROPE_NORM (the norm when given).
 #include "common.glsl"
+#include "norm_common.glsl"
 
 #if defined(ROPE_NORM) || defined(ROPE_QKV)
 #define ROPE_BY_HEAD
@@ -94,15 +95,7 @@ void stage_head(uint base, bool norm, uint wsel) {
     s_part[t] = p;
   }
   barrier();
-  if (t == 0u) {
-    precise float p[32];
-    [[unroll]] for (uint l = 0u; l < 32u; ++l) p[l] = s_part[l];
-    [[unroll]] for (uint hh = 16u; hh >= 1u; hh >>= 1u) {
-      [[unroll]] for (uint l = 0u; l < hh; ++l) p[l] = p[l] + p[l + hh];
-    }
-    precise float ms = p[0] * args.inv_d + args.eps;
-    s_inv = sb_rsqrt(ms);
-  }
+  if (t == 0u) s_inv = sb_tree32_rsqrt(s_part, args.inv_d, args.eps);
   barrier();
   for (uint e = t; e < args.hd; e += 64u) {
 #ifdef ROPE_QKV
