@@ -69,12 +69,13 @@ Status router(KernelContext& ctx, const fb::OpNodeUnion& op) { return router_run
 // dispatches hand off; the router polls the GEMV's count of workgroups done.
 Status matmul_router(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>* ins) {
   Runtime& rt = rt_of(ctx);
+  const bool handoff = rt.cross_dispatch_handoff();
   BufferRef done;
   uint32_t counted = 0;
-  if (rt.cross_dispatch_handoff()) {
+  if (handoff) {
     SB_ASSIGN_OR_RETURN(done, rt.scratch(4, 0));
   }
-  SB_RETURN_IF_ERROR(matmul_run(ctx, ins[0]->op, rt.cross_dispatch_handoff() ? &done : nullptr, &counted));
+  SB_RETURN_IF_ERROR(matmul_run(ctx, ins[0]->op, handoff ? &done : nullptr, &counted));
   return router_run(ctx, ins[1]->op, done, counted);
 }
 
