@@ -35,7 +35,11 @@ layout(local_size_x = 256) in;
 #ifdef QMM_MMA
 // QMM_TILE's work on int8 tensor cores (Vulkan with VK_NV_cooperative_matrix only; the
 // host falls back to QMM_TILE elsewhere): the same tiles and workgroup grid, 32 pairs x
-// 64 columns per workgroup, chunks of 64 K values. Per 32-block, subgroup w multiplies
+// 64 columns per workgroup, chunks of kCh = 4 blocks (32 K values each) in one shared
+// buffer; the next chunk's global loads are in flight while this one's MMAs run, and a
+// subgroup whose 16 rows hold no pair skips them. (SB_MMA_CHUNK = 2 / 8 and
+// SB_MMA_BUFFERS = 2 compile the forms bench/RESULTS.md measured slower: more registers
+// or shared memory, fewer workgroups per SM.) Per 32-block, subgroup w multiplies
 // rows 16 (w % 2) + [0, 16) of Q8 codes by columns 16 (w / 2) + [0, 16) of weight codes
 // (a 16x16x32 integer MMA) into exact int32 block dots Iq, and each invocation runs the
 // float steps of docs/numerics.md (block and group order) on the Iq it holds.
@@ -44,7 +48,7 @@ layout(local_size_x = 256) in;
 // NVIDIA's fragment layout, which the device's start-up probe (QMM_MMA_PROBE) confirms
 // before this kernel is used.
 // 8-bit codes q are stored as q - 128 (int8) and their block dot gets 128 * Sx back.
-layout(std430, binding = 0) readonly buffer Q { uvec2 q2[]; };  // 8 words per block
+layout(std430, binding = 0) readonly buffer Q { uvec4 q4[]; };  // 8 words per block (16-byte aligned: host check)
 layout(std430, binding = 1) readonly buffer D { float dq[]; };
 layout(std430, binding = 2) readonly buffer S { int sq[]; };
 layout(std430, binding = 3) readonly buffer Wt { uint codes[]; };
@@ -76,26 +80,37 @@ layout(push_constant) uniform Args { SB_QMM_ARGS } args;
 #endif
 
 const uint kTp = SB_QMM_TILE_PAIRS, kTn = 64u;
-const uint kAb = 20u;   // words per shared row of 64 int8 codes: 16 + 4 of padding (bank spread)
+#ifndef SB_MMA_CHUNK
+#define SB_MMA_CHUNK 4u
+#endif
+#ifndef SB_MMA_BUFFERS
+#define SB_MMA_BUFFERS 1u
+#endif
+const uint kCh = SB_MMA_CHUNK;     // blocks per chunk: 2, 4 or 8
+const uint kNb = SB_MMA_BUFFERS;   // shared buffers: 2, or 1 (a second barrier a chunk)
+const uint kLd = (kTn * kCh + 255u) / 256u;  // (column, block) weight loads per thread a chunk
+const uint kLa = (64u * kCh + 255u) / 256u;  // 16-byte Q8 code loads per thread a chunk
+const uint kAb = 8u * kCh + 4u;   // words per shared row of a chunk's int8 codes + 4 of padding (bank spread)
+const uint kABuf = kTp * kAb, kBBuf = kTn * kAb;  // one buffer of A, of B
 #ifdef SB_MMA_GLU
 // s_a and s_b in one array: after the MMAs it holds the rounded gate and up results,
 // [pair][64] (the NVIDIA driver fits fewer workgroups per SM with more shared memory).
-shared uint s_ab[2048];
+shared uint s_ab[kNb * (kABuf + kBBuf)];
 #define s_a s_ab
 #define s_b s_ab
-const uint kA0 = 0u, kB0 = kTp * kAb;
+const uint kA0 = 0u, kB0 = kNb * kABuf;
 #else
-shared uint s_a[kTp * kAb];        // Q8 codes, row-major [pair][k]
-shared uint s_b[kTn * kAb];        // weight codes, [column][k]: B (k x n) column-major
+shared uint s_a[kNb * kABuf];  // Q8 codes, row-major [buffer][pair][k]
+shared uint s_b[kNb * kBBuf];  // weight codes, [buffer][column][k]: B (k x n) column-major
 const uint kA0 = 0u, kB0 = 0u;
 #endif
-shared float s_d[2u * 2u * kTp];   // [chunk parity][block][pair]
-shared int s_sx[2u * 2u * kTp];
-shared float s_scale[2u * 2u * kTn];  // [chunk parity][block][column]: the block's group's s
-shared float s_bias[2u * 2u * kTn];
+shared float s_d[kNb * kCh * kTp];  // [buffer][block][pair]
+shared int s_sx[kNb * kCh * kTp];
+shared float s_scale[kNb * kCh * kTn];  // [buffer][block][column]: the block's group's s
+shared float s_bias[kNb * kCh * kTn];
 shared int s_row[kTp];
 #ifndef SB_MMA_BITS4  // (declared but unused, it would still take shared memory: fewer workgroups per SM)
-shared uint s_raw[128u * 8u];  // each thread's weight words, for the widths other than 4 and 8
+shared uint s_raw[256u * 8u];  // each thread's weight words, for the widths other than 4 and 8
 #endif
 
 // A block's 32 codes of `bits` bits, from words w[0..bits), as 8 words of int8 at
@@ -139,67 +154,107 @@ void stage_block(uint bits, uint w[8], uint dst) {
 }
 
 // Where this thread's loads of chunk 0 start (mma_load); chunk j0 adds j0 blocks.
+// Load i of a thread is entry tid + 256 i: weight words of column e / kCh's block e % kCh,
+// the scale and bias of column e % 64 for block e / 64.
 struct MmaBases {
-  int xrow;    // Q8 row of pair tid / 8 (-1: none)
-  int drow;    // Q8 row of pair tid / 2 for d and the code sum (-1: none, or tid >= 64)
-  uint w;      // first word of column tid / 2's block tid % 2
-  bool wlive;  // tid < 128 and the column inside n
-  uint s;      // scale index of column tid % 64, group 0
-  bool wup;    // SB_MMA_GLU: the weight words, and the scales, are the up projection's
-  bool sup;
+  int xrow[kLa];  // Q8 row of load i's pair (tid + 256 i) / (2 kCh) (-1: none, or past 64 kCh)
+  int drow;       // Q8 row of pair tid / kCh for d and the code sum (-1: none, or tid >= kCh kTp)
+  uint w[kLd];    // first word of the load's column block in chunk 0
+  bool wlive[kLd];  // its column inside n
+  uint s[kLd];    // scale index of the load's column, group 0
+  bool wup[kLd];  // SB_MMA_GLU: the weight words, and the scales, are the up projection's
+  bool sup[kLd];
 };
 
-// This thread's global words of chunk j0 (blocks j0, j0 + 1) into registers: 2 words
-// of Q8 codes (pair tid / 8, words 2 (tid % 8) + [0, 2) of the chunk), d and code sum
-// (threads < 64: pair tid / 2, block tid % 2); threads < 128: one column block's weight
-// words (column tid / 2, block tid % 2) and the scale and bias of column tid % 64 in
-// block j0 + tid / 64's group (group_size is a power of two: a shift).
-void mma_load(uint j0, uint blocks, uint bits, uint gshift, MmaBases b, out uint xa[2], out uint ds[2], out uint w[8],
-              out float sb[2]) {
+// A chunk in registers: Q8 codes of pair e / (2 kCh) (16-byte unit e % (2 kCh) of the
+// chunk; e = tid + 256 i), d and code sum (pair tid / kCh, block tid % kCh), kLd column blocks of weight
+// words and kLd scale/bias pairs.
+struct MmaChunk {
+  uvec4 xa[kLa];
+  uint ds[2];
+  uint w[kLd][8];
+  float sb[kLd][2];
+};
+
+// This thread's global words of the chunk at block j0 (group_size is a power of two: a shift).
+void mma_load(uint j0, uint blocks, uint bits, uint gshift, MmaBases b, out MmaChunk c) {
   uint tid = gl_LocalInvocationID.x;
-  {
-    uint j = j0 + ((tid & 7u) >> 2u);
-    uvec2 v = b.xrow >= 0 && j < blocks ? q2[(uint(b.xrow) * blocks + j) * 4u + (tid & 3u)] : uvec2(0u);
-    xa[0] = v.x;
-    xa[1] = v.y;
+  [[unroll]] for (uint i = 0u; i < kLa; ++i) {
+    uint u = (tid + 256u * i) % (2u * kCh);  // 16-byte unit of the pair's chunk: block j0 + u / 2
+    c.xa[i] = b.xrow[i] >= 0 && j0 + (u >> 1u) < blocks ? q4[(uint(b.xrow[i]) * blocks + j0) * 2u + u] : uvec4(0u);
   }
-  ds[0] = ds[1] = 0u;
-  uint jd = j0 + (tid & 1u);
+  c.ds[0] = c.ds[1] = 0u;
+  uint jd = j0 + tid % kCh;
   if (b.drow >= 0 && jd < blocks) {
-    ds[0] = floatBitsToUint(dq[uint(b.drow) * blocks + jd]);
-    ds[1] = uint(sq[uint(b.drow) * blocks + jd]);
+    c.ds[0] = floatBitsToUint(dq[uint(b.drow) * blocks + jd]);
+    c.ds[1] = uint(sq[uint(b.drow) * blocks + jd]);
   }
-  bool live = b.wlive && jd < blocks;
-  uint base = b.w + j0 * bits;
-  if (bits == 4u && (base & 3u) == 0u) {  // the common case: one 16-byte load
+  [[unroll]] for (uint l = 0u; l < kLd; ++l) {
+    uint e = tid + 256u * l, j = j0 + e % kCh;
+    if (e >= kTn * kCh) break;  // past the chunk's entries (mma_stage skips them too)
+    bool live = b.wlive[l] && j < blocks;
+    uint base = b.w[l] + j0 * bits;
+    if (bits == 4u && (base & 3u) == 0u) {  // the common case: one 16-byte load
 #ifdef SB_MMA_GLU
-    uvec4 v = live ? (b.wup ? codes_up4[base >> 2u] : codes4[base >> 2u]) : uvec4(0u);
+      uvec4 v = live ? (b.wup[l] ? codes_up4[base >> 2u] : codes4[base >> 2u]) : uvec4(0u);
 #else
-    uvec4 v = live ? codes4[base >> 2u] : uvec4(0u);
+      uvec4 v = live ? codes4[base >> 2u] : uvec4(0u);
 #endif
-    w[0] = v.x;
-    w[1] = v.y;
-    w[2] = v.z;
-    w[3] = v.w;
-    w[4] = w[5] = w[6] = w[7] = 0u;
-  } else {
+      c.w[l][0] = v.x;
+      c.w[l][1] = v.y;
+      c.w[l][2] = v.z;
+      c.w[l][3] = v.w;
+      c.w[l][4] = c.w[l][5] = c.w[l][6] = c.w[l][7] = 0u;
+    } else {
 #ifdef SB_MMA_GLU
-    [[unroll]] for (uint i = 0u; i < 8u; ++i)
-      w[i] = live && i < bits ? (b.wup ? codes_up[base + i] : codes[base + i]) : 0u;
+      [[unroll]] for (uint i = 0u; i < 8u; ++i)
+        c.w[l][i] = live && i < bits ? (b.wup[l] ? codes_up[base + i] : codes[base + i]) : 0u;
 #else
-    [[unroll]] for (uint i = 0u; i < 8u; ++i) w[i] = live && i < bits ? codes[base + i] : 0u;
+      [[unroll]] for (uint i = 0u; i < 8u; ++i) c.w[l][i] = live && i < bits ? codes[base + i] : 0u;
 #endif
-  }
-  uint sidx = b.s + (min(j0 + ((tid >> 6u) & 1u), blocks - 1u) >> gshift);
+    }
+    uint sidx = b.s[l] + (min(j0 + e / 64u, blocks - 1u) >> gshift);
 #ifdef SB_MMA_GLU
-  if (b.sup) {
-    sb[0] = SB_LOAD(up_scales, args.scale_dtype, sidx);
-    sb[1] = SB_LOAD(up_biases, args.scale_dtype, sidx);
-    return;
-  }
+    if (b.sup[l]) {
+      c.sb[l][0] = SB_LOAD(up_scales, args.scale_dtype, sidx);
+      c.sb[l][1] = SB_LOAD(up_biases, args.scale_dtype, sidx);
+      continue;
+    }
 #endif
-  sb[0] = SB_LOAD(scales, args.scale_dtype, sidx);
-  sb[1] = SB_LOAD(biases, args.scale_dtype, sidx);
+    c.sb[l][0] = SB_LOAD(scales, args.scale_dtype, sidx);
+    c.sb[l][1] = SB_LOAD(biases, args.scale_dtype, sidx);
+  }
+}
+
+// A chunk from registers into shared buffer `buf`.
+void mma_stage(uint bits, uint buf, MmaChunk c) {
+  uint tid = gl_LocalInvocationID.x;
+  [[unroll]] for (uint i = 0u; i < kLa; ++i) {
+    uint e = tid + 256u * i;
+    if (e >= 64u * kCh) break;  // uniform over each subgroup
+    uint at = kA0 + buf * kABuf + (e / (2u * kCh)) * kAb + 4u * (e % (2u * kCh));
+    s_a[at] = c.xa[i].x;
+    s_a[at + 1u] = c.xa[i].y;
+    s_a[at + 2u] = c.xa[i].z;
+    s_a[at + 3u] = c.xa[i].w;
+  }
+  if (tid < kCh * kTp) {
+    uint at = (buf * kCh + tid % kCh) * kTp + tid / kCh;
+    s_d[at] = uintBitsToFloat(c.ds[0]);
+#ifdef SB_MMA_BITS4  // only the X term float(Sx) d is needed: made once per (pair, block), kept as bits
+    precise float xd = float(int(c.ds[1])) * uintBitsToFloat(c.ds[0]);
+    s_sx[at] = floatBitsToInt(xd);
+#else
+    s_sx[at] = int(c.ds[1]);
+#endif
+  }
+  [[unroll]] for (uint l = 0u; l < kLd; ++l) {
+    uint e = tid + 256u * l;
+    if (e >= kTn * kCh) break;  // uniform over each subgroup
+    s_scale[(buf * kCh + e / 64u) * kTn + e % 64u] = c.sb[l][0];
+    s_bias[(buf * kCh + e / 64u) * kTn + e % 64u] = c.sb[l][1];
+    stage_block(bits, c.w[l], kB0 + buf * kBBuf + (e / kCh) * kAb + 8u * (e % kCh));
+  }
 }
 
 #ifdef SB_MMA_GLU
@@ -281,57 +336,45 @@ void main() {
   xg[0] = xg[1] = 0.0;
   barrier();
   MmaBases mb;
-  {
-    uint c = (tid >> 1u) & 63u, sc = tid & 63u;
-    mb.xrow = s_row[tid >> 3u];
-    mb.drow = tid < 2u * kTp ? s_row[(tid >> 1u) & (kTp - 1u)] : -1;
+  [[unroll]] for (uint i = 0u; i < kLa; ++i) {
+    uint e = tid + 256u * i;
+    mb.xrow[i] = e < 64u * kCh ? s_row[e / (2u * kCh)] : -1;
+  }
+  mb.drow = tid < kCh * kTp ? s_row[tid / kCh] : -1;
+  [[unroll]] for (uint l = 0u; l < kLd; ++l) {
+    uint e = tid + 256u * l, c = e / kCh, sc = e % 64u;
 #ifdef SB_MMA_GLU  // tile columns 32..63 are the up projection's columns 0..31
-    mb.wup = c >= 32u;
-    mb.sup = sc >= 32u;
+    mb.wup[l] = c >= 32u;
+    mb.sup[l] = sc >= 32u;
     c &= 31u;
     sc &= 31u;
 #else
-    mb.wup = mb.sup = false;
+    mb.wup[l] = mb.sup[l] = false;
 #endif
-    mb.w = wbase + (n0 + c) * row_words + (tid & 1u) * bits;
-    mb.wlive = tid < 128u && n0 + c < args.n;
-    mb.s = (ex * args.n + min(n0 + sc, args.n - 1u)) * args.groups;
+    mb.w[l] = wbase + (n0 + c) * row_words + (e % kCh) * bits;
+    mb.wlive[l] = n0 + c < args.n;
+    mb.s[l] = (ex * args.n + min(n0 + sc, args.n - 1u)) * args.groups;
   }
   uint gshift = uint(findLSB(per_group));
-  uint xa[2], ds[2], w[8];
-  float sb[2];
-  mma_load(0u, blocks, bits, gshift, mb, xa, ds, w, sb);
+  MmaChunk ck;
+  mma_load(0u, blocks, bits, gshift, mb, ck);
+  mma_stage(bits, 0u, ck);
+  barrier();
   uint mr = 16u * (warp & 1u), mc = 16u * (warp >> 1u);
-  for (uint j0 = 0u, parity = 0u; j0 < blocks; j0 += 2u, parity ^= 1u) {
-    s_a[kA0 + (tid >> 3u) * kAb + 2u * (tid & 7u)] = xa[0];
-    s_a[kA0 + (tid >> 3u) * kAb + 2u * (tid & 7u) + 1u] = xa[1];
-    if (tid < 2u * kTp) {
-      uint at = (parity * 2u + (tid & 1u)) * kTp + (tid >> 1u);
-      s_d[at] = uintBitsToFloat(ds[0]);
-#ifdef SB_MMA_BITS4  // only the X term float(Sx) d is needed: made once per (pair, block), kept as bits
-      precise float xd = float(int(ds[1])) * uintBitsToFloat(ds[0]);
-      s_sx[at] = floatBitsToInt(xd);
-#else
-      s_sx[at] = int(ds[1]);
-#endif
-    }
-    if (tid < 128u) {
-      s_scale[parity * 2u * kTn + tid] = sb[0];
-      s_bias[parity * 2u * kTn + tid] = sb[1];
-      stage_block(bits, w, kB0 + (tid >> 1u) * kAb + 8u * (tid & 1u));
-    }
-    barrier();
-    if (j0 + 2u < blocks) mma_load(j0 + 2u, blocks, bits, gshift, mb, xa, ds, w, sb);
-    [[unroll]] for (uint jb = 0u; jb < 2u; ++jb) {
+  for (uint j0 = 0u, buf = 0u; j0 < blocks; j0 += kCh, buf = (buf + 1u) % kNb) {
+    bool more = j0 + kCh < blocks;  // uniform
+    if (more) mma_load(j0 + kCh, blocks, bits, gshift, mb, ck);
+    if (mr < count)  // uniform over the subgroup: its 16 rows hold no pair otherwise
+    [[unroll]] for (uint jb = 0u; jb < kCh; ++jb) {
       uint j = j0 + jb;
       if (j >= blocks) break;  // uniform: the cooperative-matrix ops stay in uniform control flow
       icoopmatNV<8, 3, 16, 32> ma;
-      coopMatLoadNV(ma, s_a, kA0 + mr * kAb + 8u * jb, kAb, false);
+      coopMatLoadNV(ma, s_a, kA0 + buf * kABuf + mr * kAb + 8u * jb, kAb, false);
       icoopmatNV<8, 3, 32, 16> mw;
-      coopMatLoadNV(mw, s_b, kB0 + mc * kAb + 8u * jb, kAb, true);
+      coopMatLoadNV(mw, s_b, kB0 + buf * kBBuf + mc * kAb + 8u * jb, kAb, true);
       icoopmatNV<32, 3, 16, 16> md = icoopmatNV<32, 3, 16, 16>(0);
       md = coopMatMulAddNV(ma, mw, md);
-      uint at = (parity * 2u + jb) * kTp;
+      uint at = (buf * kCh + jb) * kTp;
       float d[2] = float[2](s_d[at + r0], s_d[at + r0 + 8u]);
 #ifdef SB_MMA_BITS4
       const int sx[2] = int[2](0, 0);  // (8-bit codes only)
@@ -360,7 +403,7 @@ void main() {
       if (((j + 1u) & (per_group - 1u)) == 0u) {  // a group ends: acc += s*P + b*X per output
         // Columns c0 + {0, 1, 8, 9} (past n, for odd f32 widths: column n - 1's scales,
         // not stored); element e has column c0 + 8 ((e / 2) % 2) + e % 2.
-        uint sat = (parity * 2u + jb) * kTn + c0;
+        uint sat = (buf * kCh + jb) * kTn + c0;
         float sc[4] = float[4](s_scale[sat], s_scale[sat + 1u], s_scale[sat + 8u], s_scale[sat + 9u]);
         float bc[4] = float[4](s_bias[sat], s_bias[sat + 1u], s_bias[sat + 8u], s_bias[sat + 9u]);
         [[unroll]] for (uint e = 0u; e < 8u; ++e) {
@@ -370,6 +413,10 @@ void main() {
         }
       }
     }
+    // Two buffers: the other one's last readers passed the previous barrier, this one's pass
+    // the next. One: its readers are done first.
+    if (kNb == 1u) barrier();
+    if (more) mma_stage(bits, (buf + 1u) % kNb, ck);
     barrier();
   }
 #ifdef SB_MMA_GLU
