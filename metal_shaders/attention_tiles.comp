@@ -6,13 +6,14 @@
 // Attention (schema AttentionNode) in order Blocked32 for prefill rows, the same operations as
 // attention.comp's block kernels and cpu_fallback/attention.cpp (docs/numerics.md).
 // ATTENTION_TILES (head dims 32k <= 128). Thread -> output:
-// workgroup w takes cache head kh = w % hk and a tile of 64 query vectors v = (row, head of the
-// group) of it, and walks the tile's key blocks in order, the softmax state on chip. Scores:
-// thread t computes query vectors t / 8 + 32y (y < 2) against keys t % 8 + 8x (x < 4), each
-// dot32's halving tree as four subtrees of 8 partials, the block's keys staged in shared memory
-// and the queries, widened once into this workgroup's scratch, read through the cache; threads
-// 0..63 each own query vector t's max, sums and merge factors; values: thread t owns query
-// vectors t / 16 + 16y (y < 4) at dims 4(t % 16) .. +3 and 64 + 4(t % 16) .. +3.
+// workgroup w takes cache head kh = w % hk and a tile of kTile = 32 query vectors v = (row, head
+// of the group) of it, and walks the tile's key blocks in order, the softmax state on chip.
+// Scores: thread t computes query vectors t / 8 + 32y (y < kTile / 32) against keys t % 8 + 8x
+// (x < 4), each dot32's halving tree as four subtrees of 8 partials, the block's keys staged in
+// shared memory and the queries, widened once into this workgroup's scratch, read through the
+// cache; threads 0..kTile-1 each own query vector t's max, sums and merge factors; values: thread
+// t owns query vectors t / 16 + 16y (y < kTile / 16) at dims 4(t % 16) .. +3 and 64 + 4(t % 16)
+// .. +3. (SB_ATT_TILE = 64 compiles the earlier tile; bench/RESULTS.md compares them.)
 #include "common.glsl"
 
 layout(local_size_x = 256) in;
@@ -28,7 +29,11 @@ layout(std430, binding = 5) readonly buffer Dyn { uint dyn[]; };
 layout(std430, binding = 6) buffer QScratch { vec4 qs[]; };  // kQWords vec4 a workgroup
 uint first_pos() { return args.pos + dyn[args.pos_word]; }
 
-const uint kTile = 64u;  // query vectors a workgroup (backend/gpu/attention.cpp kTile)
+#ifndef SB_ATT_TILE
+#define SB_ATT_TILE 32u
+#endif
+const uint kTile = SB_ATT_TILE;  // query vectors a workgroup: 32 or 64 (backend/gpu/attention_tiles.cpp kTile)
+const uint kVy = kTile / 16u;    // query vectors a thread accumulates values for
 const uint kPad = 33u;   // s_e's row stride (rows on different banks)
 // The block's keys at [p * 32 + key] (component c: dim p + 32 c, zero past hd); then its values
 // at [key * hd / 4 + d / 4].
@@ -53,8 +58,8 @@ bool row_head(uint vv, out uint i, out uint h) {
 // qs[g_qs + p * 64 + v] (component c: dim p + 32 c), read back through the cache per block.
 void stage_queries() {
   uint t = gl_LocalInvocationID.x;
-  [[unroll]] for (uint u = 0u; u < 8u; ++u) {
-    uint e = t + 256u * u, vv = e & 63u, p = e >> 6u, i, h;
+  [[unroll]] for (uint u = 0u; u < kTile / 8u; ++u) {
+    uint e = t + 256u * u, vv = e % kTile, p = e / kTile, i, h;
     vec4 x = vec4(0.0);
     if (row_head(vv, i, h)) {
       uint b = (i * args.hq + h) * args.hd;
@@ -129,7 +134,7 @@ void quarter(uint base, uint vq, uint kq, out float res[4]) {
 // unrolled): half the live registers of both at once.
 void scores() {
   uint t = gl_LocalInvocationID.x, kq = t & 7u;
-  [[dont_unroll]] for (uint y = 0u; y < 2u; ++y) {
+  [[dont_unroll]] for (uint y = 0u; y < kTile / 32u; ++y) {
     uint vq = (t >> 3u) + 32u * y;
     precise float h0[4], h1[4];
     float r[4];
@@ -175,8 +180,8 @@ void main() {
   bool started = false;
   // Values: thread t's vectors vq + 16y at dims 4 dg .. + 3 and 64 + 4 dg .. + 3 (units dg, dg + 16).
   uint dg = t & 15u, vq = t >> 4u;
-  vec4 o0[4], o1[4];
-  [[unroll]] for (uint y = 0u; y < 4u; ++y) {
+  vec4 o0[kVy], o1[kVy];
+  [[unroll]] for (uint y = 0u; y < kVy; ++y) {
     o0[y] = vec4(0.0);
     o1[y] = vec4(0.0);
   }
@@ -203,12 +208,14 @@ void main() {
     }
     stage_block(true, b0);
     barrier();
-    // e_j = exp(s_j - m_b): thread t takes vector t / 4, keys 8 (t % 4) .. + 7.
+    // e_j = exp(s_j - m_b): thread t takes vector t / (256 / kTile), keys kTile / 8 from
+    // (t % (256 / kTile)) kTile / 8.
     {
-      uint vv = t >> 2u, rng = s_rng[vv], r0 = rng & 255u, r1 = rng >> 8u;
+      const uint ke = kTile / 8u, per = 256u / kTile;
+      uint vv = t / per, rng = s_rng[vv], r0 = rng & 255u, r1 = rng >> 8u;
       float mb = s_a[vv];
-      [[unroll]] for (uint u = 0u; u < 8u; ++u) {
-        uint kk = (t & 3u) * 8u + u;
+      [[unroll]] for (uint u = 0u; u < ke; ++u) {
+        uint kk = (t % per) * ke + u;
         if (kk >= r0 && kk < r1) {
           precise float d = s_e[vv * kPad + kk] - mb;
           s_e[vv * kPad + kk] = sb_exp(d);
@@ -246,9 +253,9 @@ void main() {
     }
     barrier();
     // o_b in key order over each vector's visible keys, merged into the state at once.
-    precise vec4 a0[4], a1[4];
-    uint r0[4], r1[4];
-    [[unroll]] for (uint y = 0u; y < 4u; ++y) {
+    precise vec4 a0[kVy], a1[kVy];
+    uint r0[kVy], r1[kVy];
+    [[unroll]] for (uint y = 0u; y < kVy; ++y) {
       a0[y] = vec4(0.0);
       a1[y] = vec4(0.0);
       uint rng = s_rng[vq + 16u * y];
@@ -258,7 +265,7 @@ void main() {
     // Kept rolled: unrolled, the kernel was slower on the H100 (bench/RESULTS.md).
     [[dont_unroll]] for (uint kk = 0u; kk < kBlock; ++kk) {
       vec4 v0 = s_kv[kk * hd4 + dg], v1 = s_kv[kk * hd4 + dg + 16u];
-      [[unroll]] for (uint y = 0u; y < 4u; ++y) {
+      [[unroll]] for (uint y = 0u; y < kVy; ++y) {
         if (kk >= r0[y] && kk < r1[y]) {
           float e = s_e[(vq + 16u * y) * kPad + kk];
           a0[y] = a0[y] + e * v0;
@@ -266,7 +273,7 @@ void main() {
         }
       }
     }
-    [[unroll]] for (uint y = 0u; y < 4u; ++y) {
+    [[unroll]] for (uint y = 0u; y < kVy; ++y) {
       uint mode = s_mode[vq + 16u * y];
       if (mode == 1u) {
         o0[y] = a0[y];
@@ -298,7 +305,7 @@ void main() {
   }
   barrier();
   uint per = sb_per_word(args.dtype);
-  [[unroll]] for (uint y = 0u; y < 4u; ++y) {
+  [[unroll]] for (uint y = 0u; y < kVy; ++y) {
     uint i, h;
     if (!row_head(vq + 16u * y, i, h)) continue;
     float a = s_a[vq + 16u * y], rc = s_c[vq + 16u * y];

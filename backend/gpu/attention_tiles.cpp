@@ -1,5 +1,5 @@
 // Attention in order Blocked32 for prefill rows on the GPU (metal_shaders/attention_tiles.comp):
-// each tile of 64 query vectors (row, head of one cache head) walks its key blocks in one
+// each tile of 32 query vectors (row, head of one cache head) walks its key blocks in one
 // workgroup, the softmax state on chip. attention.cpp sends the prefills it takes here.
 #include <algorithm>
 
@@ -8,7 +8,7 @@
 
 namespace switchboard::gpu {
 namespace {
-constexpr uint64_t kTile = 64;  // attention_tiles.comp's kTile: query vectors a workgroup
+constexpr uint64_t kTile = 32;  // attention_tiles.comp's kTile: query vectors a workgroup
 // Query scratch a dispatch may hold; longer prefills go in chunks of rows.
 constexpr uint64_t kScratchBytes = 64ull << 20;
 
@@ -22,7 +22,7 @@ bool use_attention_tiles(const ops::AttentionDims& d, const k::AttentionArgs& ar
 }
 
 // The tiles kernel in chunks of rows: bindings q, k, v, sinks, out, dynamic words; each
-// workgroup's queries widened into 32 KiB of scratch (a row's bits do not depend on its chunk).
+// workgroup's queries widened into 16 KiB of scratch (a row's bits do not depend on its chunk).
 Status attention_tiles(Runtime& rt, const ops::AttentionDims& d, k::AttentionArgs args,
                        const std::vector<BufferRef>& b) {
   const uint64_t group = static_cast<uint64_t>(d.hq / d.hk), hk = static_cast<uint64_t>(d.hk);
