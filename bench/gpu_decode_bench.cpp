@@ -183,7 +183,8 @@ std::vector<Case> cases() {
                true});
   // Qwen3-30B-A3B's routed experts over a 512-token prefill (top-8 of 128, routing drawn at random,
   // distinct per copy): the sorted tiles' kernels alone (int8 MMA where the device has them).
-  v.push_back({"moe_experts_prefill_512_qwen3_30b_4bit", 128.0 * 3 * 768 * 2048 * (0.5 + 4.0 / 64),
+  v.push_back({"moe_experts_prefill_512_qwen3_30b_4bit",
+               128.0 * 3 * 768 * 2048 * (0.5 + 4.0 / 64),
                [](ProgramBuilder& b, int r, const In& in, std::map<std::string, Tensor>& c) {
                  const std::string id = std::to_string(r);
                  std::vector<int32_t> idx(512 * 8), all(128);
@@ -200,7 +201,9 @@ std::vector<Case> cases() {
                  return b.moe_experts(in.x, b.constant("pr" + id, DType::kF32, {512, 8}),
                                       b.constant("pi" + id, DType::kI32, {512, 8}), e);
                },
-               false, false, {512, 2048}});
+               false,
+               false,
+               {512, 2048}});
   v.push_back({"qmm_qproj_4096x2048_4bit", 4096.0 * 2048 * (0.5 + 4.0 / 64),
                [](ProgramBuilder& b, int r, const In& in, std::map<std::string, Tensor>& c) {
                  return b.gather_qmm(in.x, experts(b, c, "q", r, 1, 4096, 2048));
