@@ -13,7 +13,8 @@
 // shared memory and the queries, widened once into this workgroup's scratch, read through the
 // cache; threads 0..kTile-1 each own query vector t's max, sums and merge factors; values: thread
 // t owns query vectors t / 16 + 16y (y < kTile / 16) at dims 4(t % 16) .. +3 and 64 + 4(t % 16)
-// .. +3. (SB_ATT_TILE = 64 compiles the earlier tile; bench/RESULTS.md compares them.)
+// .. +3. (kTile is kernel_args.h's SB_ATTENTION_TILE, the host's too: 32 or 64; bench/RESULTS.md
+// compares them.)
 #include "common.glsl"
 
 layout(local_size_x = 256) in;
@@ -26,13 +27,10 @@ layout(std430, binding = 2) readonly buffer V { uint v[]; };
 layout(std430, binding = 3) readonly buffer S { uint sinks[]; };
 layout(std430, binding = 4) writeonly buffer O { uint o[]; };
 layout(std430, binding = 5) readonly buffer Dyn { uint dyn[]; };
-layout(std430, binding = 6) buffer QScratch { vec4 qs[]; };  // kQWords vec4 a workgroup
+layout(std430, binding = 6) buffer QScratch { vec4 qs[]; };  // 32 kTile vec4 a workgroup
 uint first_pos() { return args.pos + dyn[args.pos_word]; }
 
-#ifndef SB_ATT_TILE
-#define SB_ATT_TILE 32u
-#endif
-const uint kTile = SB_ATT_TILE;  // query vectors a workgroup: 32 or 64 (backend/gpu/attention_tiles.cpp kTile)
+const uint kTile = SB_ATTENTION_TILE;  // query vectors a workgroup: 32 or 64
 const uint kVy = kTile / 16u;    // query vectors a thread accumulates values for
 const uint kPad = 33u;   // s_e's row stride (rows on different banks)
 // The block's keys at [p * 32 + key] (component c: dim p + 32 c, zero past hd); then its values
@@ -55,7 +53,7 @@ bool row_head(uint vv, out uint i, out uint h) {
 }
 
 // The tile's queries widened to f32 in this workgroup's scratch, partial p of vector v at
-// qs[g_qs + p * 64 + v] (component c: dim p + 32 c), read back through the cache per block.
+// qs[g_qs + p * kTile + v] (component c: dim p + 32 c), read back through the cache per block.
 void stage_queries() {
   uint t = gl_LocalInvocationID.x;
   [[unroll]] for (uint u = 0u; u < kTile / 8u; ++u) {
@@ -129,9 +127,9 @@ void quarter(uint base, uint vq, uint kq, out float res[4]) {
   [[unroll]] for (uint x = 0u; x < 4u; ++x) res[x] = t3[x];
 }
 
-// Scores of the staged block for this thread's 8 (vector, key) pairs into s_e:
-// (t3[0] + t3[2]) + (t3[1] + t3[3]), rounded, scaled, rounded. One vector at a time (not
-// unrolled): half the live registers of both at once.
+// Scores of the staged block for this thread's 4 kTile / 32 (vector, key) pairs into s_e:
+// (t3[0] + t3[2]) + (t3[1] + t3[3]), rounded, scaled, rounded. One vector at a time (with
+// kTile = 64 not unrolled: half the live registers of both at once).
 void scores() {
   uint t = gl_LocalInvocationID.x, kq = t & 7u;
   [[dont_unroll]] for (uint y = 0u; y < kTile / 32u; ++y) {
@@ -171,7 +169,7 @@ void main() {
   stage_queries();
   memoryBarrierBuffer();
 
-  // Thread t < 64: vector t's visible keys and softmax state (m, l).
+  // Thread t < kTile: vector t's visible keys and softmax state (m, l).
   uint mi, mh;
   bool mine = t < kTile && row_head(t, mi, mh);
   uint m_at = first_pos() + mi;

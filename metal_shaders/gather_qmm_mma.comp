@@ -38,8 +38,9 @@ layout(local_size_x = 256) in;
 // 64 columns per workgroup, chunks of kCh = 4 blocks (32 K values each) in one shared
 // buffer; the next chunk's global loads are in flight while this one's MMAs run, and a
 // subgroup whose 16 rows hold no pair skips them. (SB_MMA_CHUNK = 2 / 8 and
-// SB_MMA_BUFFERS = 2 compile the forms bench/RESULTS.md measured slower: more registers
-// or shared memory, fewer workgroups per SM.) Per 32-block, subgroup w multiplies
+// SB_MMA_BUFFERS = 2, except 8 with 2, which exceeds NVIDIA's shared memory, compile the
+// forms bench/RESULTS.md measured slower: more registers or shared memory, fewer workgroups
+// per SM.) Per 32-block, subgroup w multiplies
 // rows 16 (w % 2) + [0, 16) of Q8 codes by columns 16 (w / 2) + [0, 16) of weight codes
 // (a 16x16x32 integer MMA) into exact int32 block dots Iq, and each invocation runs the
 // float steps of docs/numerics.md (block and group order) on the Iq it holds.
@@ -81,13 +82,17 @@ layout(push_constant) uniform Args { SB_QMM_ARGS } args;
 
 const uint kTp = SB_QMM_TILE_PAIRS, kTn = 64u;
 #ifndef SB_MMA_CHUNK
-#define SB_MMA_CHUNK 4u
+#define SB_MMA_CHUNK 4
 #endif
 #ifndef SB_MMA_BUFFERS
-#define SB_MMA_BUFFERS 1u
+#define SB_MMA_BUFFERS 1
 #endif
-const uint kCh = SB_MMA_CHUNK;     // blocks per chunk: 2, 4 or 8
-const uint kNb = SB_MMA_BUFFERS;   // shared buffers: 2, or 1 (a second barrier a chunk)
+#if (SB_MMA_CHUNK != 2 && SB_MMA_CHUNK != 4 && SB_MMA_CHUNK != 8) || (SB_MMA_BUFFERS != 1 && SB_MMA_BUFFERS != 2) || \
+    (SB_MMA_CHUNK == 8 && SB_MMA_BUFFERS == 2)
+#error "SB_MMA_CHUNK: 2, 4 or 8 blocks; SB_MMA_BUFFERS: 1 or 2 (not with 8: past the shared memory)"
+#endif
+const uint kCh = uint(SB_MMA_CHUNK);    // blocks per chunk
+const uint kNb = uint(SB_MMA_BUFFERS);  // shared buffers: 2, or 1 (a second barrier a chunk)
 const uint kLd = (kTn * kCh + 255u) / 256u;  // (column, block) weight loads per thread a chunk
 const uint kLa = (64u * kCh + 255u) / 256u;  // 16-byte Q8 code loads per thread a chunk
 const uint kAb = 8u * kCh + 4u;   // words per shared row of a chunk's int8 codes + 4 of padding (bank spread)
@@ -95,7 +100,8 @@ const uint kABuf = kTp * kAb, kBBuf = kTn * kAb;  // one buffer of A, of B
 #ifdef SB_MMA_GLU
 // s_a and s_b in one array: after the MMAs it holds the rounded gate and up results,
 // [pair][64] (the NVIDIA driver fits fewer workgroups per SM with more shared memory).
-shared uint s_ab[kNb * (kABuf + kBBuf)];
+const uint kAbWords = kNb * (kABuf + kBBuf);
+shared uint s_ab[kAbWords > kTp * 64u ? kAbWords : kTp * 64u];  // the epilogue's [pair][64] too
 #define s_a s_ab
 #define s_b s_ab
 const uint kA0 = 0u, kB0 = kNb * kABuf;
@@ -364,52 +370,53 @@ void main() {
   for (uint j0 = 0u, buf = 0u; j0 < blocks; j0 += kCh, buf = (buf + 1u) % kNb) {
     bool more = j0 + kCh < blocks;  // uniform
     if (more) mma_load(j0 + kCh, blocks, bits, gshift, mb, ck);
-    if (mr < count)  // uniform over the subgroup: its 16 rows hold no pair otherwise
-    [[unroll]] for (uint jb = 0u; jb < kCh; ++jb) {
-      uint j = j0 + jb;
-      if (j >= blocks) break;  // uniform: the cooperative-matrix ops stay in uniform control flow
-      icoopmatNV<8, 3, 16, 32> ma;
-      coopMatLoadNV(ma, s_a, kA0 + buf * kABuf + mr * kAb + 8u * jb, kAb, false);
-      icoopmatNV<8, 3, 32, 16> mw;
-      coopMatLoadNV(mw, s_b, kB0 + buf * kBBuf + mc * kAb + 8u * jb, kAb, true);
-      icoopmatNV<32, 3, 16, 16> md = icoopmatNV<32, 3, 16, 16>(0);
-      md = coopMatMulAddNV(ma, mw, md);
-      uint at = (buf * kCh + jb) * kTp;
-      float d[2] = float[2](s_d[at + r0], s_d[at + r0 + 8u]);
-#ifdef SB_MMA_BITS4
-      const int sx[2] = int[2](0, 0);  // (8-bit codes only)
-      float xd[2] = float[2](intBitsToFloat(s_sx[at + r0]), intBitsToFloat(s_sx[at + r0 + 8u]));
-#else
-      int sx[2] = int[2](s_sx[at + r0], s_sx[at + r0 + 8u]);
-      precise float xd[2] = float[2](float(sx[0]) * d[0], float(sx[1]) * d[1]);
-#endif
-      // A group's first block assigns P and X instead of adding to 0: the same bits,
-      // since float(Iq) d and float(Sx) d are never -0 (d >= 0 or NaN, and Iq = 0 if d = 0).
-      if ((j & (per_group - 1u)) == 0u) {  // uniform
-        xg[0] = xd[0];
-        xg[1] = xd[1];
-        [[unroll]] for (uint e = 0u; e < 8u; ++e) {
-          int iq = md[e] + (bits == 8u ? 128 * sx[e >> 2u] : 0);
-          pg[e] = float(iq) * d[e >> 2u];
+    if (mr < count) {  // uniform over the subgroup: its 16 rows hold no pair otherwise
+      [[unroll]] for (uint jb = 0u; jb < kCh; ++jb) {
+        uint j = j0 + jb;
+        if (j >= blocks) break;  // uniform: the cooperative-matrix ops stay in uniform control flow
+        icoopmatNV<8, 3, 16, 32> ma;
+        coopMatLoadNV(ma, s_a, kA0 + buf * kABuf + mr * kAb + 8u * jb, kAb, false);
+        icoopmatNV<8, 3, 32, 16> mw;
+        coopMatLoadNV(mw, s_b, kB0 + buf * kBBuf + mc * kAb + 8u * jb, kAb, true);
+        icoopmatNV<32, 3, 16, 16> md = icoopmatNV<32, 3, 16, 16>(0);
+        md = coopMatMulAddNV(ma, mw, md);
+        uint at = (buf * kCh + jb) * kTp;
+        float d[2] = float[2](s_d[at + r0], s_d[at + r0 + 8u]);
+  #ifdef SB_MMA_BITS4
+        const int sx[2] = int[2](0, 0);  // (8-bit codes only)
+        float xd[2] = float[2](intBitsToFloat(s_sx[at + r0]), intBitsToFloat(s_sx[at + r0 + 8u]));
+  #else
+        int sx[2] = int[2](s_sx[at + r0], s_sx[at + r0 + 8u]);
+        precise float xd[2] = float[2](float(sx[0]) * d[0], float(sx[1]) * d[1]);
+  #endif
+        // A group's first block assigns P and X instead of adding to 0: the same bits,
+        // since float(Iq) d and float(Sx) d are never -0 (d >= 0 or NaN, and Iq = 0 if d = 0).
+        if ((j & (per_group - 1u)) == 0u) {  // uniform
+          xg[0] = xd[0];
+          xg[1] = xd[1];
+          [[unroll]] for (uint e = 0u; e < 8u; ++e) {
+            int iq = md[e] + (bits == 8u ? 128 * sx[e >> 2u] : 0);
+            pg[e] = float(iq) * d[e >> 2u];
+          }
+        } else {
+          xg[0] = xg[0] + xd[0];
+          xg[1] = xg[1] + xd[1];
+          [[unroll]] for (uint e = 0u; e < 8u; ++e) {
+            int iq = md[e] + (bits == 8u ? 128 * sx[e >> 2u] : 0);
+            pg[e] = pg[e] + float(iq) * d[e >> 2u];
+          }
         }
-      } else {
-        xg[0] = xg[0] + xd[0];
-        xg[1] = xg[1] + xd[1];
-        [[unroll]] for (uint e = 0u; e < 8u; ++e) {
-          int iq = md[e] + (bits == 8u ? 128 * sx[e >> 2u] : 0);
-          pg[e] = pg[e] + float(iq) * d[e >> 2u];
-        }
-      }
-      if (((j + 1u) & (per_group - 1u)) == 0u) {  // a group ends: acc += s*P + b*X per output
-        // Columns c0 + {0, 1, 8, 9} (past n, for odd f32 widths: column n - 1's scales,
-        // not stored); element e has column c0 + 8 ((e / 2) % 2) + e % 2.
-        uint sat = (buf * kCh + jb) * kTn + c0;
-        float sc[4] = float[4](s_scale[sat], s_scale[sat + 1u], s_scale[sat + 8u], s_scale[sat + 9u]);
-        float bc[4] = float[4](s_bias[sat], s_bias[sat + 1u], s_bias[sat + 8u], s_bias[sat + 9u]);
-        [[unroll]] for (uint e = 0u; e < 8u; ++e) {
-          uint h = e >> 2u, c = (e & 1u) + 2u * ((e >> 1u) & 1u);
-          precise float t = sc[c] * pg[e] + bc[c] * xg[h];
-          acc[e] = acc[e] + t;
+        if (((j + 1u) & (per_group - 1u)) == 0u) {  // a group ends: acc += s*P + b*X per output
+          // Columns c0 + {0, 1, 8, 9} (past n, for odd f32 widths: column n - 1's scales,
+          // not stored); element e has column c0 + 8 ((e / 2) % 2) + e % 2.
+          uint sat = (buf * kCh + jb) * kTn + c0;
+          float sc[4] = float[4](s_scale[sat], s_scale[sat + 1u], s_scale[sat + 8u], s_scale[sat + 9u]);
+          float bc[4] = float[4](s_bias[sat], s_bias[sat + 1u], s_bias[sat + 8u], s_bias[sat + 9u]);
+          [[unroll]] for (uint e = 0u; e < 8u; ++e) {
+            uint h = e >> 2u, c = (e & 1u) + 2u * ((e >> 1u) & 1u);
+            precise float t = sc[c] * pg[e] + bc[c] * xg[h];
+            acc[e] = acc[e] + t;
+          }
         }
       }
     }

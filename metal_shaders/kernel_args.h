@@ -54,6 +54,7 @@
 #define SB_QMM_ROW_SMALL_K 2048  // longest K of qmm_row_2k / qmm_row_glu_2k
 #define SB_QMM_ROW_TERMS 1024  // QMM_ROW's group terms per workgroup: projections * per_wg * groups
 #define SB_QMM_TILE_PAIRS 32u  // pairs per QMM_TILE work-list entry
+#define SB_ATTENTION_TILE 32u  // query vectors an attention_tiles workgroup takes
 #define SB_QMM_ARGS \
   uint pairs; uint n; uint k; uint groups; \
   uint group_size; uint rows; uint experts; uint scale_dtype; \

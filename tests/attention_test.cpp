@@ -221,6 +221,9 @@ TEST(Attention, TiledPrefillKeepsTheBlockedBits) {
   check_blocked({DType::kBF16, 33, 5, 8, 4, 96, 40, 0, true}, 6e-2);      // head dims 96, sinks
   check_blocked({DType::kF32, 100, 0, 2, 1, 128, 100, 17, false}, 1e-5);  // cache not a multiple of 32
   check_blocked({DType::kF16, 130, 300, 8, 2, 128, 448, 0, false}, 8e-3);
+  // 32..63 query vectors a cache head: one part tile (the smallest prefill the tiles take).
+  check_blocked({DType::kBF16, 5, 10, 8, 1, 128, 64, 0, false}, 6e-2);
+  check_blocked({DType::kF32, 9, 3, 4, 1, 64, 40, 0, true}, 1e-5);
   // 64 cache heads of 2,100 rows pass the tiles' 64 MiB of query scratch: two chunks of rows.
   check_blocked({DType::kBF16, 2100, 0, 64, 64, 32, 2100, 64, false}, 6e-2);
 }

@@ -8,7 +8,7 @@
 
 namespace switchboard::gpu {
 namespace {
-constexpr uint64_t kTile = 32;  // attention_tiles.comp's kTile: query vectors a workgroup
+constexpr uint64_t kTile = SB_ATTENTION_TILE;  // query vectors a workgroup (kernel_args.h)
 // Query scratch a dispatch may hold; longer prefills go in chunks of rows.
 constexpr uint64_t kScratchBytes = 64ull << 20;
 
