@@ -204,6 +204,25 @@ std::vector<Case> cases() {
                false,
                false,
                {512, 2048}});
+  // Qwen3.5-35B-A3B's GatedDeltaRule over a 512-token prefill (16 key heads, 32 value heads of
+  // 128; f32 rows; a state per copy): the row-by-row recurrence and its per-row terms.
+  v.push_back({"gated_delta_rule_prefill_512_qwen35",
+               0,
+               [](ProgramBuilder& b, int r, const In& in, std::map<std::string, Tensor>& c) {
+                 const std::string id = std::to_string(r);
+                 c["da" + id] = filled(DType::kF32, {512, 32}, 53 + r, 1.f);
+                 c["db" + id] = filled(DType::kF32, {512, 32}, 59 + r, 1.f);
+                 c["dl" + id] = filled(DType::kF32, {32}, 61 + r, 0.5f);
+                 c["dd" + id] = filled(DType::kF32, {32}, 67 + r, 0.5f);
+                 return b.gated_delta_rule(in.x, b.constant("da" + id, DType::kF32, {512, 32}),
+                                           b.constant("db" + id, DType::kF32, {512, 32}),
+                                           b.constant("dl" + id, DType::kF32, {32}),
+                                           b.constant("dd" + id, DType::kF32, {32}),
+                                           b.mutable_buffer("ds" + id, DType::kF32, {32, 128, 128}), 0, 0.088388346f);
+               },
+               false,
+               false,
+               {512, 2 * 16 * 128 + 32 * 128}});
   v.push_back({"qmm_qproj_4096x2048_4bit", 4096.0 * 2048 * (0.5 + 4.0 / 64),
                [](ProgramBuilder& b, int r, const In& in, std::map<std::string, Tensor>& c) {
                  return b.gather_qmm(in.x, experts(b, c, "q", r, 1, 4096, 2048));
