@@ -214,11 +214,10 @@ std::vector<Case> cases() {
                  c["db" + id] = filled(DType::kF32, {512, 32}, 59 + r, 1.f);
                  c["dl" + id] = filled(DType::kF32, {32}, 61 + r, 0.5f);
                  c["dd" + id] = filled(DType::kF32, {32}, 67 + r, 0.5f);
-                 return b.gated_delta_rule(in.x, b.constant("da" + id, DType::kF32, {512, 32}),
-                                           b.constant("db" + id, DType::kF32, {512, 32}),
-                                           b.constant("dl" + id, DType::kF32, {32}),
-                                           b.constant("dd" + id, DType::kF32, {32}),
-                                           b.mutable_buffer("ds" + id, DType::kF32, {32, 128, 128}), 0, 0.088388346f);
+                 return b.gated_delta_rule(
+                     in.x, b.constant("da" + id, DType::kF32, {512, 32}), b.constant("db" + id, DType::kF32, {512, 32}),
+                     b.constant("dl" + id, DType::kF32, {32}), b.constant("dd" + id, DType::kF32, {32}),
+                     b.mutable_buffer("ds" + id, DType::kF32, {32, 128, 128}), 0, 0.088388346f);
                },
                false,
                false,
