@@ -66,6 +66,10 @@ Result<Q8Blocks> alloc_q8(Runtime& rt, int64_t rows, int64_t k, bool permuted) {
   SB_ASSIGN_OR_RETURN(b.bq, rt.bind(b.xq, false));
   SB_ASSIGN_OR_RETURN(b.bd, rt.bind(b.d, false));
   SB_ASSIGN_OR_RETURN(b.bsum, rt.bind(b.s, false));
+  // The int8 MMA kernels read the codes 16 bytes at a time.
+  SB_CHECK_OR_RETURN(!rt.int8_mma() || b.bq.offset % 16 == 0, StatusCode::kInternal,
+                     "GatherQmm: Q8 codes at offset %llu, not 16-byte aligned for qmm_mma's loads",
+                     (unsigned long long)b.bq.offset);
   b.permuted = permuted;
   return b;
 }
@@ -86,9 +90,6 @@ Status qmm_from_q8(Runtime& rt, QmmSetup& q, const Q8Blocks& q8, const QmmTileLi
                      "GatherQmm: Q8 blocks in the wrong K order for its kernel");
   k::QmmArgs& args = q.args;
   if (tiles) {
-    SB_CHECK_OR_RETURN(!rt.int8_mma() || q8.bq.offset % 16 == 0, StatusCode::kInternal,
-                       "GatherQmm: Q8 codes at offset %llu, not 16-byte aligned for qmm_mma's loads",
-                       (unsigned long long)q8.bq.offset);
     args.tiles = static_cast<uint32_t>((q.nout + 63) / 64);
     return rt.dispatch(qmm_tile_kernel(rt, q),
                        {q8.bq, q8.bd, q8.bsum, q.bw, q.bs, q.bb, q.bl, tiles->bt, q.bi, bo, rt.error_word()}, &args,

@@ -40,9 +40,6 @@ Status moe_ffn(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>* ins)
     return gather_qmm(ctx, ins[3]->op);
   }
   SB_ASSIGN_OR_RETURN(Q8Blocks q8, quantize_rows(rt, g, true));
-  SB_CHECK_OR_RETURN(q8.bq.offset % 16 == 0, StatusCode::kInternal,
-                     "MoE FFN: Q8 codes at offset %llu, not 16-byte aligned for qmm_mma4_glu's loads",
-                     (unsigned long long)q8.bq.offset);
   SB_ASSIGN_OR_RETURN(QmmTileList tiles, qmm_tile_list(rt, g));
   SB_ASSIGN_OR_RETURN(Q8Blocks h, alloc_q8(rt, g.pairs, g.nout, true));  // h's, in qmm_mma4's K order
   k::QmmGluArgs args = glu_args(g.args, glu_node);
