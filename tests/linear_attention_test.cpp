@@ -215,7 +215,9 @@ Expected delta_reference(const Delta& c, const Inputs& in) {
 TEST(GatedDeltaRule, MatchesTheFormulaOnEveryDevice) {
   for (const Delta& c :
        {Delta{DType::kF32, 5, 2, 4, 16, 8, 0.25f}, Delta{DType::kBF16, 3, 1, 2, 8, 70, 0.35355339f},
-        Delta{DType::kF16, 2, 2, 2, 32, 12, 0.5f}, Delta{DType::kF32, 2, 1, 1, 128, 64, 0.088388346f}}) {
+        Delta{DType::kF16, 2, 2, 2, 32, 12, 0.5f}, Delta{DType::kF32, 2, 1, 1, 128, 64, 0.088388346f},
+        // 8+ rows: the GPU computes every row's normalized q, k and gates first (gated_delta_prep).
+        Delta{DType::kBF16, 9, 2, 4, 128, 64, 0.088388346f}, Delta{DType::kF32, 12, 1, 3, 16, 70, 0.25f}}) {
     SCOPED_TRACE(::testing::Message() << dtype_name(c.dt) << " m=" << c.m << " hk=" << c.hk << " hv=" << c.hv
                                       << " dk=" << c.dk << " dv=" << c.dv);
     ProgramBuilder b;
@@ -226,8 +228,9 @@ TEST(GatedDeltaRule, MatchesTheFormulaOnEveryDevice) {
   }
 }
 
-TEST(GatedDeltaRule, RowsSplitOverCallsGiveTheBitsOfOneCall) {
-  const Delta c{DType::kBF16, 6, 2, 4, 16, 10, 0.25f};
+// Calls of 8+ rows take the GPU's two-kernel prefill, shorter ones the one-kernel walk: the bits
+// of a row must not depend on which.
+void check_split_calls(const Delta& c, const std::vector<std::vector<int64_t>>& splits) {
   ProgramBuilder b;
   delta_program(b, c, true);
   auto program = Program::from_bytes(b.serialize().value(), "delta");
@@ -237,7 +240,7 @@ TEST(GatedDeltaRule, RowsSplitOverCallsGiveTheBitsOfOneCall) {
   Tensor want;
   for (const std::string& dev : optest::test_devices()) {
     SCOPED_TRACE(dev);
-    for (const std::vector<int64_t>& sizes : {std::vector<int64_t>{6}, {1, 1, 1, 1, 1, 1}, {4, 1, 1}, {2, 3, 1}}) {
+    for (const std::vector<int64_t>& sizes : splits) {
       auto s = optest::detail::open_session(*program, dev);
       if (!s) break;
       ASSERT_TRUE(s->set_input("a_log", in.at("a_log")).is_ok());
@@ -246,11 +249,17 @@ TEST(GatedDeltaRule, RowsSplitOverCallsGiveTheBitsOfOneCall) {
       ASSERT_EQ(parts.size(), sizes.size());
       if (!want.defined()) want = parts[0];
       EXPECT_TRUE(same_rows(parts, want)) << "calls of " << sizes.size();
-      const std::vector<Tensor> again = run_split(*s, "x", in.at("x"), {6}, per_row);
+      const std::vector<Tensor> again = run_split(*s, "x", in.at("x"), {c.m}, per_row);
       ASSERT_EQ(again.size(), 1u);
       EXPECT_TRUE(same_rows(again, want)) << "restart at position 0";
     }
   }
+}
+
+TEST(GatedDeltaRule, RowsSplitOverCallsGiveTheBitsOfOneCall) {
+  check_split_calls({DType::kBF16, 6, 2, 4, 16, 10, 0.25f}, {{6}, {1, 1, 1, 1, 1, 1}, {4, 1, 1}, {2, 3, 1}});
+  check_split_calls({DType::kBF16, 14, 2, 4, 128, 10, 0.125f},
+                    {{14}, {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}, {8, 6}, {3, 11}, {5, 9}});
 }
 
 // --- gated RMSNorm, Softplus, rules --------------------------------------------------------

@@ -50,6 +50,11 @@ Status causal_conv1d(KernelContext& ctx, const fb::OpNodeUnion& op) {
   return ctx.out(n->out.get(), std::move(out));
 }
 
+// Prefills from this many rows compute every row's normalized q, k and gates in a kernel of
+// their own, so the row-by-row recurrence waits on no single thread's sums (decode keeps one
+// dispatch).
+constexpr int64_t kDeltaPrepRows = 8;
+
 Status gated_delta_rule(KernelContext& ctx, const fb::OpNodeUnion& op) {
   const auto* n = op.AsGatedDeltaRuleNode();
   Runtime& rt = rt_of(ctx);
@@ -90,9 +95,22 @@ Status gated_delta_rule(KernelContext& ctx, const fb::OpNodeUnion& op) {
   args.l2norm = n->l2norm ? 1u : 0u;
   args.scale = n->scale;
   const uint64_t groups = static_cast<uint64_t>(d.hv) * static_cast<uint64_t>((d.dv + 63) / 64);
-  // Key heads of 128 (the released models'): the variant whose unrolled loops need no guards.
-  SB_RETURN_IF_ERROR(rt.dispatch(d.dk == 128 ? "gated_delta_rule_128" : "gated_delta_rule",
-                                 {bq, ba, bb, bl, bd, bst, bo, pos.words}, &args, sizeof(args), groups * 64));
+  // Key heads of 128 (the released models'): the variants whose unrolled loops need no guards.
+  const bool k128 = d.dk == 128;
+  if (d.m < kDeltaPrepRows) {
+    SB_RETURN_IF_ERROR(rt.dispatch(k128 ? "gated_delta_rule_128" : "gated_delta_rule",
+                                   {bq, ba, bb, bl, bd, bst, bo, pos.words}, &args, sizeof(args), groups * 64));
+  } else {
+    // Every row's normalized q, k and gates first, all rows at once; the recurrence reads them.
+    const int64_t prep_floats = d.m * d.hk * 2 * d.dk + d.m * d.hv * 2;
+    SB_RETURN_IF_ERROR(u32_count(prep_floats, "gated_delta_rule prep").status());
+    SB_ASSIGN_OR_RETURN(Tensor prep, rt.alloc(DType::kF32, {prep_floats}));
+    SB_ASSIGN_OR_RETURN(BufferRef bp, rt.bind(prep, false));
+    SB_RETURN_IF_ERROR(rt.dispatch("gated_delta_prep", {bq, ba, bb, bl, bd, bp}, &args, sizeof(args),
+                                   static_cast<uint64_t>(d.m * d.hk) * 64));
+    SB_RETURN_IF_ERROR(rt.dispatch(k128 ? "gated_delta_rule_128_prepped" : "gated_delta_rule_prepped",
+                                   {bq, bp, bst, bo, pos.words}, &args, sizeof(args), groups * 64));
+  }
   SB_RETURN_IF_ERROR(keep_on_device(ctx, n->state.get(), st));
   return ctx.out(n->out.get(), std::move(out));
 }
