@@ -77,7 +77,7 @@ float score(uint kb, uint hd) {
   [[unroll]] for (uint l = 0u; l < 32u; ++l) p[l] = 0.0;
   for (uint e0 = 0u; e0 < hd; e0 += 32u) {
     [[unroll]] for (uint l = 0u; l < 32u; ++l) {
-      if (e0 + l < hd) p[l] = p[l] + s_q[e0 + l] * SB_LOAD(k, args.dtype, kb + e0 + l);
+      if (e0 + l < hd) p[l] = p[l] + s_q[e0 + l] * SB_LOAD(k, ADT, kb + e0 + l);
     }
   }
   SB_TREE32(p)
@@ -105,7 +105,7 @@ void main() {
   uint at = args.pos + i, cols = args.len + args.has_sinks;
   g_shared = cols <= kRowMax;
   g_base = w * (args.len + 1u);
-  for (uint c = t; c < hd; c += kT) s_q[c] = SB_LOAD(q, args.dtype, w * hd + c);
+  for (uint c = t; c < hd; c += kT) s_q[c] = SB_LOAD(q, ADT, w * hd + c);
   barrier();
 
   // Scores: s_j = round(round(dot32(q, k_j)) * scale), masked keys + mask_value, rounded.
@@ -117,7 +117,7 @@ void main() {
     row_set(j, x);
   }
   if (t == 0u && args.has_sinks != 0u) {
-    precise float sv = SB_LOAD(sinks, args.dtype, h) + 0.0;
+    precise float sv = SB_LOAD(sinks, ADT, h) + 0.0;
     row_set(args.len, rnd(sv));
   }
   row_barrier();
@@ -154,17 +154,17 @@ void main() {
     uint vb = kh * args.cache * hd + c;
     for (uint j0 = 0u; j0 < args.len; j0 += 32u) {
       [[unroll]] for (uint l = 0u; l < 32u; ++l) {
-        if (j0 + l < args.len) a[l] = a[l] + row_get(j0 + l) * SB_LOAD(v, args.dtype, vb + (j0 + l) * hd);
+        if (j0 + l < args.len) a[l] = a[l] + row_get(j0 + l) * SB_LOAD(v, ADT, vb + (j0 + l) * hd);
       }
     }
     SB_TREE32(a)
     s_out[c] = rnd(a[0]);
   }
   barrier();
-  uint per = sb_per_word(args.dtype), words = hd / per;
+  uint per = sb_per_word(ADT), words = hd / per;
   for (uint wd = t; wd < words; wd += kT) {
     uint c = wd * per;
-    o[w * words + wd] = per == 1u ? floatBitsToUint(s_out[c]) : sb_encode_word(s_out[c], s_out[c + 1u], args.dtype);
+    o[w * words + wd] = per == 1u ? floatBitsToUint(s_out[c]) : sb_encode_word(s_out[c], s_out[c + 1u], ADT);
   }
 }
 #endif  // ATTENTION
@@ -214,7 +214,7 @@ void block(uint r, uint b, uint kh, uint lo, uint hi) {
     [[unroll]] for (uint e0 = 0u; e0 < kMaxHd; e0 += 32u) {
       if (e0 < hd) {
         float kx[8];
-        [[unroll]] for (uint l = 0u; l < 8u; ++l) kx[l] = e0 + g8 + l < hd ? SB_LOAD(k, args.dtype, kb + e0 + g8 + l) : 0.0;
+        [[unroll]] for (uint l = 0u; l < 8u; ++l) kx[l] = e0 + g8 + l < hd ? SB_LOAD(k, ADT, kb + e0 + g8 + l) : 0.0;
         [[unroll]] for (uint l = 0u; l < 8u; ++l) {
           if (e0 + g8 + l < hd) p[l] = p[l] + s_q[e0 + g8 + l] * kx[l];
         }
@@ -250,7 +250,7 @@ void block(uint r, uint b, uint kh, uint lo, uint hi) {
   for (uint c = t; c < hd; c += kT) {
     // Key order; the block's values loaded at once (clamped, never past the visible keys).
     float vx[kBlock];
-    [[unroll]] for (uint l = 0u; l < kBlock; ++l) vx[l] = SB_LOAD(v, args.dtype, key_at(kh, clamp(b0 + l, j0, j1 - 1u)) + c);
+    [[unroll]] for (uint l = 0u; l < kBlock; ++l) vx[l] = SB_LOAD(v, ADT, key_at(kh, clamp(b0 + l, j0, j1 - 1u)) + c);
     precise float acc = 0.0;
     [[unroll]] for (uint l = 0u; l < kBlock; ++l) {
       if (b0 + l >= j0 && b0 + l < j1) acc = acc + s_e[l] * vx[l];
@@ -279,7 +279,7 @@ void main() {
   uint lo, hi;
   visible(r, lo, hi);
   if (split * kBlock >= hi) return;  // uniform: no visible block for this split
-  for (uint c = t; c < hd; c += kT) s_q[c] = SB_LOAD(q, args.dtype, (i * args.hq + h) * hd + c);
+  for (uint c = t; c < hd; c += kT) s_q[c] = SB_LOAD(q, ADT, (i * args.hq + h) * hd + c);
   barrier();
   for (uint b = split; b < args.nb && b * kBlock < hi; b += args.nsplit) {
     if (b * kBlock + kBlock > lo) block(r, b, kh, lo, hi);
@@ -334,7 +334,7 @@ void main() {
     }
     barrier();
   }
-  uint per = sb_per_word(args.dtype), words = hd / per;
+  uint per = sb_per_word(ADT), words = hd / per;
   for (uint wd = t; wd < words; wd += kT) {
     uint c = wd * per;
     // The state (m, l, o) starts as the first block's and takes in each later one.
@@ -378,7 +378,7 @@ void main() {
       if (per == 2u) o1 = o1 * a + scratch[ob_at(r, b) + c + 1u] * cc;
     }
     if (args.has_sinks != 0u) {  // a block of one key with l = 1 and no values
-      precise float sv = SB_LOAD(sinks, args.dtype, h) + 0.0;
+      precise float sv = SB_LOAD(sinks, ADT, h) + 0.0;
       sv = rnd(sv);
       float mn = sb_max(m, sv);
       precise float da = m - mn, dc = sv - mn;
@@ -389,7 +389,7 @@ void main() {
     }
     float rc = sb_rcp(l);
     precise float y0 = o0 * rc, y1 = o1 * rc;
-    o[(i * args.hq + h) * words + wd] = per == 1u ? floatBitsToUint(rnd(y0)) : sb_encode_word(y0, y1, args.dtype);
+    o[(i * args.hq + h) * words + wd] = per == 1u ? floatBitsToUint(rnd(y0)) : sb_encode_word(y0, y1, ADT);
   }
 }
 #endif  // ATTENTION_MERGE

@@ -1,8 +1,11 @@
 // Helpers attention.comp and attention_tiles.comp share; included after `args` (SB_ATTENTION_ARGS).
+#include "spec_dtype.glsl"
+#define ADT SB_SPEC(kSpecDt0, args.dtype)  // q, the caches, sinks and the output
+
 const uint kBlock = 32u;  // op_shapes.h kAttentionBlock
 
 // v rounded to the attention's dtype, as a stored result holds it.
-float rnd(float x) { return sb_round_to(x, args.dtype); }
+float rnd(float x) { return sb_round_to(x, ADT); }
 
 // Element 0 of key j of cache head kh: caches [hk, S, hd] or (seq_major) [S, hk, hd].
 uint key_at(uint kh, uint j) {

@@ -62,7 +62,7 @@ void stage_queries() {
     if (row_head(vv, i, h)) {
       uint b = (i * args.hq + h) * args.hd;
       [[unroll]] for (uint c = 0u; c < 4u; ++c) {
-        if (p + 32u * c < args.hd) x[c] = SB_LOAD(q, args.dtype, b + p + 32u * c);
+        if (p + 32u * c < args.hd) x[c] = SB_LOAD(q, ADT, b + p + 32u * c);
       }
     }
     qs[g_qs + p * kTile + vv] = x;
@@ -73,7 +73,7 @@ void stage_queries() {
 float kv_at(bool values, uint j, uint d) {
   if (j >= args.cache) return 0.0;
   uint e = key_at(g_kh, j) + d;
-  return values ? SB_LOAD(v, args.dtype, e) : SB_LOAD(k, args.dtype, e);
+  return values ? SB_LOAD(v, ADT, e) : SB_LOAD(k, ADT, e);
 }
 
 // Block b0's keys (thread t: key t % 32, dim pairs t / 32 + 8 u) or values into s_kv.
@@ -290,7 +290,7 @@ void main() {
   if (mine) {
     float a = 1.0;
     if (args.has_sinks != 0u) {
-      precise float sv = SB_LOAD(sinks, args.dtype, mh) + 0.0;
+      precise float sv = SB_LOAD(sinks, ADT, mh) + 0.0;
       sv = rnd(sv);
       float mn = sb_max(m_run, sv);
       precise float da = m_run - mn, dc = sv - mn;
@@ -302,7 +302,7 @@ void main() {
     s_c[t] = sb_rcp(l_run);
   }
   barrier();
-  uint per = sb_per_word(args.dtype);
+  uint per = sb_per_word(ADT);
   [[unroll]] for (uint y = 0u; y < kVy; ++y) {
     uint i, h;
     if (!row_head(vq + 16u * y, i, h)) continue;
@@ -317,8 +317,8 @@ void main() {
       if (per == 1u) {
         [[unroll]] for (uint c = 0u; c < 4u; ++c) o[e0 + c] = floatBitsToUint(yv[c]);
       } else {
-        o[e0 / 2u] = sb_encode_word(yv.x, yv.y, args.dtype);
-        o[e0 / 2u + 1u] = sb_encode_word(yv.z, yv.w, args.dtype);
+        o[e0 / 2u] = sb_encode_word(yv.x, yv.y, ADT);
+        o[e0 / 2u + 1u] = sb_encode_word(yv.z, yv.w, ADT);
       }
     }
   }

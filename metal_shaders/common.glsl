@@ -17,6 +17,9 @@ spirv_execution_mode(extensions = ["SPV_KHR_float_controls"], capabilities = [44
 // gl_WorkGroupSize as 1.
 #define sb_linear_id() (gl_GlobalInvocationID.x + gl_GlobalInvocationID.y * (gl_NumWorkGroups.x * gl_WorkGroupSize.x))
 
+// A specialization constant C when the host set one (not ~0u), else the push-constant value ARG.
+#define SB_SPEC(C, ARG) (C != 0xffffffffu ? C : ARG)
+
 bool sb_is16(uint dt) { return dt == SB_DT_F16 || dt == SB_DT_BF16; }
 uint sb_word(uint dt, uint i) { return sb_is16(dt) ? (i >> 1) : i; }
 

@@ -15,7 +15,6 @@ layout(constant_id = 0) const uint kSpecXDtype = 0xffffffffu;
 layout(constant_id = 1) const uint kSpecOutDtype = 0xffffffffu;
 layout(constant_id = 2) const uint kSpecScaleDtype = 0xffffffffu;
 layout(constant_id = 3) const uint kSpecGluKind = 0xffffffffu;
-#define SB_SPEC(C, ARG) (C != 0xffffffffu ? C : ARG)
 #define X_DTYPE SB_SPEC(kSpecXDtype, args.x_dtype)
 #define OUT_DTYPE SB_SPEC(kSpecOutDtype, args.out_dtype)
 #define SCALE_DTYPE SB_SPEC(kSpecScaleDtype, args.scale_dtype)

@@ -43,6 +43,10 @@ layout(std430, binding = 4) coherent buffer Dn { uint done[]; };
 layout(std430, binding = 3) writeonly buffer O { uint o[]; };
 #endif
 layout(push_constant) uniform Args { SB_MATMUL_ARGS } args;
+#include "spec_dtype.glsl"
+#define DT SB_SPEC(kSpecDt0, args.dtype)           // a and the output
+#define B_DT SB_SPEC(kSpecDt1, args.b_dtype)       // b
+#define BIAS_DT SB_SPEC(kSpecDt2, args.bias_dtype) // the bias
 
 #ifdef MATMUL_TILE
 // Many rows and columns (prefill attention, projections): workgroup (batch, row tile,
@@ -74,8 +78,8 @@ void main() {
       bool ka = kT * tr + rc < args.rows && i < args.k, kb = c0 + rc < args.cols && i < args.k;
       uint bi = boff + (args.transpose_b != 0u ? (c0 + rc) * args.k + i : i * args.cols + c0 + rc);
       float va = 0.0, vb = 0.0;  // branches, not selects: no load outside the buffers
-      if (ka) va = SB_LOAD(a, args.dtype, (r0 + rc) * args.k + i);
-      if (kb) vb = SB_LOAD(b, args.b_dtype, bi);
+      if (ka) va = SB_LOAD(a, DT, (r0 + rc) * args.k + i);
+      if (kb) vb = SB_LOAD(b, B_DT, bi);
       s_a[rc * kRow + (kk >> 2u)][kk & 3u] = va;
       s_b[rc * kRow + (kk >> 2u)][kk & 3u] = vb;
     }
@@ -94,13 +98,13 @@ void main() {
     [[unroll]] for (uint i = 0u; i < s; ++i) p[i] = p[i] + p[i + s];
   uint r = kT * tr + (t >> 4u), c = c0 + (t & 15u);
   precise float v = p[0];
-  if (args.has_bias != 0u && c < args.cols) v = v + SB_LOAD(bias, args.bias_dtype, c);
+  if (args.has_bias != 0u && c < args.cols) v = v + SB_LOAD(bias, BIAS_DT, c);
   bool live = r < args.rows && c < args.cols;
   uint e = (bt * args.rows + r) * args.cols + c;
-  if (sb_per_word(args.dtype) == 2u) {  // the host keeps cols even: columns c, c + 1 share a word
+  if (sb_per_word(DT) == 2u) {  // the host keeps cols even: columns c, c + 1 share a word
     s_o[t] = v;
     barrier();
-    if (live && (t & 1u) == 0u) o[e >> 1u] = sb_encode_word(v, s_o[t + 1u], args.dtype);
+    if (live && (t & 1u) == 0u) o[e >> 1u] = sb_encode_word(v, s_o[t + 1u], DT);
   } else if (live) {
     o[e] = floatBitsToUint(v);
   }
@@ -118,7 +122,7 @@ shared uint s_aw[kChunkWords], s_bw[kChunkWords];
 // load instructions of one word per element, which is what a latency-bound decode GEMV
 // waits on — then adds them in index order.
 void dot32_rows16(uint lane, uint r, uint c, uint boff, inout precise float part) {
-  uint pa = sb_per_word(args.dtype), pb = sb_per_word(args.b_dtype);
+  uint pa = sb_per_word(DT), pb = sb_per_word(B_DT);
   uint qa = r * args.k / (4u * pa), qb = (boff + c * args.k) / (4u * pb);
   uint chunk = kChunkWords * min(pa, pb);  // elements per pass: a multiple of 32
   for (uint c0 = 0u; c0 < args.k; c0 += chunk) {
@@ -138,8 +142,8 @@ void dot32_rows16(uint lane, uint r, uint c, uint boff, inout precise float part
     }
     barrier();
     for (uint i = lane; i < len; i += 32u) {
-      float av = sb_decode(s_aw[sb_word(args.dtype, i)], args.dtype, i);
-      float bv = sb_decode(s_bw[sb_word(args.b_dtype, i)], args.b_dtype, i);
+      float av = sb_decode(s_aw[sb_word(DT, i)], DT, i);
+      float bv = sb_decode(s_bw[sb_word(B_DT, i)], B_DT, i);
       part = part + av * bv;
     }
     barrier();
@@ -162,8 +166,8 @@ void dot32(uint e, uint slot) {
     [[unroll]] for (uint j = 0u; j < 16u; ++j) {
       uint i = min(i0 + 32u * j, args.k - 1u);
       uint bi = boff + (args.transpose_b != 0u ? c * args.k + i : i * args.cols + c);
-      av[j] = SB_LOAD(a, args.dtype, r * args.k + i);
-      bv[j] = SB_LOAD(b, args.b_dtype, bi);
+      av[j] = SB_LOAD(a, DT, r * args.k + i);
+      bv[j] = SB_LOAD(b, B_DT, bi);
     }
     [[unroll]] for (uint j = 0u; j < 16u; ++j)
       if (i0 + 32u * j < args.k) part = part + av[j] * bv[j];
@@ -180,7 +184,7 @@ void dot32(uint e, uint slot) {
   }
   if (lane == 0u) {
     precise float v = s_part[0];
-    if (args.has_bias != 0u) v = v + SB_LOAD(bias, args.bias_dtype, c);
+    if (args.has_bias != 0u) v = v + SB_LOAD(bias, BIAS_DT, c);
     s_out[slot] = v;
   }
   barrier();
@@ -188,7 +192,7 @@ void dot32(uint e, uint slot) {
 
 void main() {
   uint wg = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
-  uint per = sb_per_word(args.dtype);
+  uint per = sb_per_word(DT);
   uint i = wg * per;
   uint count = args.batch * args.rows * args.cols;
   if (i >= count) return;
@@ -196,7 +200,7 @@ void main() {
   bool two = per == 2u && i + 1u < count;
   if (two) dot32(i + 1u, 1u);
   if (gl_LocalInvocationID.x == 0u) {
-    o[wg] = sb_encode_word(s_out[0], two ? s_out[1] : 0.0, args.dtype);
+    o[wg] = sb_encode_word(s_out[0], two ? s_out[1] : 0.0, DT);
 #ifdef SB_COUNT
     memoryBarrierBuffer();  // the word before the count
     atomicAdd(done[0], 1u);

@@ -34,15 +34,18 @@ layout(std430, binding = 2) readonly buffer W { uint w[]; };
 layout(std430, binding = 3) writeonly buffer O { uint o[]; };
 layout(std430, binding = 4) writeonly buffer Sum { uint sum_o[]; };
 layout(push_constant) uniform Args { SB_NORM_ARGS } args;
+#include "spec_dtype.glsl"
+#define DT SB_SPEC(kSpecDt0, args.dtype)     // x, the residual / gate, the outputs
+#define W_DT SB_SPEC(kSpecDt1, args.w_dtype) // the weights
 shared float s_part[32];
 shared float s_inv;
 shared float s_row[SB_NORM_ROW_MAX];
 
 float s_at(uint g) {
-  float v = SB_LOAD(x, args.dtype, g);
+  float v = SB_LOAD(x, DT, g);
   if (args.pad0 != 0u) {
-    precise float a = v + SB_LOAD(res, args.dtype, g);
-    v = sb_round_to(a, args.dtype);
+    precise float a = v + SB_LOAD(res, DT, g);
+    v = sb_round_to(a, DT);
   }
   return v;
 }
@@ -67,19 +70,19 @@ void main() {
   if (t == 0u) s_inv = sb_tree32_rsqrt(s_part, args.inv_d, args.eps);
   barrier();
   float inv = s_inv;
-  uint per = sb_per_word(args.dtype), words = args.d / per;  // 16-bit rows have even d (host)
+  uint per = sb_per_word(DT), words = args.d / per;  // 16-bit rows have even d (host)
   for (uint k = t; k < words; k += 256u) {
     uint i = k * per;
     float a = staged ? s_row[i] : s_at(base + i);
     float b = per == 2u ? (staged ? s_row[i + 1u] : s_at(base + i + 1u)) : 0.0;
-    precise float lo = (a * inv) * SB_LOAD(w, args.w_dtype, i);
-    precise float hi = per == 2u ? (b * inv) * SB_LOAD(w, args.w_dtype, i + 1u) : 0.0;
+    precise float lo = (a * inv) * SB_LOAD(w, W_DT, i);
+    precise float hi = per == 2u ? (b * inv) * SB_LOAD(w, W_DT, i + 1u) : 0.0;
     if (args.gated != 0u) {
-      lo = sb_round_to(lo, args.dtype) * sb_silu(SB_LOAD(res, args.dtype, base + i));
-      if (per == 2u) hi = sb_round_to(hi, args.dtype) * sb_silu(SB_LOAD(res, args.dtype, base + i + 1u));
+      lo = sb_round_to(lo, DT) * sb_silu(SB_LOAD(res, DT, base + i));
+      if (per == 2u) hi = sb_round_to(hi, DT) * sb_silu(SB_LOAD(res, DT, base + i + 1u));
     }
-    o[r * words + k] = sb_encode_word(lo, hi, args.dtype);
-    if (args.pad0 != 0u) sum_o[r * words + k] = sb_encode_word(a, b, args.dtype);
+    o[r * words + k] = sb_encode_word(lo, hi, DT);
+    if (args.pad0 != 0u) sum_o[r * words + k] = sb_encode_word(a, b, DT);
   }
 }
 #else

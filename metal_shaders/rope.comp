@@ -40,12 +40,16 @@ layout(std430, binding = 7) readonly buffer KW { uint kw[]; };
 layout(std430, binding = 8) writeonly buffer V { uint v_cache[]; };
 #endif
 layout(push_constant) uniform Args { SB_ROPE_ARGS } args;
+#include "spec_dtype.glsl"
+#define DT SB_SPEC(kSpecDt0, args.dtype)       // x, the output and the caches
+#define W_DT SB_SPEC(kSpecDt1, args.w_dtype)   // the (query) norm weights
+#define KW_DT SB_SPEC(kSpecDt2, args.kw_dtype) // the keys' norm weights
 
 // Row 0's position: pos, plus the word the host writes per execution where pos is an input
 // (word 0 is always 0), so a recorded step replays at any position.
 uint first_pos() { return args.pos + dyn[args.pos_word]; }
 
-float rnd(float v) { return sb_round_to(v, args.dtype); }
+float rnd(float v) { return sb_round_to(v, DT); }
 
 #ifdef ROPE_BY_HEAD
 const uint kMaxHd = 256u;  // the host refuses larger heads
@@ -54,7 +58,7 @@ shared float s_inv;
 shared float s_x[kMaxHd];  // the head row, then (normalized, rounded as RmsNorm stores it)
 float xin(uint i) { return s_x[i % args.hd]; }
 #else
-float xin(uint i) { return SB_LOAD(x, args.dtype, i); }
+float xin(uint i) { return SB_LOAD(x, DT, i); }
 #endif
 
 // Element e of the head row whose elements start at base, at position p: a rotated pair member,
@@ -86,7 +90,7 @@ float element(uint i) {
 // (0: w, 1: kw) in place, rounded to x's dtype.
 void stage_head(uint base, bool norm, uint wsel) {
   uint t = gl_LocalInvocationID.x;
-  for (uint e = t; e < args.hd; e += 64u) s_x[e] = SB_LOAD(x, args.dtype, base + e);
+  for (uint e = t; e < args.hd; e += 64u) s_x[e] = SB_LOAD(x, DT, base + e);
   barrier();
   if (!norm) return;  // uniform over the workgroup
   if (t < 32u) {
@@ -99,9 +103,9 @@ void stage_head(uint base, bool norm, uint wsel) {
   barrier();
   for (uint e = t; e < args.hd; e += 64u) {
 #ifdef ROPE_QKV
-    float we = wsel == 0u ? SB_LOAD(w, args.w_dtype, e) : SB_LOAD(kw, args.kw_dtype, e);
+    float we = wsel == 0u ? SB_LOAD(w, W_DT, e) : SB_LOAD(kw, KW_DT, e);
 #else
-    float we = SB_LOAD(w, args.w_dtype, e);
+    float we = SB_LOAD(w, W_DT, e);
 #endif
     precise float v = (s_x[e] * s_inv) * we;
     s_x[e] = rnd(v);
@@ -113,7 +117,7 @@ void stage_head(uint base, bool norm, uint wsel) {
 uint head_word(uint k, uint per, uint p) {
   float lo = element_at(0u, k * per, p);
   float hi = per == 2u ? element_at(0u, k * per + 1u, p) : 0.0;
-  return sb_encode_word(lo, hi, args.dtype);
+  return sb_encode_word(lo, hi, DT);
 }
 #endif
 
@@ -122,13 +126,13 @@ void put(uint wd, uint per) {
   uint i = wd * per;
   float lo = element(i);
   float hi = (per == 2u && i + 1u < args.n) ? element(i + 1u) : 0.0;
-  uint word = sb_encode_word(lo, hi, args.dtype);
+  uint word = sb_encode_word(lo, hi, DT);
   o[wd] = word;
   if (args.has_cache != 0u) cache[(first_pos() * args.h * args.hd) / per + wd] = word;
 }
 
 void main() {
-  uint per = sb_per_word(args.dtype);
+  uint per = sb_per_word(DT);
 #if defined(ROPE_QKV)
   uint heads = args.q_heads + 2u * args.k_heads;
   uint g = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x, t = gl_LocalInvocationID.x;

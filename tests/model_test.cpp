@@ -752,6 +752,36 @@ TEST(TinyTest, SyncsBetweenOpsGiveTheSameBits) {
   }
 }
 
+// Kernels built for their dispatch's dtypes (specialization constants) give the bits of the
+// generic build, where the push constants pick the path (what Metal runs), for both families.
+TEST(TinyTest, SpecializedKernelsGiveTheGenericBits) {
+  for (const std::string family : {"", "qwen3_5_moe"}) {
+    SCOPED_TRACE("tiny " + family);
+    const fs::path out = scratch("tiny_spec" + family);
+    ASSERT_TRUE(testing::export_tiny_model(out.string(), 4, 2026, family).is_ok());
+    auto program = Program::load((out / "program.sbp").string(), LoadOptions{{(out / "weights.safetensors").string()}});
+    ASSERT_TRUE(program.is_ok());
+    for (const std::string& dev : test_devices()) {
+      if (dev == "cpu") continue;
+      std::vector<models::Generation> runs;
+      for (bool specialize : {true, false}) {
+        SessionOptions o{dev};
+        o.gpu_specialize = specialize;
+        auto s = Session::create(*program, o);
+        ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+        auto g = models::generate(**s, {1, 2, 3, 4, 5, 6, 7, 8, 9}, 4, true, nullptr);
+        ASSERT_TRUE(g.is_ok()) << g.status().to_string();
+        runs.push_back(std::move(g).value());
+      }
+      EXPECT_EQ(runs[0].tokens, runs[1].tokens) << dev;
+      ASSERT_EQ(runs[0].logits.size(), runs[1].logits.size());
+      for (size_t i = 0; i < runs[0].logits.size(); ++i)
+        EXPECT_EQ(std::memcmp(runs[0].logits[i].data(), runs[1].logits[i].data(), runs[0].logits[i].nbytes()), 0)
+            << dev << " step " << i;
+    }
+  }
+}
+
 // The CPU's steady state takes no memory from the system allocator: a second prompt of the same
 // length and its decode steps reuse the buffers the first one freed (issue #20 item 5).
 TEST(TinyTest, RepeatedDecodeStepsAllocateNothingOnTheCpu) {

@@ -18,6 +18,7 @@ struct DeviceOptions {
   bool gpu_int8_mma = true;     // int8 cooperative-matrix kernels, where the device has them
   bool gpu_int_dot = true;      // packed int8 dot-product row kernels, where the device has them
   bool gpu_handoff = true;      // decode kernels wait for each other's values, where known safe
+  bool gpu_specialize = true;   // kernels built for their dispatch's dtypes (specialization constants)
   bool pipeline_stats = false;  // log each pipeline's compiler statistics (info level)
   std::string spirv_dir;        // kernel development: DIR/<kernel>.spv replaces a built-in kernel
   // Memory one submission may allocate before the interpreter syncs between ops (0: an eighth

@@ -28,6 +28,7 @@ EnvDefaults read_env() {
   e.gpu_int8_mma = !flag_off(std::getenv("SWITCHBOARD_GPU_MMA"));
   e.gpu_int_dot = !flag_off(std::getenv("SWITCHBOARD_GPU_DOT"));
   e.gpu_handoff = !flag_off(std::getenv("SWITCHBOARD_GPU_HANDOFF"));
+  e.gpu_specialize = !flag_off(std::getenv("SWITCHBOARD_GPU_SPECIALIZE"));
   if (const char* v = std::getenv("SWITCHBOARD_GPU_FLUSH_MB"); v && *v)
     e.gpu_flush_bytes = static_cast<uint64_t>(std::strtoull(v, nullptr, 10)) << 20;
   e.gpu_replay = !flag_off(std::getenv("SWITCHBOARD_GPU_REPLAY"));

@@ -26,6 +26,7 @@ struct EnvDefaults {
   bool gpu_int8_mma = true;                    // SWITCHBOARD_GPU_MMA (=0: off)
   bool gpu_int_dot = true;                     // SWITCHBOARD_GPU_DOT (=0: off)
   bool gpu_handoff = true;                     // SWITCHBOARD_GPU_HANDOFF (=0: off)
+  bool gpu_specialize = true;                  // SWITCHBOARD_GPU_SPECIALIZE (=0: off)
   uint64_t gpu_flush_bytes = 0;                // SWITCHBOARD_GPU_FLUSH_MB (0: an eighth of the free memory)
   bool gpu_replay = true;                      // SWITCHBOARD_GPU_REPLAY (=0: off)
   bool pipeline_stats = false;                 // SWITCHBOARD_PIPELINE_STATS

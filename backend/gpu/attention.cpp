@@ -33,6 +33,7 @@ Status blocked(Runtime& rt, const ops::AttentionDims& d, k::AttentionArgs args, 
   SB_RETURN_IF_ERROR(u32_count(static_cast<int64_t>(chunk * row_floats), "attention block scratch").status());
   SB_ASSIGN_OR_RETURN(Tensor scratch, rt.alloc(DType::kF32, {static_cast<int64_t>(chunk * row_floats)}));
   SB_ASSIGN_OR_RETURN(BufferRef bt, rt.bind(scratch, false));
+  const SpecConstants spec = dtype_spec({static_cast<DType>(args.dtype)});
   args.nb = static_cast<uint32_t>(nb);
   args.nsplit = static_cast<uint32_t>(nsplit);
   for (uint64_t row0 = 0; row0 < static_cast<uint64_t>(d.m); row0 += chunk) {
@@ -41,8 +42,8 @@ Status blocked(Runtime& rt, const ops::AttentionDims& d, k::AttentionArgs args, 
     args.rows = static_cast<uint32_t>(rows);
     const uint64_t pairs = rows * static_cast<uint64_t>(d.hq);
     SB_RETURN_IF_ERROR(
-        rt.dispatch("attention_blocks", {b[0], b[1], b[2], bt, b[5]}, &args, sizeof(args), pairs * nsplit * 128));
-    SB_RETURN_IF_ERROR(rt.dispatch("attention_merge", {b[3], bt, b[4], b[5]}, &args, sizeof(args), pairs * 128));
+        rt.dispatch("attention_blocks", {b[0], b[1], b[2], bt, b[5]}, &args, sizeof(args), pairs * nsplit * 128, spec));
+    SB_RETURN_IF_ERROR(rt.dispatch("attention_merge", {b[3], bt, b[4], b[5]}, &args, sizeof(args), pairs * 128, spec));
   }
   return Status::ok();
 }
@@ -108,7 +109,7 @@ Status attention(KernelContext& ctx, const fb::OpNodeUnion& op) {
   SB_ASSIGN_OR_RETURN(BufferRef bt, rt.bind(scratch, false));
   if (d.m * d.hq > 0)
     SB_RETURN_IF_ERROR(rt.dispatch("attention", {bq, bk, bv, bs, bt, bo}, &args, sizeof(args),
-                                   static_cast<uint64_t>(d.m * d.hq) * 128));
+                                   static_cast<uint64_t>(d.m * d.hq) * 128, dtype_spec({q.dtype()})));
   return ctx.out(n->out.get(), std::move(out));
 }
 

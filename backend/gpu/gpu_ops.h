@@ -48,6 +48,14 @@ Result<InPlace> inplace_on_device(KernelContext& ctx, const fb::Tid* tid);
 Status keep_on_device(KernelContext& ctx, const fb::Tid* tid, InPlace& b);
 // n as a kernel's u32 count; kUnimplemented past the kernels' 2^31 limit.
 Result<uint32_t> u32_count(int64_t n, const char* what);
+
+// kSpecDt0, kSpecDt1, ... (metal_shaders/spec_dtype.glsl) set to these dtypes, in the order the
+// kernel names them: the driver builds only their paths.
+inline SpecConstants dtype_spec(std::initializer_list<DType> dtypes) {
+  SpecConstants s;
+  for (DType d : dtypes) s.values[s.count++] = static_cast<uint32_t>(d);
+  return s;
+}
 // 32-bit words of n elements of t.
 uint64_t words_of(DType t, int64_t n);
 // Invocations of the integer kernels (int64.glsl): byte dtypes four elements each, else one.

@@ -66,7 +66,8 @@ Status rope_qkv(KernelContext& ctx, const fb::RopeNodeT& n) {
   args.kw_dtype = static_cast<uint32_t>(n.k_norm_weight ? kw.dtype() : x.dtype());
   if (d.m > 0)
     SB_RETURN_IF_ERROR(rt.dispatch("rope_qkv", {bx, bc, bs, bo, bk, bqw, pos.words, bkw, bv}, &args, sizeof(args),
-                                   static_cast<uint64_t>(d.m * (d.q_heads + 2 * d.k_heads)) * 64));
+                                   static_cast<uint64_t>(d.m * (d.q_heads + 2 * d.k_heads)) * 64,
+                                   dtype_spec({x.dtype(), static_cast<DType>(args.w_dtype), static_cast<DType>(args.kw_dtype)})));
   SB_RETURN_IF_ERROR(keep_on_device(ctx, n.cache.get(), kc));
   SB_RETURN_IF_ERROR(keep_on_device(ctx, n.v_cache.get(), vc));
   return ctx.out(n.out.get(), std::move(out));
@@ -112,10 +113,11 @@ Status rope(KernelContext& ctx, const fb::OpNodeUnion& op) {
   if (x.numel() > 0) {
     if (n->norm_weight)
       SB_RETURN_IF_ERROR(rt.dispatch("rope_norm", {bx, bc, bs, bo, bk, bw, pos.words}, &args, sizeof(args),
-                                     static_cast<uint64_t>(d.m * d.h) * 64));
+                                     static_cast<uint64_t>(d.m * d.h) * 64,
+                                     dtype_spec({x.dtype(), static_cast<DType>(args.w_dtype)})));
     else
-      SB_RETURN_IF_ERROR(
-          rt.dispatch("rope", {bx, bc, bs, bo, bk, pos.words}, &args, sizeof(args), words_of(x.dtype(), x.numel())));
+      SB_RETURN_IF_ERROR(rt.dispatch("rope", {bx, bc, bs, bo, bk, pos.words}, &args, sizeof(args),
+                                     words_of(x.dtype(), x.numel()), dtype_spec({x.dtype()})));
   }
   if (n->cache) SB_RETURN_IF_ERROR(keep_on_device(ctx, n->cache.get(), cache));
   return ctx.out(n->out.get(), std::move(out));

@@ -174,6 +174,7 @@ DeviceOptions device_options(const SessionOptions& o) {
   d.gpu_int8_mma = o.gpu_int8_mma.value_or(d.gpu_int8_mma);
   d.gpu_int_dot = o.gpu_int_dot.value_or(d.gpu_int_dot);
   d.gpu_handoff = o.gpu_handoff.value_or(d.gpu_handoff);
+  d.gpu_specialize = o.gpu_specialize.value_or(d.gpu_specialize);
   d.pipeline_stats = o.pipeline_stats.value_or(d.pipeline_stats);
   d.gpu_flush_bytes = o.gpu_flush_bytes.value_or(d.gpu_flush_bytes);
   if (o.spirv_dir) d.spirv_dir = *o.spirv_dir;

@@ -77,6 +77,7 @@ struct Context {
   double ns_per_tick = 1.0;
   std::map<std::string, Pipeline> pipelines;
   std::string spirv_dir;  // DeviceOptions::spirv_dir: kernel development overrides
+  bool specialize = true;  // DeviceOptions::gpu_specialize: off, pipelines keep their constants' defaults
 
   ~Context() {
     if (device) {

@@ -371,7 +371,8 @@ void log_pipeline_stats(Context& c, const char* name, VkPipeline pipeline) {
 }
 
 // The pipeline of kernel `name` built for `spec` (one per distinct set of values).
-Result<Pipeline*> pipeline_for(Context& c, const char* name, const gpu::SpecConstants& spec) {
+Result<Pipeline*> pipeline_for(Context& c, const char* name, const gpu::SpecConstants& requested) {
+  const gpu::SpecConstants spec = c.specialize ? requested : gpu::SpecConstants{};  // defaults: same bits
   SB_CHECK_OR_RETURN(spec.count <= 4, StatusCode::kInternal, "kernel %s: %u specialization constants", name,
                      spec.count);
   std::string key = name;
@@ -450,6 +451,7 @@ Result<std::unique_ptr<VulkanRuntime>> VulkanRuntime::open(int index, const Devi
   rt->ctx_ = std::make_shared<Context>();
   Context& c = *rt->ctx_;
   c.spirv_dir = options.spirv_dir;
+  c.specialize = options.gpu_specialize;
   SB_RETURN_IF_ERROR(attach_instance(c));  // the instance is the process's; all below is this device's
   SB_RETURN_IF_ERROR(pick_device(c, index, rt->description_));
   SB_RETURN_IF_ERROR(create_device(c, rt->description_, options));

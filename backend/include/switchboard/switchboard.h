@@ -107,13 +107,16 @@ struct SessionOptions {
   uint64_t max_buffer_bytes = uint64_t{16} << 30;
 
   // GPU kernel paths (Vulkan; other devices ignore them); each gives the same bits on or
-  // off. Unset: $SWITCHBOARD_GPU_MMA / _DOT / _HANDOFF ("0" turns one off), else on
-  // wherever the device supports it.
+  // off. Unset: $SWITCHBOARD_GPU_MMA / _DOT / _HANDOFF / _SPECIALIZE ("0" turns one off), else
+  // on wherever the device supports it.
   std::optional<bool> gpu_int8_mma;  // int8 cooperative-matrix kernels (faster prefill)
   std::optional<bool> gpu_int_dot;   // packed int8 dot-product row kernels (faster decode)
   // Decode's router, gate/up and down kernels wait for each other's values instead of
   // being separated by barriers; only on devices known to run dispatches in order.
   std::optional<bool> gpu_handoff;
+  // Kernels built for their dispatch's dtypes (Vulkan specialization constants: less machine
+  // code, faster decode); off, every dtype's path in one build decides at run time.
+  std::optional<bool> gpu_specialize;
   // Repeated executions (decode steps) recorded once and replayed: an execution with the input
   // shapes of the one before is recorded, and later ones whose inputs only change values that
   // the kernels read on the device (the position) submit the recorded work again. Unset:
