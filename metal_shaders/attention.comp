@@ -101,7 +101,7 @@ void main() {
   uint t = gl_LocalInvocationID.x;
   uint w = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
   if (w >= args.m * args.hq) return;  // uniform over the workgroup
-  uint i = w / args.hq, h = w % args.hq, kh = h / (args.hq / args.hk), hd = args.hd;
+  uint i = w / args.hq, h = w % args.hq, kh = h / (args.hq / args.hk), hd = HD;
   uint at = args.pos + i, cols = args.len + args.has_sinks;
   g_shared = cols <= kRowMax;
   g_base = w * (args.len + 1u);
@@ -182,7 +182,7 @@ void visible(uint r, out uint lo, out uint hi) {
   hi = at + 1u;
 }
 uint ml_at(uint r, uint b) { return (r * args.nb + b) * 2u; }
-uint ob_at(uint r, uint b) { return args.rows * args.hq * args.nb * 2u + (r * args.nb + b) * args.hd; }
+uint ob_at(uint r, uint b) { return args.rows * args.hq * args.nb * 2u + (r * args.nb + b) * HD; }
 #endif
 
 #ifdef ATTENTION_BLOCKS
@@ -201,7 +201,7 @@ shared float s_e[kBlock];
 
 // Key block b of pair r (head kh of query row i; s_q holds the query).
 void block(uint r, uint b, uint kh, uint lo, uint hi) {
-  uint t = gl_LocalInvocationID.x, hd = args.hd, b0 = b * kBlock;
+  uint t = gl_LocalInvocationID.x, hd = HD, b0 = b * kBlock;
   uint j0 = max(lo, b0), j1 = min(hi, b0 + kBlock);
 
   // dot32(q, k_j): this thread's 8 partials l = g8 .. g8 + 7 over dims e = l, l + 32, ...
@@ -274,7 +274,7 @@ void main() {
   uint t = gl_LocalInvocationID.x;
   uint w = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
   if (w >= args.rows * args.hq * args.nsplit) return;  // uniform over the workgroup
-  uint split = w % args.nsplit, r = w / args.nsplit, hd = args.hd;
+  uint split = w % args.nsplit, r = w / args.nsplit, hd = HD;
   uint i = args.row0 + r / args.hq, h = r % args.hq, kh = h / (args.hq / args.hk);
   uint lo, hi;
   visible(r, lo, hi);
@@ -303,7 +303,7 @@ void main() {
   uint t = gl_LocalInvocationID.x;
   uint r = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
   if (r >= args.rows * args.hq) return;  // uniform over the workgroup
-  uint i = args.row0 + r / args.hq, h = r % args.hq, hd = args.hd;
+  uint i = args.row0 + r / args.hq, h = r % args.hq, hd = HD;
   uint lo, hi;
   visible(r, lo, hi);
   uint first = lo / kBlock, last = (hi - 1u) / kBlock, count = last - first + 1u;

@@ -1,6 +1,7 @@
 // Helpers attention.comp and attention_tiles.comp share; included after `args` (SB_ATTENTION_ARGS).
-#include "spec_dtype.glsl"
+#include "spec_constants.glsl"
 #define ADT SB_SPEC(kSpecDt0, args.dtype)  // q, the caches, sinks and the output
+#define HD SB_SPEC(kSpecExtent, args.hd)    // the head dim
 
 const uint kBlock = 32u;  // op_shapes.h kAttentionBlock
 
@@ -9,7 +10,7 @@ float rnd(float x) { return sb_round_to(x, ADT); }
 
 // Element 0 of key j of cache head kh: caches [hk, S, hd] or (seq_major) [S, hk, hd].
 uint key_at(uint kh, uint j) {
-  return args.seq_major != 0u ? (j * args.hk + kh) * args.hd : (kh * args.cache + j) * args.hd;
+  return args.seq_major != 0u ? (j * args.hk + kh) * HD : (kh * args.cache + j) * HD;
 }
 
 // The first key a query at position `at` sees: 0, or at + 1 - window with a sliding window

@@ -60,9 +60,9 @@ void stage_queries() {
     uint e = t + 256u * u, vv = e % kTile, p = e / kTile, i, h;
     vec4 x = vec4(0.0);
     if (row_head(vv, i, h)) {
-      uint b = (i * args.hq + h) * args.hd;
+      uint b = (i * args.hq + h) * HD;
       [[unroll]] for (uint c = 0u; c < 4u; ++c) {
-        if (p + 32u * c < args.hd) x[c] = SB_LOAD(q, ADT, b + p + 32u * c);
+        if (p + 32u * c < HD) x[c] = SB_LOAD(q, ADT, b + p + 32u * c);
       }
     }
     qs[g_qs + p * kTile + vv] = x;
@@ -78,7 +78,7 @@ float kv_at(bool values, uint j, uint d) {
 
 // Block b0's keys (thread t: key t % 32, dim pairs t / 32 + 8 u) or values into s_kv.
 void stage_block(bool values, uint b0) {
-  uint t = gl_LocalInvocationID.x, kk = t & 31u, hd = args.hd, hd4 = hd / 4u;
+  uint t = gl_LocalInvocationID.x, kk = t & 31u, hd = HD, hd4 = hd / 4u;
   [[unroll]] for (uint u = 0u; u < 8u; ++u) {
     uint d = 2u * ((t >> 5u) + 8u * u);
     if (d < hd || !values) {  // keys: zeros past hd (they meet the queries' zeros)
@@ -162,7 +162,7 @@ void main() {
   g_kh = w % args.hk;
   g_v0 = (tiles - 1u - w / args.hk) * kTile;  // the longest rows first
   g_qs = w * 32u * kTile;
-  uint hd = args.hd, hd4 = hd / 4u, p0 = first_pos() + args.row0;
+  uint hd = HD, hd4 = hd / 4u, p0 = first_pos() + args.row0;
   uint last_v = min(g_v0 + kTile, g_nv) - 1u;
   uint at_a = p0 + g_v0 / g_group, hi_b = p0 + last_v / g_group + 1u;
   uint lo_a = first_visible(at_a);

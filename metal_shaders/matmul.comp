@@ -43,7 +43,7 @@ layout(std430, binding = 4) coherent buffer Dn { uint done[]; };
 layout(std430, binding = 3) writeonly buffer O { uint o[]; };
 #endif
 layout(push_constant) uniform Args { SB_MATMUL_ARGS } args;
-#include "spec_dtype.glsl"
+#include "spec_constants.glsl"
 #define DT SB_SPEC(kSpecDt0, args.dtype)           // a and the output
 #define B_DT SB_SPEC(kSpecDt1, args.b_dtype)       // b
 #define BIAS_DT SB_SPEC(kSpecDt2, args.bias_dtype) // the bias

@@ -34,9 +34,10 @@ layout(std430, binding = 2) readonly buffer W { uint w[]; };
 layout(std430, binding = 3) writeonly buffer O { uint o[]; };
 layout(std430, binding = 4) writeonly buffer Sum { uint sum_o[]; };
 layout(push_constant) uniform Args { SB_NORM_ARGS } args;
-#include "spec_dtype.glsl"
+#include "spec_constants.glsl"
 #define DT SB_SPEC(kSpecDt0, args.dtype)     // x, the residual / gate, the outputs
 #define W_DT SB_SPEC(kSpecDt1, args.w_dtype) // the weights
+#define ROW_D SB_SPEC(kSpecExtent, args.d)  // the row length
 shared float s_part[32];
 shared float s_inv;
 shared float s_row[SB_NORM_ROW_MAX];
@@ -53,14 +54,14 @@ float s_at(uint g) {
 void main() {
   uint r = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
   if (r >= args.rows) return;  // uniform across the workgroup
-  uint t = gl_LocalInvocationID.x, base = r * args.d;
-  bool staged = args.d <= SB_NORM_ROW_MAX;
+  uint t = gl_LocalInvocationID.x, base = r * ROW_D;
+  bool staged = ROW_D <= SB_NORM_ROW_MAX;
   if (staged)
-    for (uint i = t; i < args.d; i += 256u) s_row[i] = s_at(base + i);
+    for (uint i = t; i < ROW_D; i += 256u) s_row[i] = s_at(base + i);
   barrier();
   if (t < 32u) {
     precise float p = 0.0;
-    for (uint i = t; i < args.d; i += 32u) {
+    for (uint i = t; i < ROW_D; i += 32u) {
       float v = staged ? s_row[i] : s_at(base + i);
       p = p + v * v;
     }
@@ -70,7 +71,7 @@ void main() {
   if (t == 0u) s_inv = sb_tree32_rsqrt(s_part, args.inv_d, args.eps);
   barrier();
   float inv = s_inv;
-  uint per = sb_per_word(DT), words = args.d / per;  // 16-bit rows have even d (host)
+  uint per = sb_per_word(DT), words = ROW_D / per;  // 16-bit rows have even d (host)
   for (uint k = t; k < words; k += 256u) {
     uint i = k * per;
     float a = staged ? s_row[i] : s_at(base + i);

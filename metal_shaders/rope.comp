@@ -40,10 +40,11 @@ layout(std430, binding = 7) readonly buffer KW { uint kw[]; };
 layout(std430, binding = 8) writeonly buffer V { uint v_cache[]; };
 #endif
 layout(push_constant) uniform Args { SB_ROPE_ARGS } args;
-#include "spec_dtype.glsl"
+#include "spec_constants.glsl"
 #define DT SB_SPEC(kSpecDt0, args.dtype)       // x, the output and the caches
 #define W_DT SB_SPEC(kSpecDt1, args.w_dtype)   // the (query) norm weights
 #define KW_DT SB_SPEC(kSpecDt2, args.kw_dtype) // the keys' norm weights
+#define HD SB_SPEC(kSpecExtent, args.hd)       // the head dim
 
 // Row 0's position: pos, plus the word the host writes per execution where pos is an input
 // (word 0 is always 0), so a recorded step replays at any position.
@@ -56,7 +57,7 @@ const uint kMaxHd = 256u;  // the host refuses larger heads
 shared float s_part[32];
 shared float s_inv;
 shared float s_x[kMaxHd];  // the head row, then (normalized, rounded as RmsNorm stores it)
-float xin(uint i) { return s_x[i % args.hd]; }
+float xin(uint i) { return s_x[i % HD]; }
 #else
 float xin(uint i) { return SB_LOAD(x, DT, i); }
 #endif
@@ -81,8 +82,8 @@ float element_at(uint base, uint e, uint p) {
 }
 
 float element(uint i) {
-  uint r = i / args.hd;
-  return element_at(r * args.hd, i % args.hd, first_pos() + r / args.h);
+  uint r = i / HD;
+  return element_at(r * HD, i % HD, first_pos() + r / args.h);
 }
 
 #ifdef ROPE_BY_HEAD
@@ -90,18 +91,18 @@ float element(uint i) {
 // (0: w, 1: kw) in place, rounded to x's dtype.
 void stage_head(uint base, bool norm, uint wsel) {
   uint t = gl_LocalInvocationID.x;
-  for (uint e = t; e < args.hd; e += 64u) s_x[e] = SB_LOAD(x, DT, base + e);
+  for (uint e = t; e < HD; e += 64u) s_x[e] = SB_LOAD(x, DT, base + e);
   barrier();
   if (!norm) return;  // uniform over the workgroup
   if (t < 32u) {
     precise float p = 0.0;
-    for (uint e = t; e < args.hd; e += 32u) p = p + s_x[e] * s_x[e];
+    for (uint e = t; e < HD; e += 32u) p = p + s_x[e] * s_x[e];
     s_part[t] = p;
   }
   barrier();
   if (t == 0u) s_inv = sb_tree32_rsqrt(s_part, args.inv_d, args.eps);
   barrier();
-  for (uint e = t; e < args.hd; e += 64u) {
+  for (uint e = t; e < HD; e += 64u) {
 #ifdef ROPE_QKV
     float we = wsel == 0u ? SB_LOAD(w, W_DT, e) : SB_LOAD(kw, KW_DT, e);
 #else
@@ -128,7 +129,7 @@ void put(uint wd, uint per) {
   float hi = (per == 2u && i + 1u < args.n) ? element(i + 1u) : 0.0;
   uint word = sb_encode_word(lo, hi, DT);
   o[wd] = word;
-  if (args.has_cache != 0u) cache[(first_pos() * args.h * args.hd) / per + wd] = word;
+  if (args.has_cache != 0u) cache[(first_pos() * args.h * HD) / per + wd] = word;
 }
 
 void main() {
@@ -137,29 +138,29 @@ void main() {
   uint heads = args.q_heads + 2u * args.k_heads;
   uint g = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x, t = gl_LocalInvocationID.x;
   if (g >= args.m * heads) return;  // uniform over the workgroup
-  uint row = g / heads, j = g % heads, p = first_pos() + row, words = args.hd / per;
+  uint row = g / heads, j = g % heads, p = first_pos() + row, words = HD / per;
   uint first_k = args.h - 2u * args.k_heads;
-  uint src = (row * args.h + (j < args.q_heads ? j : first_k + j - args.q_heads)) * args.hd;
+  uint src = (row * args.h + (j < args.q_heads ? j : first_k + j - args.q_heads)) * HD;
   if (j >= args.q_heads + args.k_heads) {  // a value head: its words as they are
-    uint dst = ((p * args.k_heads + j - args.q_heads - args.k_heads) * args.hd) / per;
+    uint dst = ((p * args.k_heads + j - args.q_heads - args.k_heads) * HD) / per;
     for (uint k = t; k < words; k += 64u) v_cache[dst + k] = x[src / per + k];
     return;
   }
   bool query = j < args.q_heads;
   stage_head(src, query ? args.has_norm != 0u : args.has_k_norm != 0u, query ? 0u : 1u);
   if (query) {
-    uint dst = ((row * args.q_heads + j) * args.hd) / per;
+    uint dst = ((row * args.q_heads + j) * HD) / per;
     for (uint k = t; k < words; k += 64u) o[dst + k] = head_word(k, per, p);
   } else {
-    uint dst = ((p * args.k_heads + j - args.q_heads) * args.hd) / per;
+    uint dst = ((p * args.k_heads + j - args.q_heads) * HD) / per;
     for (uint k = t; k < words; k += 64u) cache[dst + k] = head_word(k, per, p);
   }
 #elif defined(ROPE_NORM)
   uint g = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x, t = gl_LocalInvocationID.x;
   if (g >= args.m * args.h) return;  // uniform over the workgroup
-  uint base = g * args.hd;
+  uint base = g * HD;
   stage_head(base, true, 0u);
-  uint words = args.hd / per;  // 16-bit heads have even hd (host)
+  uint words = HD / per;  // 16-bit heads have even hd (host)
   for (uint k = t; k < words; k += 64u) put(base / per + k, per);
 #else
   uint wd = sb_linear_id();

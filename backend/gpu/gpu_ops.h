@@ -49,11 +49,16 @@ Status keep_on_device(KernelContext& ctx, const fb::Tid* tid, InPlace& b);
 // n as a kernel's u32 count; kUnimplemented past the kernels' 2^31 limit.
 Result<uint32_t> u32_count(int64_t n, const char* what);
 
-// kSpecDt0, kSpecDt1, ... (metal_shaders/spec_dtype.glsl) set to these dtypes, in the order the
-// kernel names them: the driver builds only their paths.
-inline SpecConstants dtype_spec(std::initializer_list<DType> dtypes) {
+// kSpecDt0, kSpecDt1, ... (metal_shaders/spec_constants.glsl) set to these dtypes, in the order
+// the kernel names them, and kSpecExtent to `extent` where given (< 0: the push constant's):
+// the driver builds only their paths, with fixed loop counts.
+inline SpecConstants dtype_spec(std::initializer_list<DType> dtypes, int64_t extent = -1) {
   SpecConstants s;
   for (DType d : dtypes) s.values[s.count++] = static_cast<uint32_t>(d);
+  if (extent >= 0 && extent <= INT32_MAX) {
+    while (s.count < 3) s.values[s.count++] = 0xffffffffu;  // unset dtypes keep their defaults
+    s.values[s.count++] = static_cast<uint32_t>(extent);
+  }
   return s;
 }
 // 32-bit words of n elements of t.

@@ -53,7 +53,7 @@ class GpuRuntime {
   virtual BufferRef error_word() const = 0;
   // Records one dispatch of `kernel` over `invocations` threads (a 2D grid of
   // workgroups of the kernel's size, at most 65535 wide). `spec`: only for kernels that
-  // declare specialization constants (the *_dot4 row kernels; spec_dtype.glsl). `handoff`: bit
+  // declare specialization constants (the *_dot4 row kernels; spec_constants.glsl). `handoff`: bit
   // i set where the kernel itself waits for binding i's values from an earlier dispatch
   // (only where cross_dispatch_handoff()): no barrier for that binding.
   Status dispatch(const char* kernel, const std::vector<BufferRef>& bindings, const void* args, size_t args_size,
