@@ -79,6 +79,10 @@ layout(push_constant) uniform Args { SB_QMM_GLU_ARGS } args;
 layout(push_constant) uniform Args { SB_QMM_ARGS } args;
 #define MMA_COLS 64u
 #endif
+#include "spec_constants.glsl"
+#define SCALE_DT SB_SPEC(kSpecDt0, args.scale_dtype)  // the weights' scales and biases
+#define OUT_DT SB_SPEC(kSpecDt1, args.out_dtype)      // the outputs (QMM_MMA4_GLU: h)
+#define GLU_KIND SB_SPEC(kSpecDt2, args.glu_kind)     // QMM_MMA4_GLU's Glu (a kind, not a dtype)
 
 const uint kTp = SB_QMM_TILE_PAIRS, kTn = 64u;
 #ifndef SB_MMA_CHUNK
@@ -222,13 +226,13 @@ void mma_load(uint j0, uint blocks, uint bits, uint gshift, MmaBases b, out MmaC
     uint sidx = b.s[l] + (min(j0 + e / 64u, blocks - 1u) >> gshift);
 #ifdef SB_MMA_GLU
     if (b.sup[l]) {
-      c.sb[l][0] = SB_LOAD(up_scales, args.scale_dtype, sidx);
-      c.sb[l][1] = SB_LOAD(up_biases, args.scale_dtype, sidx);
+      c.sb[l][0] = SB_LOAD(up_scales, SCALE_DT, sidx);
+      c.sb[l][1] = SB_LOAD(up_biases, SCALE_DT, sidx);
       continue;
     }
 #endif
-    c.sb[l][0] = SB_LOAD(scales, args.scale_dtype, sidx);
-    c.sb[l][1] = SB_LOAD(biases, args.scale_dtype, sidx);
+    c.sb[l][0] = SB_LOAD(scales, SCALE_DT, sidx);
+    c.sb[l][1] = SB_LOAD(biases, SCALE_DT, sidx);
   }
 }
 
@@ -273,7 +277,7 @@ void glu_q8_epilogue(float acc[8], uint r0, uint c0, uint first, uint count, uin
   uint tid = gl_LocalInvocationID.x;
   if (tid < 2u * kTp) s_sx[tid] = 0;  // [0, 32): amax bits per pair, [32, 64): code sums
   [[unroll]] for (uint e = 0u; e < 8u; ++e)
-    s_ab[(r0 + 8u * (e >> 2u)) * 64u + c0 + 8u * ((e >> 1u) & 1u) + (e & 1u)] = floatBitsToUint(sb_round_to(acc[e], args.out_dtype));
+    s_ab[(r0 + 8u * (e >> 2u)) * 64u + c0 + 8u * ((e >> 1u) & 1u) + (e & 1u)] = floatBitsToUint(sb_round_to(acc[e], OUT_DT));
   barrier();
   uint r = tid >> 3u, i = tid & 7u;
   float hv[4];
@@ -281,7 +285,7 @@ void glu_q8_epilogue(float acc[8], uint r0, uint c0, uint first, uint count, uin
   [[unroll]] for (uint j = 0u; j < 4u; ++j) {
     uint c = 8u * (i >> 1u) + 2u * j + (i & 1u);
     float g = uintBitsToFloat(s_ab[r * 64u + c]), u = uintBitsToFloat(s_ab[r * 64u + 32u + c]);
-    hv[j] = sb_round_to(sb_glu(g, u, args.glu_kind, args.glu_alpha, args.glu_limit), args.out_dtype);
+    hv[j] = sb_round_to(sb_glu(g, u, GLU_KIND, args.glu_alpha, args.glu_limit), OUT_DT);
     amax = max(amax, floatBitsToUint(hv[j]) & 0x7fffffffu);
   }
   atomicMax(s_sx[r], int(amax));  // amax <= 0x7fffffff: an int keeps its order
@@ -312,7 +316,7 @@ void glu_q8_epilogue(float acc[8], uint r0, uint c0, uint first, uint count, uin
 
 void main() {
   uint wg = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
-  uint tid = gl_LocalInvocationID.x, warp = tid >> 5u, cp = tid & 31u;
+  uint tid = gl_LocalInvocationID.x, warp = tid >> 5u;
   uint tile = wg / args.tiles, n0 = (wg % args.tiles) * MMA_COLS;
   if (tile >= tiles[0]) return;  // uniform over the workgroup
   uint first = tiles[1u + 3u * tile], count = tiles[2u + 3u * tile], ex = tiles[3u + 3u * tile];
@@ -433,8 +437,8 @@ void main() {
     uint pl = r0 + 8u * (e >> 2u), n = n0 + c0 + 8u * ((e >> 1u) & 1u);
     uint at = (first + pl) * args.n + n;
     if (pl < count && n < args.n) {
-      if (sb_per_word(args.out_dtype) == 2u) {
-        o[at >> 1u] = sb_encode_word(acc[e], acc[e + 1u], args.out_dtype);
+      if (sb_per_word(OUT_DT) == 2u) {
+        o[at >> 1u] = sb_encode_word(acc[e], acc[e + 1u], OUT_DT);
       } else {
         o[at] = floatBitsToUint(acc[e]);
         if (n + 1u < args.n) o[at + 1u] = floatBitsToUint(acc[e + 1u]);
