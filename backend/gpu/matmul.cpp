@@ -31,12 +31,12 @@ k::MatmulArgs matmul_args(int64_t rows, int64_t cols, int64_t kdim, DType a, DTy
 Status dispatch_matmul(Runtime& rt, const k::MatmulArgs& args, DType dtype, const std::vector<BufferRef>& binds,
                        const BufferRef* done = nullptr, uint32_t* counted = nullptr) {
   if (counted) *counted = 0;
-  const SpecConstants spec =
-      dtype_spec({static_cast<DType>(args.dtype), static_cast<DType>(args.b_dtype), static_cast<DType>(args.bias_dtype)});
+  const SpecConstants spec = dtype_spec(
+      {static_cast<DType>(args.dtype), static_cast<DType>(args.b_dtype), static_cast<DType>(args.bias_dtype)});
   const uint64_t batch = args.batch, rows = args.rows, cols = args.cols;
   if (rows >= 16 && cols >= 16 && (dtype == DType::kF32 || cols % 2 == 0))
-    return rt.dispatch("matmul_tile", binds, &args, sizeof(args),
-                       256 * batch * ((rows + 15) / 16) * ((cols + 15) / 16), spec);
+    return rt.dispatch("matmul_tile", binds, &args, sizeof(args), 256 * batch * ((rows + 15) / 16) * ((cols + 15) / 16),
+                       spec);
   // Long rows of a and (transposed) b in whole 16-byte units at 16-byte aligned offsets:
   // matmul_rows16 copies them with 16-byte loads (decode GEMVs such as the router logits
   // are latency-bound). Short rows (attention heads) keep `matmul`: the copy's shared

@@ -65,9 +65,10 @@ Status rope_qkv(KernelContext& ctx, const fb::RopeNodeT& n) {
   args.w_dtype = static_cast<uint32_t>(n.norm_weight ? qw.dtype() : x.dtype());
   args.kw_dtype = static_cast<uint32_t>(n.k_norm_weight ? kw.dtype() : x.dtype());
   if (d.m > 0)
-    SB_RETURN_IF_ERROR(rt.dispatch("rope_qkv", {bx, bc, bs, bo, bk, bqw, pos.words, bkw, bv}, &args, sizeof(args),
-                                   static_cast<uint64_t>(d.m * (d.q_heads + 2 * d.k_heads)) * 64,
-                                   dtype_spec({x.dtype(), static_cast<DType>(args.w_dtype), static_cast<DType>(args.kw_dtype)}, d.hd)));
+    SB_RETURN_IF_ERROR(rt.dispatch(
+        "rope_qkv", {bx, bc, bs, bo, bk, bqw, pos.words, bkw, bv}, &args, sizeof(args),
+        static_cast<uint64_t>(d.m * (d.q_heads + 2 * d.k_heads)) * 64,
+        dtype_spec({x.dtype(), static_cast<DType>(args.w_dtype), static_cast<DType>(args.kw_dtype)}, d.hd)));
   SB_RETURN_IF_ERROR(keep_on_device(ctx, n.cache.get(), kc));
   SB_RETURN_IF_ERROR(keep_on_device(ctx, n.v_cache.get(), vc));
   return ctx.out(n.out.get(), std::move(out));

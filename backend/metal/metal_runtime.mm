@@ -59,8 +59,9 @@ class MetalRuntime final : public gpu::MappedRuntime {
     }
   }
   const std::string& description() const override { return description_; }
-  // `spec` is ignored: the kernels' dtype constants (spec_constants.glsl) keep their defaults and
-  // the push constants decide (the *_dot4 kernels that need theirs are Vulkan-only); so is `handoff` (cross_dispatch_handoff() is false: every dependency takes a barrier).
+  // `spec` is ignored: the kernels' specialization constants (spec_constants.glsl and the
+  // Vulkan-only *_dot4 kernels') keep their defaults, so the push constants decide; so is
+  // `handoff` (cross_dispatch_handoff() is false: every dependency takes a barrier).
   Status record_dispatch(const char* kernel, const std::vector<gpu::BufferRef>& bindings, const void* args,
                          size_t args_size, uint64_t invocations, const gpu::SpecConstants& spec,
                          uint32_t handoff) override;
