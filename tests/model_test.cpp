@@ -715,14 +715,37 @@ TEST(HfFixture, Qwen3NextMlxGroupedCodesMoveAsTheyAre) {
   EXPECT_EQ(g.tokens.size(), 4u);
 }
 
+// The tiny 4-bit model of `family` ("" for the default) exported to scratch(name) and loaded.
+Result<std::shared_ptr<const Program>> tiny_program(const std::string& name, const std::string& family) {
+  const fs::path out = scratch(name);
+  SB_RETURN_IF_ERROR(testing::export_tiny_model(out.string(), 4, 2026, family));
+  return Program::load((out / "program.sbp").string(), LoadOptions{{(out / "weights.safetensors").string()}});
+}
+
+// The tiny prompt (nine tokens, four more generated) in session s.
+void tiny_prompt(Session& s, std::vector<models::Generation>* runs) {
+  auto g = models::generate(s, {1, 2, 3, 4, 5, 6, 7, 8, 9}, 4, true, nullptr);
+  ASSERT_TRUE(g.is_ok()) << g.status().to_string();
+  runs->push_back(std::move(g).value());
+}
+
+// Every run's tokens and every step's logits are run 0's, bit for bit.
+void expect_same_bits(const std::vector<models::Generation>& runs, const std::string& dev) {
+  for (size_t r = 1; r < runs.size(); ++r) {
+    EXPECT_EQ(runs[0].tokens, runs[r].tokens) << dev << " run " << r;
+    ASSERT_EQ(runs[0].logits.size(), runs[r].logits.size()) << dev << " run " << r;
+    for (size_t i = 0; i < runs[0].logits.size(); ++i)
+      EXPECT_EQ(std::memcmp(runs[0].logits[i].data(), runs[r].logits[i].data(), runs[0].logits[i].nbytes()), 0)
+          << dev << " run " << r << " step " << i;
+  }
+}
+
 // A GPU session that may allocate next to nothing before the queued work must finish (so the
 // interpreter syncs between every two ops, as a long prefill does past its budget) gives the
 // bits of one that never syncs mid-execution, and so does a second prompt in the same session.
 TEST(TinyTest, SyncsBetweenOpsGiveTheSameBits) {
-  const fs::path out = scratch("tiny35_flush");
-  ASSERT_TRUE(testing::export_tiny_model(out.string(), 4, 2026, "qwen3_5_moe").is_ok());
-  auto program = Program::load((out / "program.sbp").string(), LoadOptions{{(out / "weights.safetensors").string()}});
-  ASSERT_TRUE(program.is_ok());
+  auto program = tiny_program("tiny35_flush", "qwen3_5_moe");
+  ASSERT_TRUE(program.is_ok()) << program.status().to_string();
   for (const std::string& dev : test_devices()) {
     if (dev == "cpu") continue;
     std::vector<models::Generation> runs;
@@ -731,24 +754,14 @@ TEST(TinyTest, SyncsBetweenOpsGiveTheSameBits) {
       o.gpu_flush_bytes = flush;
       auto s = Session::create(*program, o);
       ASSERT_TRUE(s.is_ok()) << s.status().to_string();
-      auto g = models::generate(**s, {1, 2, 3, 4, 5, 6, 7, 8, 9}, 4, true, nullptr);
-      ASSERT_TRUE(g.is_ok()) << g.status().to_string();
-      runs.push_back(std::move(g).value());
+      ASSERT_NO_FATAL_FAILURE(tiny_prompt(**s, &runs));
       if (flush == 0) continue;
       // The same session again: the reset zeroes the caches and the linear-attention states on
       // the device (a state left over would change every step).
-      for (int r = 0; r < 2; ++r) {  // the second time, the buffers the first prompt wrote come back
-        auto again = models::generate(**s, {1, 2, 3, 4, 5, 6, 7, 8, 9}, 4, true, nullptr);
-        ASSERT_TRUE(again.is_ok()) << again.status().to_string();
-        runs.push_back(std::move(again).value());
-      }
+      for (int r = 0; r < 2; ++r)  // the second time, the buffers the first prompt wrote come back
+        ASSERT_NO_FATAL_FAILURE(tiny_prompt(**s, &runs));
     }
-    for (size_t r = 1; r < runs.size(); ++r) {
-      EXPECT_EQ(runs[0].tokens, runs[r].tokens) << dev << " run " << r;
-      for (size_t i = 0; i < runs[0].logits.size(); ++i)
-        EXPECT_EQ(std::memcmp(runs[0].logits[i].data(), runs[r].logits[i].data(), runs[0].logits[i].nbytes()), 0)
-            << dev << " run " << r << " step " << i;
-    }
+    expect_same_bits(runs, dev);
   }
 }
 
@@ -757,10 +770,8 @@ TEST(TinyTest, SyncsBetweenOpsGiveTheSameBits) {
 TEST(TinyTest, SpecializedKernelsGiveTheGenericBits) {
   for (const std::string family : {"", "qwen3_5_moe"}) {
     SCOPED_TRACE("tiny " + family);
-    const fs::path out = scratch("tiny_spec" + family);
-    ASSERT_TRUE(testing::export_tiny_model(out.string(), 4, 2026, family).is_ok());
-    auto program = Program::load((out / "program.sbp").string(), LoadOptions{{(out / "weights.safetensors").string()}});
-    ASSERT_TRUE(program.is_ok());
+    auto program = tiny_program("tiny_spec" + family, family);
+    ASSERT_TRUE(program.is_ok()) << program.status().to_string();
     for (const std::string& dev : test_devices()) {
       if (dev == "cpu") continue;
       std::vector<models::Generation> runs;
@@ -769,15 +780,9 @@ TEST(TinyTest, SpecializedKernelsGiveTheGenericBits) {
         o.gpu_specialize = specialize;
         auto s = Session::create(*program, o);
         ASSERT_TRUE(s.is_ok()) << s.status().to_string();
-        auto g = models::generate(**s, {1, 2, 3, 4, 5, 6, 7, 8, 9}, 4, true, nullptr);
-        ASSERT_TRUE(g.is_ok()) << g.status().to_string();
-        runs.push_back(std::move(g).value());
+        ASSERT_NO_FATAL_FAILURE(tiny_prompt(**s, &runs));
       }
-      EXPECT_EQ(runs[0].tokens, runs[1].tokens) << dev;
-      ASSERT_EQ(runs[0].logits.size(), runs[1].logits.size());
-      for (size_t i = 0; i < runs[0].logits.size(); ++i)
-        EXPECT_EQ(std::memcmp(runs[0].logits[i].data(), runs[1].logits[i].data(), runs[0].logits[i].nbytes()), 0)
-            << dev << " step " << i;
+      expect_same_bits(runs, dev);
     }
   }
 }
@@ -787,10 +792,8 @@ TEST(TinyTest, SpecializedKernelsGiveTheGenericBits) {
 TEST(TinyTest, RepeatedDecodeStepsAllocateNothingOnTheCpu) {
   for (const std::string family : {"", "qwen3_5_moe"}) {
     SCOPED_TRACE("tiny " + family);
-    const fs::path out = scratch("tiny_alloc" + family);
-    ASSERT_TRUE(testing::export_tiny_model(out.string(), 4, 2026, family).is_ok());
-    auto program = Program::load((out / "program.sbp").string(), LoadOptions{{(out / "weights.safetensors").string()}});
-    ASSERT_TRUE(program.is_ok());
+    auto program = tiny_program("tiny_alloc" + family, family);
+    ASSERT_TRUE(program.is_ok()) << program.status().to_string();
     auto s = Session::create(*program, SessionOptions{"cpu"});
     ASSERT_TRUE(s.is_ok());
     auto first = models::generate(**s, {1, 2, 3, 4, 5}, 8, false, nullptr);
