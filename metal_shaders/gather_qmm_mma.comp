@@ -83,6 +83,9 @@ layout(push_constant) uniform Args { SB_QMM_ARGS } args;
 #define SCALE_DT SB_SPEC(kSpecDt0, args.scale_dtype)  // the weights' scales and biases
 #define OUT_DT SB_SPEC(kSpecDt1, args.out_dtype)      // the outputs (QMM_MMA4_GLU: h)
 #define GLU_KIND SB_SPEC(kSpecDt2, args.glu_kind)     // QMM_MMA4_GLU's Glu (a kind, not a dtype)
+#define Q_K SB_SPEC(kSpecExtent, args.k)             // x's columns
+#define Q_N SB_SPEC(kSpecExtent2, args.n)            // outputs a pair (QMM_MMA4_GLU: h's)
+#define Q_GS SB_SPEC(kSpecExtent3, args.group_size)  // the weights' group size
 
 const uint kTp = SB_QMM_TILE_PAIRS, kTn = 64u;
 #ifndef SB_MMA_CHUNK
@@ -305,7 +308,7 @@ void glu_q8_epilogue(float acc[8], uint r0, uint c0, uint first, uint count, uin
   barrier();
   int sum = s_sx[kTp + r];
   if (r >= count) return;
-  uint blocks = args.n / 32u, at = (first + r) * blocks + n0 / 32u;
+  uint blocks = Q_N / 32u, at = (first + r) * blocks + n0 / 32u;
   o[at * 8u + i] = word;
   if (i == 0u) {
     hd[at] = d;
@@ -325,9 +328,9 @@ void main() {
 #else
   uint bits = expert_info[ex];
 #endif
-  uint row_words = args.k * bits / 32u;
+  uint row_words = Q_K * bits / 32u;
   uint wbase = expert_info[args.experts + ex];
-  uint blocks = args.k / 32u, per_group = args.group_size / 32u;
+  uint blocks = Q_K / 32u, per_group = Q_GS / 32u;
   if (tid < kTp) {
     int r = -1;
     if (tid < count) {
@@ -362,8 +365,8 @@ void main() {
     mb.wup[l] = mb.sup[l] = false;
 #endif
     mb.w[l] = wbase + (n0 + c) * row_words + (e % kCh) * bits;
-    mb.wlive[l] = n0 + c < args.n;
-    mb.s[l] = (ex * args.n + min(n0 + sc, args.n - 1u)) * args.groups;
+    mb.wlive[l] = n0 + c < Q_N;
+    mb.s[l] = (ex * Q_N + min(n0 + sc, Q_N - 1u)) * args.groups;
   }
   uint gshift = uint(findLSB(per_group));
   MmaChunk ck;
@@ -435,13 +438,13 @@ void main() {
 #else
   [[unroll]] for (uint e = 0u; e < 8u; e += 2u) {  // elements e, e + 1: columns n, n + 1 of one row
     uint pl = r0 + 8u * (e >> 2u), n = n0 + c0 + 8u * ((e >> 1u) & 1u);
-    uint at = (first + pl) * args.n + n;
-    if (pl < count && n < args.n) {
+    uint at = (first + pl) * Q_N + n;
+    if (pl < count && n < Q_N) {
       if (sb_per_word(OUT_DT) == 2u) {
         o[at >> 1u] = sb_encode_word(acc[e], acc[e + 1u], OUT_DT);
       } else {
         o[at] = floatBitsToUint(acc[e]);
-        if (n + 1u < args.n) o[at + 1u] = floatBitsToUint(acc[e + 1u]);
+        if (n + 1u < Q_N) o[at + 1u] = floatBitsToUint(acc[e + 1u]);
       }
     }
   }

@@ -33,7 +33,7 @@ Status blocked(Runtime& rt, const ops::AttentionDims& d, k::AttentionArgs args, 
   SB_RETURN_IF_ERROR(u32_count(static_cast<int64_t>(chunk * row_floats), "attention block scratch").status());
   SB_ASSIGN_OR_RETURN(Tensor scratch, rt.alloc(DType::kF32, {static_cast<int64_t>(chunk * row_floats)}));
   SB_ASSIGN_OR_RETURN(BufferRef bt, rt.bind(scratch, false));
-  const SpecConstants spec = dtype_spec({static_cast<DType>(args.dtype)}, d.hd);
+  const SpecConstants spec = dtype_spec({static_cast<DType>(args.dtype)}, {d.hd});
   args.nb = static_cast<uint32_t>(nb);
   args.nsplit = static_cast<uint32_t>(nsplit);
   for (uint64_t row0 = 0; row0 < static_cast<uint64_t>(d.m); row0 += chunk) {
@@ -109,7 +109,7 @@ Status attention(KernelContext& ctx, const fb::OpNodeUnion& op) {
   SB_ASSIGN_OR_RETURN(BufferRef bt, rt.bind(scratch, false));
   if (d.m * d.hq > 0)
     SB_RETURN_IF_ERROR(rt.dispatch("attention", {bq, bk, bv, bs, bt, bo}, &args, sizeof(args),
-                                   static_cast<uint64_t>(d.m * d.hq) * 128, dtype_spec({q.dtype()}, d.hd)));
+                                   static_cast<uint64_t>(d.m * d.hq) * 128, dtype_spec({q.dtype()}, {d.hd})));
   return ctx.out(n->out.get(), std::move(out));
 }
 

@@ -40,7 +40,7 @@ Status attention_tiles(Runtime& rt, const ops::AttentionDims& d, k::AttentionArg
     args.rows = static_cast<uint32_t>(rows);
     const uint64_t ntiles = (rows * group + kTile - 1) / kTile;
     SB_RETURN_IF_ERROR(rt.dispatch("attention_tiles", {b[0], b[1], b[2], b[3], b[4], b[5], bt}, &args, sizeof(args),
-                                   ntiles * hk * 256, dtype_spec({static_cast<DType>(args.dtype)}, d.hd)));
+                                   ntiles * hk * 256, dtype_spec({static_cast<DType>(args.dtype)}, {d.hd})));
   }
   return Status::ok();
 }

@@ -94,7 +94,7 @@ Status qmm_from_q8(Runtime& rt, QmmSetup& q, const Q8Blocks& q8, const QmmTileLi
     const char* kernel = qmm_tile_kernel(rt, q);
     return rt.dispatch(kernel, {q8.bq, q8.bd, q8.bsum, q.bw, q.bs, q.bb, q.bl, tiles->bt, q.bi, bo, rt.error_word()},
                        &args, sizeof(args), 256 * static_cast<uint64_t>(tiles->max_tiles) * args.tiles,
-                       qmm_tile_spec(kernel, args.scale_dtype, args.out_dtype));
+                       qmm_tile_spec(kernel, args));
   }
   // Outputs per workgroup: enough (output, group) tasks for its 64 threads, even so
   // f16/bf16 words are whole, within the shader's shared arrays (gather_qmm.comp).

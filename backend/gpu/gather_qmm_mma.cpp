@@ -9,9 +9,11 @@ const char* qmm_tile_kernel(Runtime& rt, const QmmSetup& q) {
   return rt.int8_mma() ? (q.all_4bit ? "qmm_mma4" : "qmm_mma") : "qmm_tile";
 }
 
-SpecConstants qmm_tile_spec(const char* kernel, uint32_t scale_dtype, uint32_t out_dtype, uint32_t glu_kind) {
+SpecConstants qmm_tile_spec(const char* kernel, const k::QmmArgs& a, uint32_t glu_kind) {
   if (std::strncmp(kernel, "qmm_mma", 7) != 0) return {};
-  return SpecConstants{{scale_dtype, out_dtype, glu_kind}, 3};
+  SpecConstants s{{a.scale_dtype, a.out_dtype, glu_kind}, 3};
+  add_extents(s, {a.k, a.n, a.group_size});
+  return s;
 }
 
 // Whether a GatherQmm's Q8 blocks are made in qmm_mma4's order.
@@ -53,7 +55,7 @@ Status moe_ffn(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>* ins)
                                  {q8.bq, q8.bd, q8.bsum, g.bw, g.bs, g.bb, g.bl, tiles.bt, g.bi, h.bq, rt.error_word(),
                                   u.bw, u.bs, u.bb, h.bd, h.bsum},
                                  &args, sizeof(args), 256 * static_cast<uint64_t>(tiles.max_tiles) * args.tiles,
-                                 qmm_tile_spec("qmm_mma4_glu", args.scale_dtype, args.out_dtype, args.glu_kind)));
+                                 qmm_tile_spec("qmm_mma4_glu", g.args, args.glu_kind)));
   return gather_qmm_run(ctx, down, d, &h, &tiles);
 }
 

@@ -53,8 +53,8 @@ Result<QmmTileList> qmm_tile_list(Runtime& rt, QmmSetup& q);
 // the all-4-bit twin when every expert is 4-bit (gather_qmm_mma.cpp).
 const char* qmm_tile_kernel(Runtime& rt, const QmmSetup& q);
 // The specialization constants of a qmm_tile_kernel dispatch (the MMA kernels': scale and output
-// dtypes, Glu kind; none for the portable qmm_tile).
-SpecConstants qmm_tile_spec(const char* kernel, uint32_t scale_dtype, uint32_t out_dtype, uint32_t glu_kind = 0);
+// dtypes, Glu kind, k, n and group size; none for the portable qmm_tile).
+SpecConstants qmm_tile_spec(const char* kernel, const k::QmmArgs& a, uint32_t glu_kind = 0);
 // Whether a GatherQmm's Q8 blocks are made in qmm_mma4's order.
 bool q8_permuted(Runtime& rt, const QmmSetup& q);
 

@@ -49,16 +49,20 @@ Status keep_on_device(KernelContext& ctx, const fb::Tid* tid, InPlace& b);
 // n as a kernel's u32 count; kUnimplemented past the kernels' 2^31 limit.
 Result<uint32_t> u32_count(int64_t n, const char* what);
 
-// kSpecDt0, kSpecDt1, ... (metal_shaders/spec_constants.glsl) set to these dtypes, in the order
-// the kernel names them, and kSpecExtent to `extent` where given (< 0: the push constant's):
-// the driver builds only their paths, with fixed loop counts.
-inline SpecConstants dtype_spec(std::initializer_list<DType> dtypes, int64_t extent = -1) {
+// kSpecExtent, kSpecExtent2, ... (metal_shaders/spec_constants.glsl, constants 3..5) set to
+// these extents after s's (up to 3) dtype constants: the driver builds fixed loop counts. An
+// extent out of [0, 2^31) keeps its default (the push constant decides).
+inline void add_extents(SpecConstants& s, std::initializer_list<int64_t> extents) {
+  if (extents.size() == 0) return;
+  while (s.count < 3) s.values[s.count++] = 0xffffffffu;  // unset dtypes keep their defaults
+  for (int64_t e : extents) s.values[s.count++] = e >= 0 && e <= INT32_MAX ? static_cast<uint32_t>(e) : 0xffffffffu;
+}
+// kSpecDt0, kSpecDt1, ... set to these (up to 3) dtypes, in the order the kernel names them, then
+// the extents: the driver builds only their paths.
+inline SpecConstants dtype_spec(std::initializer_list<DType> dtypes, std::initializer_list<int64_t> extents = {}) {
   SpecConstants s;
   for (DType d : dtypes) s.values[s.count++] = static_cast<uint32_t>(d);
-  if (extent >= 0 && extent <= INT32_MAX) {
-    while (s.count < 3) s.values[s.count++] = 0xffffffffu;  // unset dtypes keep their defaults
-    s.values[s.count++] = static_cast<uint32_t>(extent);
-  }
+  add_extents(s, extents);
   return s;
 }
 // 32-bit words of n elements of t.

@@ -27,7 +27,7 @@ struct BufferRef {
 // Values of a kernel's specialization constants 0 .. count - 1: the driver builds the
 // kernel for them (Vulkan). count 0: the kernel's defaults.
 struct SpecConstants {
-  uint32_t values[4] = {};
+  uint32_t values[8] = {};
   uint32_t count = 0;
 };
 

@@ -93,7 +93,7 @@ Status rms_norm_tree(KernelContext& ctx, const fb::RmsNormNodeT& n) {
                    static_cast<uint32_t>(w.dtype())};
   if (rows > 0)
     SB_RETURN_IF_ERROR(rt.dispatch("rms_norm_tree", {bx, br, bw, bo, bs}, &args, sizeof(args),
-                                   static_cast<uint64_t>(rows) * 256, dtype_spec({x.dtype(), w.dtype()}, d)));
+                                   static_cast<uint64_t>(rows) * 256, dtype_spec({x.dtype(), w.dtype()}, {d})));
   if (n.residual) SB_RETURN_IF_ERROR(ctx.out(n.sum.get(), std::move(sum)));
   return ctx.out(n.out.get(), std::move(out));
 }

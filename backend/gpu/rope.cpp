@@ -68,7 +68,7 @@ Status rope_qkv(KernelContext& ctx, const fb::RopeNodeT& n) {
     SB_RETURN_IF_ERROR(rt.dispatch(
         "rope_qkv", {bx, bc, bs, bo, bk, bqw, pos.words, bkw, bv}, &args, sizeof(args),
         static_cast<uint64_t>(d.m * (d.q_heads + 2 * d.k_heads)) * 64,
-        dtype_spec({x.dtype(), static_cast<DType>(args.w_dtype), static_cast<DType>(args.kw_dtype)}, d.hd)));
+        dtype_spec({x.dtype(), static_cast<DType>(args.w_dtype), static_cast<DType>(args.kw_dtype)}, {d.hd})));
   SB_RETURN_IF_ERROR(keep_on_device(ctx, n.cache.get(), kc));
   SB_RETURN_IF_ERROR(keep_on_device(ctx, n.v_cache.get(), vc));
   return ctx.out(n.out.get(), std::move(out));
@@ -115,10 +115,10 @@ Status rope(KernelContext& ctx, const fb::OpNodeUnion& op) {
     if (n->norm_weight)
       SB_RETURN_IF_ERROR(rt.dispatch("rope_norm", {bx, bc, bs, bo, bk, bw, pos.words}, &args, sizeof(args),
                                      static_cast<uint64_t>(d.m * d.h) * 64,
-                                     dtype_spec({x.dtype(), static_cast<DType>(args.w_dtype)}, d.hd)));
+                                     dtype_spec({x.dtype(), static_cast<DType>(args.w_dtype)}, {d.hd})));
     else
       SB_RETURN_IF_ERROR(rt.dispatch("rope", {bx, bc, bs, bo, bk, pos.words}, &args, sizeof(args),
-                                     words_of(x.dtype(), x.numel()), dtype_spec({x.dtype()}, d.hd)));
+                                     words_of(x.dtype(), x.numel()), dtype_spec({x.dtype()}, {d.hd})));
   }
   if (n->cache) SB_RETURN_IF_ERROR(keep_on_device(ctx, n->cache.get(), cache));
   return ctx.out(n->out.get(), std::move(out));

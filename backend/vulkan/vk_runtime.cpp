@@ -373,7 +373,7 @@ void log_pipeline_stats(Context& c, const char* name, VkPipeline pipeline) {
 // The pipeline of kernel `name` built for `spec` (one per distinct set of values).
 Result<Pipeline*> pipeline_for(Context& c, const char* name, const gpu::SpecConstants& requested) {
   const gpu::SpecConstants spec = c.specialize ? requested : gpu::SpecConstants{};  // defaults: same bits
-  SB_CHECK_OR_RETURN(spec.count <= 4, StatusCode::kInternal, "kernel %s: %u specialization constants", name,
+  SB_CHECK_OR_RETURN(spec.count <= 8, StatusCode::kInternal, "kernel %s: %u specialization constants", name,
                      spec.count);
   std::string key = name;
   for (uint32_t i = 0; i < spec.count; ++i) key += (i ? "," : "#") + std::to_string(spec.values[i]);
@@ -430,7 +430,7 @@ Result<Pipeline*> pipeline_for(Context& c, const char* name, const gpu::SpecCons
   ci.stage.stage = VK_SHADER_STAGE_COMPUTE_BIT;
   ci.stage.module = mod;
   ci.stage.pName = "main";
-  std::array<VkSpecializationMapEntry, 4> entries{};
+  std::array<VkSpecializationMapEntry, 8> entries{};
   for (uint32_t i = 0; i < spec.count; ++i) entries[i] = {i, 4 * i, 4};
   const VkSpecializationInfo si{spec.count, entries.data(), 4 * spec.count, spec.values};
   if (spec.count) ci.stage.pSpecializationInfo = &si;
