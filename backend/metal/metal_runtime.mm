@@ -136,8 +136,14 @@ Result<Pipeline*> MetalRuntime::compile_pipeline(const char* name) {
   id<MTLLibrary> lib = [device_ newLibraryWithSource:[NSString stringWithUTF8String:code->msl] options:opts error:&err];
   SB_CHECK_OR_RETURN(lib != nil, StatusCode::kInternal, "Metal: compiling %s failed: %s", name, ns_error(err).c_str());
   const std::string entry = std::string("sb_") + name;
-  id<MTLFunction> fn = [lib newFunctionWithName:[NSString stringWithUTF8String:entry.c_str()]];
-  SB_CHECK_OR_RETURN(fn != nil, StatusCode::kInternal, "Metal: %s has no function %s", name, entry.c_str());
+  // Through constantValues: a function with function constants (spec_constants.glsl's, all with
+  // defaults) only makes a pipeline once specialized; none set, the defaults apply.
+  MTLFunctionConstantValues* constants = [[MTLFunctionConstantValues alloc] init];
+  id<MTLFunction> fn = [lib newFunctionWithName:[NSString stringWithUTF8String:entry.c_str()]
+                                 constantValues:constants
+                                          error:&err];
+  SB_CHECK_OR_RETURN(fn != nil, StatusCode::kInternal, "Metal: %s has no function %s: %s", name, entry.c_str(),
+                     ns_error(err).c_str());
   id<MTLComputePipelineState> state = [device_ newComputePipelineStateWithFunction:fn error:&err];
   SB_CHECK_OR_RETURN(state != nil, StatusCode::kInternal, "Metal: pipeline %s failed: %s", name, ns_error(err).c_str());
   SB_CHECK_OR_RETURN([state maxTotalThreadsPerThreadgroup] >= info->local_size_x, StatusCode::kInternal,
