@@ -155,6 +155,7 @@ TEST(SessionOptionsTest, GpuFieldsAreAcceptedOnTheCpu) {
   o.gpu_int8_mma = false;
   o.gpu_int_dot = false;
   o.gpu_handoff = false;
+  o.gpu_specialize = false;
   o.pipeline_stats = true;
   o.spirv_dir = "/nonexistent";
   auto s = Session::create(neg_program(), o);
