@@ -28,10 +28,6 @@ layout(std430, binding = 6) buffer E { uint err[]; };
 // wait_count > 0: the matmul's workgroups done (matmul_rows16_count, recorded just before).
 layout(std430, binding = 7) coherent volatile readonly buffer Dn { uint logits_done[]; };
 layout(push_constant) uniform Args { SB_ROUTER_ARGS } args;
-#include "spec_constants.glsl"
-#define R_DT SB_SPEC(kSpecDt0, args.dtype)       // the logits
-#define R_E SB_SPEC(kSpecExtent, args.experts)   // experts
-#define R_K SB_SPEC(kSpecExtent2, args.k)        // experts chosen a token
 
 // The router_e256_* variants: <= 256 experts, one kind each. Shared memory is sized for
 // the experts because it bounds the workgroups per SM; the kind is fixed at build time so
@@ -121,7 +117,7 @@ uint pick(bool use_c, uint lo, uint hi) {
 // part is whole words of s_key4. Plain loops: the 8-wide unrolled count was slower.
 void select_by_rank(bool use_c, uint e) {
   uint tid = gl_LocalInvocationID.x, words = (e + 3u) >> 2;
-  for (uint j = tid; j < R_K; j += kThreads) s_id[j] = NONE;
+  for (uint j = tid; j < args.k; j += kThreads) s_id[j] = NONE;
   for (uint i = tid; i < 4u * words; i += kThreads) {
     float v = use_c ? s_c[min(i, e - 1u)] : s_v[min(i, e - 1u)];
     bool allowed = i < e && (s_f[i] & ALLOWED) != 0u;
@@ -147,13 +143,13 @@ void select_by_rank(bool use_c, uint e) {
   barrier();
   for (uint i = tid; i < e; i += kThreads) {
     uint rank = s_rank[i];
-    if (s_key4[i >> 2][i & 3u] != 0u && rank < R_K) {
+    if (s_key4[i >> 2][i & 3u] != 0u && rank < args.k) {
       s_id[rank] = i;
       s_w[rank] = s_v[i];
     }
   }
   barrier();
-  for (uint j = tid; j < R_K; j += kThreads) {
+  for (uint j = tid; j < args.k; j += kThreads) {
     if (s_id[j] != NONE) continue;
     atomicOr(err[0], SB_ERR_ROUTER);
     s_id[j] = 0u;
@@ -180,16 +176,16 @@ float sum_in_order(uint e) {
 // Softmax over s_w[0..k) in slot order (thread 0).
 void softmax_slots() {
   float m = s_w[0];
-  for (uint j = 0u; j < R_K; ++j) m = sb_max(m, s_w[j]);
+  for (uint j = 0u; j < args.k; ++j) m = sb_max(m, s_w[j]);
   precise float sum = 0.0;
-  for (uint j = 0u; j < R_K; ++j) {
+  for (uint j = 0u; j < args.k; ++j) {
     precise float d = s_w[j] - m;
     float ex = sb_exp(d);
     s_w[j] = ex;
     sum = sum + ex;
   }
   float r = sb_rcp(sum);
-  for (uint j = 0u; j < R_K; ++j) {
+  for (uint j = 0u; j < args.k; ++j) {
     precise float p = s_w[j] * r;
     s_w[j] = p;
   }
@@ -220,7 +216,7 @@ void main() {
   uint t = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
   if (t >= args.tokens) return;  // uniform over the workgroup
   if (args.wait_count != 0u) wait_for_logits();  // uniform
-  uint tid = gl_LocalInvocationID.x, e = R_E;
+  uint tid = gl_LocalInvocationID.x, e = args.experts;
   if (tid == 0u) {
     s_max_key = int(0x80000000u);
     s_zeros = 0xffffffffu;
@@ -228,7 +224,7 @@ void main() {
   }
   barrier();
   for (uint i = tid; i < e; i += kThreads) {
-    float v = SB_LOAD(logits, R_DT, t * e + i);
+    float v = SB_LOAD(logits, args.dtype, t * e + i);
     s_f[i] = live[i] != 0u ? ALLOWED : 0u;
     if (KIND == 2u) {
       float s = sb_sigmoid(v);
@@ -300,7 +296,7 @@ void main() {
     barrier();
   }
   if (KIND == 2u && args.n_group > 1u) {
-    for (uint j = 0u; j < R_K; ++j) {
+    for (uint j = 0u; j < args.k; ++j) {
       uint best = pick(true, 0u, e);
       if (tid == 0u) {
         if (best == NONE) atomicOr(err[0], SB_ERR_ROUTER);
@@ -320,20 +316,20 @@ void main() {
   if (KIND == 1u) {  // uniform
     if (tid == 0u) softmax_slots();
     barrier();
-    if (tid < R_K) w = s_w[tid];
-  } else if (tid < R_K) {  // k <= kMaxK < kThreads
+    if (tid < args.k) w = s_w[tid];
+  } else if (tid < args.k) {  // k <= kMaxK < kThreads
     precise float v = s_w[tid];
     if (args.renormalize != 0u) {
       precise float sum = 0.0;
-      for (uint j = 0u; j < R_K; ++j) sum = sum + s_w[j];
+      for (uint j = 0u; j < args.k; ++j) sum = sum + s_w[j];
       precise float r = v * sb_rcp(sum);
       v = r;
     }
     w = v;
   }
-  if (tid < R_K) weights[t * R_K + tid] = slot_weight(tid, w);
+  if (tid < args.k) weights[t * args.k + tid] = slot_weight(tid, w);
   // The weights before the indices (in uniform control flow: lavapipe dropped stores after
   // a memory barrier in thread 0's loop): a reader that sees an index sees its weight.
   memoryBarrierBuffer();
-  if (tid < R_K) indices[t * R_K + tid] = int(s_id[tid]);
+  if (tid < args.k) indices[t * args.k + tid] = int(s_id[tid]);
 }

@@ -1,6 +1,6 @@
 // Specialization constants: a kernel's element dtypes (the kernel names which binding each one
 // stands for) and up to three extents (rms_norm_tree's row length, attention's and rope's head
-// dim, the router's experts and k, the MMA kernels' k, n and group size).
+// dim, the MMA kernels' k, n and group size).
 // The Vulkan host sets them to the dispatch's values, so the driver builds only that dtype's
 // path with fixed loop counts: a third of the machine code, and a decode step's kernels wait on
 // fetching their code. ~0u (Metal, or a dispatch that sets none): the push constants decide

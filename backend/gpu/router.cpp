@@ -55,7 +55,7 @@ Status router_run(KernelContext& ctx, const fb::OpNodeUnion& op, BufferRef done,
   SB_CHECK_OR_RETURN(args.kind < 3, StatusCode::kInvalidArgument, "Router kind %u is not known", args.kind);
   const std::vector<BufferRef> bindings = {bl, bb, bs, blive, bw, bi, rt.error_word(), wait ? done : rt.error_word()};
   SB_RETURN_IF_ERROR(rt.dispatch(e <= 256 ? kE256[args.kind] : "router", bindings, &args, sizeof(args),
-                                 256 * static_cast<uint64_t>(tokens), dtype_spec({logits.dtype()}, {e, n->k}),
+                                 256 * static_cast<uint64_t>(tokens), {},
                                  wait ? handoff_mask(bindings, {bl, done}) : 0u));
   SB_RETURN_IF_ERROR(ctx.out(n->weights.get(), std::move(weights)));
   return ctx.out(n->indices.get(), std::move(indices));
