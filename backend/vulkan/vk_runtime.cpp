@@ -458,7 +458,9 @@ Result<std::unique_ptr<VulkanRuntime>> VulkanRuntime::open(int index, const Devi
   rt->int64_ = c.int64;
   rt->int8_mma_ = c.int8_mma;
   rt->int_dot_ = c.int_dot;
-  rt->cross_workgroup_handoff_ = true;
+  // Within a dispatch: GLSL's Vulkan semantics promise it; off with gpu_handoff for the A/B and
+  // to test the paths Metal takes.
+  rt->cross_workgroup_handoff_ = options.gpu_handoff;
   // NVIDIA launches a queue's dispatches' workgroups in order; lavapipe (a CPU device) runs
   // one dispatch at a time. Elsewhere not known: every dependency takes a barrier, as it
   // does with DeviceOptions::gpu_handoff off.

@@ -112,7 +112,8 @@ struct SessionOptions {
   std::optional<bool> gpu_int8_mma;  // int8 cooperative-matrix kernels (faster prefill)
   std::optional<bool> gpu_int_dot;   // packed int8 dot-product row kernels (faster decode)
   // Decode's router, gate/up and down kernels wait for each other's values instead of
-  // being separated by barriers; only on devices known to run dispatches in order.
+  // being separated by barriers (only on devices known to run dispatches in order), and the
+  // down projection's last workgroups combine its slots (no separate Combine dispatch).
   std::optional<bool> gpu_handoff;
   // Kernels built for their dispatch's dtypes (Vulkan specialization constants: less machine
   // code, faster decode); off, every dtype's path in one build decides at run time.
