@@ -219,6 +219,29 @@ TEST(SessionOptionsTest, SpirvDirReplacesAKernelOnVulkanPerSession) {
   EXPECT_TRUE(cap.take().empty());
 }
 
+// gpu_repeat (profiling): the named kernel's dispatches recorded twice, the results unchanged,
+// and a warning says so; "" repeats nothing whatever $SWITCHBOARD_GPU_REPEAT says.
+TEST(SessionOptionsTest, GpuRepeatRecordsANamedKernelTwice) {
+  if (!vulkan_under_test()) return;
+  LogCapture cap;
+  set_log_level(LogLevel::kWarn);
+  SessionOptions once, twice;
+  once.gpu_repeat = "";
+  twice.gpu_repeat = "cast,unary";
+  uint64_t dispatches[2] = {0, 0};
+  for (int i = 0; i < 2; ++i) {
+    std::unique_ptr<Session> s = vulkan_session(i == 0 ? once : twice);
+    if (!s) return;
+    const uint64_t before = s->device_dispatches();
+    expect_runs(*s);
+    dispatches[i] = s->device_dispatches() - before;
+    EXPECT_EQ(cap.take_matching("recorded twice").size(), i == 0 ? 0u : 1u);
+  }
+  set_log_level(LogLevel::kOff);
+  EXPECT_EQ(dispatches[1], 2 * dispatches[0]);
+  EXPECT_GE(dispatches[0], 1u);
+}
+
 TEST(ProcessSettings, CpuPathLimit) {
   const std::string initial = cpu_isa();
   EXPECT_EQ(set_cpu_path_limit("avx9").code(), StatusCode::kInvalidArgument);

@@ -24,6 +24,9 @@ struct DeviceOptions {
   // Memory one submission may allocate before the interpreter syncs between ops (0: an eighth
   // of the device memory free when first needed).
   uint64_t gpu_flush_bytes = 0;
+  // Profiling: every dispatch of these kernels (comma-separated names) recorded twice, so a
+  // benchmark reads what one more such dispatch costs inside its chain.
+  std::string gpu_repeat;
 };
 // The environment's choices ($SWITCHBOARD_GPU_MMA, ... through env.h).
 DeviceOptions default_device_options();

@@ -34,6 +34,7 @@ EnvDefaults read_env() {
   e.gpu_replay = !flag_off(std::getenv("SWITCHBOARD_GPU_REPLAY"));
   e.pipeline_stats = flag_on(std::getenv("SWITCHBOARD_PIPELINE_STATS"));
   if (const char* v = std::getenv("SWITCHBOARD_SPIRV_DIR"); v && *v) e.spirv_dir = v;
+  if (const char* v = std::getenv("SWITCHBOARD_GPU_REPEAT"); v && *v) e.gpu_repeat = v;
   return e;
 }
 

@@ -31,6 +31,7 @@ struct EnvDefaults {
   bool gpu_replay = true;                      // SWITCHBOARD_GPU_REPLAY (=0: off)
   bool pipeline_stats = false;                 // SWITCHBOARD_PIPELINE_STATS
   std::string spirv_dir;                       // SWITCHBOARD_SPIRV_DIR
+  std::string gpu_repeat;                      // SWITCHBOARD_GPU_REPEAT
 };
 
 // Read on first call, not at load time, so a process may still setenv() before it uses

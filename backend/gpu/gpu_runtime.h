@@ -4,6 +4,7 @@
 // (backend/metal) implement it, so both run the same dispatch plan.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
@@ -59,7 +60,20 @@ class GpuRuntime {
   Status dispatch(const char* kernel, const std::vector<BufferRef>& bindings, const void* args, size_t args_size,
                   uint64_t invocations, const SpecConstants& spec = {}, uint32_t handoff = 0) {
     ++dispatches_;
+    if (repeated(kernel)) {
+      ++dispatches_;
+      SB_RETURN_IF_ERROR(record_dispatch(kernel, bindings, args, args_size, invocations, spec, handoff));
+    }
     return record_dispatch(kernel, bindings, args, args_size, invocations, spec, handoff);
+  }
+  // Profiling (DeviceOptions::gpu_repeat): the kernels whose dispatches are recorded twice.
+  void set_repeated(const std::string& names) {
+    repeated_.clear();
+    for (size_t b = 0; b <= names.size();) {
+      const size_t e = std::min(names.find(',', b), names.size());
+      if (e > b) repeated_.push_back(names.substr(b, e - b));
+      b = e + 1;
+    }
   }
   // Dispatches recorded since the runtime opened (`bench model`: dispatches per token).
   uint64_t dispatches() const { return dispatches_; }
@@ -124,6 +138,12 @@ class GpuRuntime {
   bool cross_workgroup_handoff_ = false;
   bool cross_dispatch_handoff_ = false;
   uint64_t submissions_ = 0;
+  std::vector<std::string> repeated_;
+  bool repeated(const char* kernel) const {
+    for (const std::string& r : repeated_)
+      if (r == kernel) return true;
+    return false;
+  }
   void count_replayed(uint64_t dispatches) { dispatches_ += dispatches; }
   // The device's own recording of one dispatch (dispatch() counts, then calls it).
   virtual Status record_dispatch(const char* kernel, const std::vector<BufferRef>& bindings, const void* args,

@@ -178,6 +178,7 @@ DeviceOptions device_options(const SessionOptions& o) {
   d.pipeline_stats = o.pipeline_stats.value_or(d.pipeline_stats);
   d.gpu_flush_bytes = o.gpu_flush_bytes.value_or(d.gpu_flush_bytes);
   if (o.spirv_dir) d.spirv_dir = *o.spirv_dir;
+  if (o.gpu_repeat) d.gpu_repeat = *o.gpu_repeat;
   return d;
 }
 

@@ -465,6 +465,10 @@ Result<std::unique_ptr<VulkanRuntime>> VulkanRuntime::open(int index, const Devi
   // one dispatch at a time. Elsewhere not known: every dependency takes a barrier, as it
   // does with DeviceOptions::gpu_handoff off.
   rt->set_flush_bytes(options.gpu_flush_bytes);
+  rt->set_repeated(options.gpu_repeat);
+  if (!options.gpu_repeat.empty())
+    log::warn("vulkan: every dispatch of {} is recorded twice (gpu_repeat: profiling, not a product timing)",
+              options.gpu_repeat);
   rt->cross_dispatch_handoff_ =
       options.gpu_handoff && (c.vendor_id == 0x10de || c.device_type == VK_PHYSICAL_DEVICE_TYPE_CPU);
   SB_RETURN_IF_ERROR(rt->init(std::make_shared<gpu::MemoryPool>(std::make_unique<VulkanBlocks>(rt->ctx_)),

@@ -128,9 +128,13 @@ struct SessionOptions {
   // Unset: $SWITCHBOARD_GPU_FLUSH_MB (MiB), else an eighth of the device memory free when first
   // needed. Any value gives the same bits.
   std::optional<uint64_t> gpu_flush_bytes;
-  // Kernel development (Vulkan). Unset: $SWITCHBOARD_PIPELINE_STATS / $SWITCHBOARD_SPIRV_DIR.
+  // Kernel development (Vulkan). Unset: $SWITCHBOARD_PIPELINE_STATS / $SWITCHBOARD_SPIRV_DIR /
+  // $SWITCHBOARD_GPU_REPEAT.
   std::optional<bool> pipeline_stats;    // log each pipeline's registers and memory (info level)
   std::optional<std::string> spirv_dir;  // DIR/<kernel>.spv replaces a built-in kernel; "": none
+  // "k1,k2": every dispatch of these kernels recorded twice (what one more costs in its chain;
+  // the same results for kernels that do not count or accumulate across workgroups); "": none.
+  std::optional<std::string> gpu_repeat;
 };
 
 class Session {
