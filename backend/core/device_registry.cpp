@@ -43,7 +43,7 @@ void register_device(const std::string& name, const std::string& usage, DeviceFa
 
 DeviceOptions default_device_options() {
   const EnvDefaults& env = env_defaults();
-  return {env.gpu_int8_mma,   env.gpu_int_dot, env.gpu_handoff,    env.gpu_specialize,
+  return {env.gpu_int8_mma,   env.gpu_int_dot, env.gpu_handoff,     env.gpu_specialize,
           env.pipeline_stats, env.spirv_dir,   env.gpu_flush_bytes, env.gpu_repeat};
 }
 
