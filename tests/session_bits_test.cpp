@@ -31,9 +31,11 @@ Result<std::shared_ptr<const Program>> tiny_program(const std::string& name, con
   return Program::load((out / "program.sbp").string(), LoadOptions{{(out / "weights.safetensors").string()}});
 }
 
-// The tiny prompt (nine tokens, four more generated) in session s.
-void tiny_prompt(Session& s, std::vector<models::Generation>* runs) {
-  auto g = models::generate(s, {1, 2, 3, 4, 5, 6, 7, 8, 9}, 4, true, nullptr);
+// A prompt (by default the tiny one: nine tokens, four more generated) in session s, its
+// tokens and every step's logits kept in *runs.
+void tiny_prompt(Session& s, std::vector<models::Generation>* runs,
+                 const std::vector<int32_t>& prompt = {1, 2, 3, 4, 5, 6, 7, 8, 9}, int64_t new_tokens = 4) {
+  auto g = models::generate(s, prompt, new_tokens, true, nullptr);
   ASSERT_TRUE(g.is_ok()) << g.status().to_string();
   runs->push_back(std::move(g).value());
 }
@@ -112,9 +114,7 @@ TEST(TinyTest, DecodeAfterALongPromptGivesTheCpuBits) {
   for (const std::string& dev : test_devices()) {
     auto s = Session::create(*program, SessionOptions{dev});
     ASSERT_TRUE(s.is_ok()) << s.status().to_string();
-    auto g = models::generate(**s, prompt, 5, true, nullptr);
-    ASSERT_TRUE(g.is_ok()) << dev << ": " << g.status().to_string();
-    runs.push_back(std::move(g).value());
+    ASSERT_NO_FATAL_FAILURE(tiny_prompt(**s, &runs, prompt, 5)) << dev;
     devices += dev + " ";
   }
   expect_same_bits(runs, devices);
