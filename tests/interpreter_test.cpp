@@ -83,6 +83,24 @@ std::shared_ptr<const Program> load_with_two(const std::vector<uint8_t>& bytes) 
   return *p;
 }
 
+// Each temp is dropped after the last instruction that reads it, so its memory serves the
+// ops after it: a chain of 24 ops allocates a few buffers, not one a step (a prefill holds a
+// layer's temporaries, not the whole model's). The size is this test's own (the host pool is
+// the process's).
+TEST(Interpreter, DeadTempsServeLaterOps) {
+  ProgramBuilder b;
+  TensorRef x = b.input("x", DType::kF32, {4099});
+  TensorRef t = x;
+  for (int i = 0; i < 24; ++i) t = b.mul(t, x);
+  b.output("y", t);
+  auto session = Session::create(load(b.serialize().value()), SessionOptions{"cpu"}).value();
+  SB_ASSERT_OK(session->set_input("x", f32({4099}, std::vector<float>(4099, 1.f))));
+  const uint64_t before = buffer_allocations();
+  SB_ASSERT_OK(session->execute());
+  EXPECT_LE(buffer_allocations() - before, 4u);
+  EXPECT_EQ(floats(*session->output("y")), std::vector<float>(4099, 1.f));
+}
+
 TEST(Interpreter, StaticShapeFoldsTheIfAway) {
   for (int64_t m : {1, 8}) {
     auto bytes = build_branchy({m, 4}, 4);

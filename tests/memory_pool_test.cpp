@@ -76,15 +76,51 @@ TEST(MemoryPool, AFullDeviceGetsTheFreeBlocksBackFirst) {
   EXPECT_EQ(c.status().code(), StatusCode::kResourceExhausted);
 }
 
+TEST(MemoryPool, BlocksGivenBackWhileWorkIsQueuedServeOnlyDispatchesUntilItFinishes) {
+  int creates = 0;
+  uint64_t in_use = 0;
+  auto pool = std::make_shared<MemoryPool>(std::make_unique<FakeAllocator>(1ull << 40, &creates, &in_use));
+  pool->set_queued();  // work that may use the block below is being recorded
+  uint8_t* first = nullptr;
+  {
+    auto a = MemoryPool::take(pool, kMiB);
+    ASSERT_TRUE(a.is_ok());
+    first = a->get();
+  }
+  auto host = MemoryPool::take(pool, kMiB);  // the host would write it now: not the queued block
+  ASSERT_TRUE(host.is_ok());
+  EXPECT_NE(host->get(), first);
+  EXPECT_FALSE(pool->queued(host->get()));
+  EXPECT_EQ(creates, 2);
+  {
+    auto dev = MemoryPool::take(pool, kMiB, true);  // a dispatch's output: the block given back first
+    ASSERT_TRUE(dev.is_ok());
+    EXPECT_EQ(dev->get(), first);
+    EXPECT_TRUE(pool->queued(first + 100));
+  }
+  EXPECT_EQ(creates, 2);
+  pool->settle();  // the work finished
+  auto again = MemoryPool::take(pool, kMiB);  // idle blocks serve host writes again
+  ASSERT_TRUE(again.is_ok());
+  EXPECT_EQ(again->get(), first);
+  EXPECT_FALSE(pool->queued(first));
+  EXPECT_EQ(creates, 2);
+}
+
 // A runtime over the fake pool whose queued work is always finished at sync().
 class FakeRuntime final : public MappedRuntime {
  public:
-  explicit FakeRuntime(std::shared_ptr<MemoryPool> pool) { EXPECT_TRUE(init(std::move(pool), 1ull << 40, 16).is_ok()); }
+  explicit FakeRuntime(std::shared_ptr<MemoryPool> pool, bool reuse = false) {
+    EXPECT_TRUE(init(std::move(pool), 1ull << 40, 16).is_ok());
+    reuse_queued_ = reuse;
+  }
   const std::string& description() const override { return name_; }
   Status sync() override {
+    ++syncs;
     finish_submission();
     return Status::ok();
   }
+  int syncs = 0;
 
  protected:
   Status record_dispatch(const char*, const std::vector<BufferRef>&, const void*, size_t, uint64_t,
@@ -118,6 +154,37 @@ TEST(MappedRuntime, OutOfMemoryInsideAnOpKeepsWhatTheOpBound) {
   EXPECT_TRUE(pool->find(reinterpret_cast<const void*>(s->buffer + s->offset), 4, b, off, inside))
       << "the op's scratch was let go by the sync";
   EXPECT_EQ(in_use, kMiB + (256 << 10) + 256);  // the new block, the scratch, the error word
+}
+
+// A finished op's temporary serves the next op's output while the submission is still queued
+// (no sync, no new block); host-written memory (scratch) never takes it, and a host fill of a
+// tensor that did waits for the queued work first.
+TEST(MappedRuntime, FinishedOpsTemporariesServeLaterDispatchesNotTheHost) {
+  int creates = 0;
+  uint64_t in_use = 0;
+  auto pool = std::make_shared<MemoryPool>(std::make_unique<FakeAllocator>(1ull << 40, &creates, &in_use));
+  FakeRuntime rt(pool, true);
+  const int base = creates;  // the error word
+  rt.op_boundary();
+  const void* first = nullptr;
+  {
+    auto a = rt.alloc(DType::kF32, {static_cast<int64_t>(kMiB / 4)});
+    ASSERT_TRUE(a.is_ok());
+    ASSERT_TRUE(rt.bind(*a, false).is_ok());
+    first = a->data();
+  }  // the interpreter dropped it; the queued op still reads it
+  rt.op_boundary();
+  auto s = rt.scratch(kMiB, 7);
+  ASSERT_TRUE(s.is_ok());
+  EXPECT_NE(reinterpret_cast<const void*>(s->buffer), first) << "host words written into memory queued work reads";
+  auto b = rt.alloc(DType::kF32, {static_cast<int64_t>(kMiB / 4)});
+  ASSERT_TRUE(b.is_ok());
+  EXPECT_EQ(b->data(), first);
+  EXPECT_EQ(creates, base + 2);  // the first temporary and the scratch
+  EXPECT_EQ(rt.syncs, 0);
+  ASSERT_TRUE(rt.fill(*b, 1).is_ok());  // the host writes it: the queued work finishes first
+  EXPECT_EQ(rt.syncs, 1);
+  EXPECT_EQ(b->data_as<uint32_t>()[0], 1u);
 }
 
 }  // namespace

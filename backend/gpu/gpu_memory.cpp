@@ -2,12 +2,17 @@
 #include "log.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "gpu_kernel_table.h"
 
 namespace switchboard::gpu {
 namespace {
+
+double since_us(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+}
 
 // Size classes: powers of two from 256 bytes, then whole MiB above 64 MiB.
 uint64_t size_class(uint64_t bytes) {
@@ -20,24 +25,35 @@ uint64_t size_class(uint64_t bytes) {
 }  // namespace
 
 MemoryPool::~MemoryPool() {
-  for (auto& [size, blocks] : free_)
-    for (const Block& b : blocks) alloc_->destroy(b);
-  for (auto& [base, b] : live_) alloc_->destroy(b);
+  for (auto* lists : {&free_, &queued_free_})
+    for (auto& [size, blocks] : *lists)
+      for (const Block& b : blocks) alloc_->destroy(b);
+  for (auto& [base, l] : live_) alloc_->destroy(l.block);
 }
 
-Result<std::shared_ptr<uint8_t>> MemoryPool::take(const std::shared_ptr<MemoryPool>& pool, uint64_t bytes) {
+namespace {
+// The smallest free block of class `cls` up to twice it: large temporaries (whole MiB classes)
+// whose sizes vary op to op reuse each other instead of piling up.
+bool take_free(std::map<uint64_t, std::vector<Block>>& lists, uint64_t cls, Block& b) {
+  for (auto it = lists.lower_bound(cls); it != lists.end() && it->first <= 2 * cls; ++it) {
+    if (it->second.empty()) continue;
+    b = it->second.back();
+    it->second.pop_back();
+    return true;
+  }
+  return false;
+}
+}  // namespace
+
+Result<std::shared_ptr<uint8_t>> MemoryPool::take(const std::shared_ptr<MemoryPool>& pool, uint64_t bytes,
+                                                  bool queued_ok) {
   const uint64_t cls = size_class(bytes == 0 ? 4 : bytes);
   Block b;
+  uint64_t queued_epoch = 0;
   {
-    // The smallest free block of this class up to twice it: large temporaries (whole MiB
-    // classes) whose sizes vary op to op reuse each other instead of piling up.
     std::lock_guard<std::mutex> lock(pool->mu_);
-    for (auto it = pool->free_.lower_bound(cls); it != pool->free_.end() && it->first <= 2 * cls; ++it) {
-      if (it->second.empty()) continue;
-      b = it->second.back();
-      it->second.pop_back();
-      break;
-    }
+    if (queued_ok && take_free(pool->queued_free_, cls, b)) queued_epoch = pool->epoch_;
+    if (!b.mapped) take_free(pool->free_, cls, b);
   }
   if (!b.mapped) {
     auto made = pool->alloc_->create(cls);
@@ -48,24 +64,47 @@ Result<std::shared_ptr<uint8_t>> MemoryPool::take(const std::shared_ptr<MemoryPo
       size_t n = 0;
       {
         std::lock_guard<std::mutex> lock(pool->mu_);
-        for (const auto& [base, blk] : pool->live_) live += blk.size, ++n;
+        for (const auto& [base, l] : pool->live_) live += l.block.size, ++n;
       }
       return made.status().annotate(strformat("%llu MiB held in %zu blocks", (unsigned long long)(live >> 20), n));
     }
     b = std::move(made).value();
+    std::lock_guard<std::mutex> lock(pool->mu_);
+    ++pool->created_;
   }
   {
     std::lock_guard<std::mutex> lock(pool->mu_);
-    pool->live_[reinterpret_cast<uintptr_t>(b.mapped)] = b;
+    pool->live_[reinterpret_cast<uintptr_t>(b.mapped)] = Live{b, queued_epoch};
   }
   // The deleter returns the block; the pool (and the device under it) lives while any block does.
   return std::shared_ptr<uint8_t>(b.mapped, [pool](uint8_t* p) {
     std::lock_guard<std::mutex> lock(pool->mu_);
     auto it = pool->live_.find(reinterpret_cast<uintptr_t>(p));
     if (it == pool->live_.end()) return;
-    pool->free_[it->second.size].push_back(it->second);
+    const Block& blk = it->second.block;
+    (pool->queued_ ? pool->queued_free_ : pool->free_)[blk.size].push_back(blk);
     pool->live_.erase(it);
   });
+}
+
+void MemoryPool::settle() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [size, blocks] : queued_free_) {
+    auto& to = free_[size];
+    to.insert(to.end(), blocks.begin(), blocks.end());
+  }
+  queued_free_.clear();
+  queued_ = false;
+  ++epoch_;
+}
+
+bool MemoryPool::queued(const void* p) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto addr = reinterpret_cast<uintptr_t>(p);
+  auto it = live_.upper_bound(addr);
+  if (!addr || it == live_.begin()) return false;
+  --it;
+  return addr - it->first < it->second.block.size && it->second.queued_epoch == epoch_;
 }
 
 uint64_t MemoryPool::trim() {
@@ -90,7 +129,7 @@ bool MemoryPool::find(const void* p, uint64_t bytes, Block& block, uint64_t& off
   auto it = live_.upper_bound(addr);
   if (!addr || it == live_.begin()) return false;
   --it;
-  block = it->second;
+  block = it->second.block;
   offset = addr - it->first;
   inside = offset < block.size;
   return offset + bytes <= block.size;
@@ -106,23 +145,39 @@ Status MappedRuntime::init(std::shared_ptr<MemoryPool> pool, uint64_t max_range,
 }
 
 Result<Tensor> MappedRuntime::alloc(DType dtype, Shape shape) {
+  return take_block(dtype, std::move(shape), reuse_queued_ && !keeping_fills_);
+}
+
+Result<Tensor> MappedRuntime::alloc_host_written(DType dtype, Shape shape) {
+  return take_block(dtype, std::move(shape), false);
+}
+
+Result<Tensor> MappedRuntime::take_block(DType dtype, Shape shape, bool queued_ok) {
   SB_ASSIGN_OR_RETURN(int64_t n, shape_numel(shape));
   const uint64_t bytes = (static_cast<uint64_t>(n) * dtype_size(dtype) + 3) & ~uint64_t{3};
   SB_CHECK_OR_RETURN(bytes <= max_range_, StatusCode::kResourceExhausted,
                      "a %s tensor of %llu bytes exceeds the device's storage-buffer range (%llu bytes)",
                      shape_str(shape).c_str(), (unsigned long long)bytes, (unsigned long long)max_range_);
-  auto taken = MemoryPool::take(pool_, bytes);
+  const auto t0 = std::chrono::steady_clock::now();
+  const uint64_t created = pool_->created();
+  auto taken = MemoryPool::take(pool_, bytes, queued_ok);
   if (!taken.is_ok() && taken.status().code() == StatusCode::kResourceExhausted && inflight_bytes_ > 0 &&
       !keeping_fills_) {
     // Out of device memory with work queued: finishing it frees earlier ops' temporaries (this
     // op's stay); then once more.
     SB_RETURN_IF_ERROR(sync_within_op());
     pool_->trim();
-    taken = MemoryPool::take(pool_, bytes);
+    taken = MemoryPool::take(pool_, bytes, queued_ok);
   }
   SB_ASSIGN_OR_RETURN(std::shared_ptr<uint8_t> mem, std::move(taken));
   if (inflight_budget_ == 0) inflight_budget_ = std::max<uint64_t>(uint64_t{256} << 20, memory_bytes() / 8);
-  inflight_bytes_ += bytes;
+  if (pool_->created() != created) {
+    ++host_costs_.blocks;
+    host_costs_.block_bytes += bytes;
+    host_costs_.block_us += since_us(t0);
+  }
+  // What the queued work holds grows only by blocks it could not take back from finished ops.
+  if (!reuse_queued_ || keeping_fills_ || pool_->created() != created) inflight_bytes_ += bytes;
   uint8_t* p = mem.get();
   return Tensor::wrap(dtype, std::move(shape), std::move(mem), p);
 }
@@ -135,6 +190,7 @@ Result<BufferRef> MappedRuntime::bind(const Tensor& t, bool constant) {
   uint64_t off = 0;
   bool inside = false;
   if (pool_->find(t.data(), t.nbytes(), b, off, inside) && off % alignment_ == 0) {
+    pool_->set_queued();  // blocks given back from here on may be in use until the sync
     keep_.push_back(t);
     if (t.storage_id()) ++kept_[t.storage_id()];
     return BufferRef{b.handle, off, std::min(bytes, b.size - off)};
@@ -142,8 +198,8 @@ Result<BufferRef> MappedRuntime::bind(const Tensor& t, bool constant) {
   // A host tensor is copied in now (its bytes are final). A misaligned view of device
   // memory is copied too, after the queued work that may write it has finished.
   if (inside) SB_RETURN_IF_ERROR(sync_within_op());
-  SB_ASSIGN_OR_RETURN(Tensor dev, alloc(t.dtype(), t.shape()));
-  if (t.nbytes()) std::memcpy(dev.mutable_data(), t.data(), t.nbytes());
+  SB_ASSIGN_OR_RETURN(Tensor dev, alloc_host_written(t.dtype(), t.shape()));
+  copy_in(dev, t);
   SB_ASSIGN_OR_RETURN(BufferRef ref, bind(dev, false));
   if (constant) constants_.emplace(std::make_pair(t.data(), t.nbytes()), Uploaded{dev, ref});
   return ref;
@@ -155,14 +211,23 @@ Result<Tensor> MappedRuntime::device_tensor(const Tensor& t) {
   bool inside = false;
   if (pool_->find(t.data(), t.nbytes(), b, off, inside) && off % alignment_ == 0) return t;
   if (inside) SB_RETURN_IF_ERROR(sync_within_op());
-  SB_ASSIGN_OR_RETURN(Tensor dev, alloc(t.dtype(), t.shape()));
-  if (t.nbytes()) std::memcpy(dev.mutable_data(), t.data(), t.nbytes());
+  SB_ASSIGN_OR_RETURN(Tensor dev, alloc_host_written(t.dtype(), t.shape()));
+  copy_in(dev, t);
   return dev;
 }
 
+void MappedRuntime::copy_in(const Tensor& dev, const Tensor& t) {
+  if (!t.nbytes()) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  std::memcpy(dev.mutable_data(), t.data(), t.nbytes());
+  ++host_costs_.uploads;
+  host_costs_.upload_bytes += t.nbytes();
+  host_costs_.upload_us += since_us(t0);
+}
+
 Result<BufferRef> MappedRuntime::scratch(size_t bytes, uint32_t fill_word) {
-  SB_ASSIGN_OR_RETURN(Tensor t, alloc(DType::kU32, {static_cast<int64_t>((bytes + 3) / 4)}));
-  fill(t, fill_word);
+  SB_ASSIGN_OR_RETURN(Tensor t, alloc_host_written(DType::kU32, {static_cast<int64_t>((bytes + 3) / 4)}));
+  SB_RETURN_IF_ERROR(fill(t, fill_word));
   return bind(t, false);
 }
 
@@ -173,9 +238,24 @@ void fill_words(const Tensor& t, uint32_t word) {
 }
 }  // namespace
 
-void MappedRuntime::fill(const Tensor& t, uint32_t word) {
+Status MappedRuntime::fill(const Tensor& t, uint32_t word) {
+  // Memory queued work may still use (alloc, not alloc_host_written): that work finishes first.
+  if (pool_->queued(t.data())) SB_RETURN_IF_ERROR(sync_within_op());
   fill_words(t, word);
   if (keeping_fills_) fills_.emplace_back(t, word);
+  return Status::ok();
+}
+
+void MappedRuntime::op_boundary() {
+  if (reuse_queued_ && !keeping_fills_) {
+    // The finished ops' operands are recorded; the hazard tracking, not these references,
+    // keeps later dispatches off their memory (it returns to the pool when nothing else holds it).
+    for (const Tensor& t : keep_)
+      if (t.storage_id())
+        if (auto it = kept_.find(t.storage_id()); it != kept_.end() && --it->second == 0) kept_.erase(it);
+    keep_.clear();
+  }
+  op_mark_ = keep_.size();
 }
 
 BufferRef MappedRuntime::error_word() const {
@@ -189,7 +269,7 @@ BufferRef MappedRuntime::error_word() const {
 Status MappedRuntime::probe_numerics() {
   const std::vector<float> in = probe_inputs();
   const uint32_t n = static_cast<uint32_t>(in.size() / 3);
-  SB_ASSIGN_OR_RETURN(Tensor x, alloc(DType::kF32, {static_cast<int64_t>(in.size())}));
+  SB_ASSIGN_OR_RETURN(Tensor x, alloc_host_written(DType::kF32, {static_cast<int64_t>(in.size())}));
   std::memcpy(x.mutable_data(), in.data(), in.size() * 4);
   SB_ASSIGN_OR_RETURN(Tensor y, alloc(DType::kF32, {static_cast<int64_t>(7 * n)}));
   SB_ASSIGN_OR_RETURN(BufferRef bx, bind(x, false));
@@ -266,6 +346,14 @@ Status MappedRuntime::sync_within_op() {
 
 uint32_t MappedRuntime::finish_submission() {
   ++submissions_;
+  const HostCosts& h = host_costs_;
+  if (log::op_log_enabled() && (h.blocks || h.uploads || h.pipelines))
+    log::logger().info("host: {} blocks created ({:.1f} MiB) in {:.0f} us, {} uploads ({:.1f} MiB) in {:.0f} us, "
+                       "{} pipelines built in {:.0f} us",
+                       h.blocks, h.block_bytes / 1048576.0, h.block_us, h.uploads, h.upload_bytes / 1048576.0,
+                       h.upload_us, h.pipelines, h.pipeline_us);
+  host_costs_ = {};
+  pool_->settle();
   inflight_bytes_ = 0;
   keep_.clear();
   kept_.clear();

@@ -5,6 +5,7 @@
 // dispatch and sync.
 #pragma once
 
+#include <atomic>
 #include <map>
 #include <unordered_map>
 #include <memory>
@@ -35,32 +36,57 @@ class MemoryPool {
  public:
   explicit MemoryPool(std::unique_ptr<BlockAllocator> alloc) : alloc_(std::move(alloc)) {}
   ~MemoryPool();
-  // A block of at least `bytes` whose shared_ptr returns it to the pool.
-  static Result<std::shared_ptr<uint8_t>> take(const std::shared_ptr<MemoryPool>& pool, uint64_t bytes);
+  // A block of at least `bytes` whose shared_ptr returns it to the pool. With `queued_ok`, a
+  // block that queued work may still read or write can be taken (only dispatches may touch it:
+  // they are ordered after that work by the runtime's hazard barriers; the host may not).
+  static Result<std::shared_ptr<uint8_t>> take(const std::shared_ptr<MemoryPool>& pool, uint64_t bytes,
+                                               bool queued_ok = false);
   // The live block holding [p, p + bytes), with p's offset in it; false if none.
   bool find(const void* p, uint64_t bytes, Block& block, uint64_t& offset, bool& inside) const;
-  // Destroys every free block (when the device runs out of memory); returns their bytes.
+  // Destroys every idle free block (when the device runs out of memory); returns their bytes.
   uint64_t trim();
+  // Blocks the allocator has created so far.
+  uint64_t created() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return created_;
+  }
+  // Work that binds blocks is being recorded: a block given back now stays "queued" until
+  // settle(), called once that work has finished.
+  void set_queued() {
+    if (queued_.load(std::memory_order_relaxed)) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    queued_ = true;
+  }
+  void settle();
+  // Whether p's block was taken while queued work may still use it (the host must not write it).
+  bool queued(const void* p) const;
 
  private:
+  struct Live {
+    Block block;
+    uint64_t queued_epoch = 0;  // taken queued in this epoch (0: taken idle)
+  };
   std::unique_ptr<BlockAllocator> alloc_;
   mutable std::mutex mu_;  // tensors may be freed on any thread
-  std::map<uint64_t, std::vector<Block>> free_;
-  std::map<uintptr_t, Block> live_;  // mapped base -> block
+  std::map<uint64_t, std::vector<Block>> free_, queued_free_;  // idle / given back while work was queued
+  std::map<uintptr_t, Live> live_;  // mapped base -> block
+  uint64_t created_ = 0, epoch_ = 1;
+  std::atomic<bool> queued_{false};  // written under mu_; read without it by set_queued()
 };
 
 // GpuRuntime over a MemoryPool. Backends call init() once the pool exists.
 class MappedRuntime : public GpuRuntime {
  public:
   Result<Tensor> alloc(DType dtype, Shape shape) override;
+  Result<Tensor> alloc_host_written(DType dtype, Shape shape) override;
   Result<BufferRef> bind(const Tensor& t, bool constant) override;
   Result<BufferRef> scratch(size_t bytes, uint32_t fill_word) override;
-  void fill(const Tensor& t, uint32_t word) override;
+  Status fill(const Tensor& t, uint32_t word) override;
   Result<Tensor> device_tensor(const Tensor& t) override;
   BufferRef error_word() const override;
   long queued_refs(const Tensor& t) const override;
   bool wants_flush() const override { return inflight_bytes_ > inflight_budget_; }
-  void op_boundary() override { op_mark_ = keep_.size(); }
+  void op_boundary() override;
 
  protected:
   Status init(std::shared_ptr<MemoryPool> pool, uint64_t max_range, uint64_t alignment);
@@ -88,8 +114,15 @@ class MappedRuntime : public GpuRuntime {
   Kept take_kept();
   void release_kept(const Kept& k);
   static void refill(const Kept& k);
+  Result<Tensor> take_block(DType dtype, Shape shape, bool queued_ok);
+  // t's bytes into dev's mapping (counted in host_costs_).
+  void copy_in(const Tensor& dev, const Tensor& t);
 
   std::shared_ptr<MemoryPool> pool_;
+  // Temporaries of finished ops go back to the pool while the submission is still queued, and
+  // later dispatches reuse them (the backend's hazard tracking orders the accesses by buffer
+  // range). Off while recording for replay: recorded work keeps its buffers.
+  bool reuse_queued_ = false;
 
  private:
   uint64_t max_range_ = 0, alignment_ = 16;

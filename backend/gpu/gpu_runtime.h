@@ -39,6 +39,9 @@ class GpuRuntime {
   virtual const std::string& description() const = 0;
   // A tensor in device memory (contents undefined until a kernel writes it).
   virtual Result<Tensor> alloc(DType dtype, Shape shape) = 0;
+  // The same for a tensor the host writes before queued work has finished (an upload, a fill):
+  // never memory that work may still use.
+  virtual Result<Tensor> alloc_host_written(DType dtype, Shape shape) { return alloc(dtype, std::move(shape)); }
   // Where t lives for a kernel: its own allocation, a cached upload of a constant,
   // or a fresh upload of a host tensor. Keeps t alive until sync().
   virtual Result<BufferRef> bind(const Tensor& t, bool constant) = 0;
@@ -49,7 +52,7 @@ class GpuRuntime {
   virtual Result<BufferRef> scratch(size_t bytes, uint32_t fill_word) = 0;
   // Sets every word of the device tensor t to `word` now, and again before each replay of
   // the submission being recorded (a value kernels expect to find, like scratch's fill).
-  virtual void fill(const Tensor& t, uint32_t word) = 0;
+  virtual Status fill(const Tensor& t, uint32_t word) = 0;
   // The status word kernels raise SB_ERR_* bits in (reset at each sync).
   virtual BufferRef error_word() const = 0;
   // Records one dispatch of `kernel` over `invocations` threads (a 2D grid of
@@ -130,7 +133,16 @@ class GpuRuntime {
   // finish while the later ones wait (NVIDIA; lavapipe runs dispatches one at a time).
   bool cross_dispatch_handoff() const { return cross_dispatch_handoff_; }
 
+  // Host work outside recording since the last finished submission: device memory created,
+  // host bytes copied into it, pipelines built (where a session's first prompt goes).
+  struct HostCosts {
+    uint64_t blocks = 0, block_bytes = 0, uploads = 0, upload_bytes = 0, pipelines = 0;
+    double block_us = 0, upload_us = 0, pipeline_us = 0;
+  };
+  const HostCosts& host_costs() const { return host_costs_; }
+
  protected:
+  HostCosts host_costs_;
   bool exact_division_ = false;
   bool int64_ = false;
   bool int8_mma_ = false;

@@ -27,11 +27,13 @@ Status router_run(KernelContext& ctx, const fb::OpNodeUnion& op, BufferRef done,
   SB_ASSIGN_OR_RETURN(Tensor live_t, Tensor::from_vector(DType::kU32, {e}, live));
   SB_ASSIGN_OR_RETURN(BufferRef blive, rt.bind(live_t, false));
   SB_ASSIGN_OR_RETURN(Tensor weights, rt.alloc(DType::kF32, {tokens, n->k}));
-  SB_ASSIGN_OR_RETURN(Tensor indices, rt.alloc(DType::kI32, {tokens, n->k}));
+  // Host-written when the hand-off below fills it.
+  SB_ASSIGN_OR_RETURN(Tensor indices, rt.cross_dispatch_handoff() ? rt.alloc_host_written(DType::kI32, {tokens, n->k})
+                                                                   : rt.alloc(DType::kI32, {tokens, n->k}));
   SB_ASSIGN_OR_RETURN(BufferRef bw, rt.bind(weights, false));
   SB_ASSIGN_OR_RETURN(BufferRef bi, rt.bind(indices, false));
   if (rt.cross_dispatch_handoff()) {  // -1 until the router writes: see qmm_row_glu_2k_dot4's wait
-    rt.fill(indices, 0xffffffffu);  // refilled before every replay too
+    SB_RETURN_IF_ERROR(rt.fill(indices, 0xffffffffu));  // refilled before every replay too
     moe_handoff(ctx) = {bi, bw, {}, {}, 0};
   }
   SB_CHECK_OR_RETURN(e <= 1024 && n->k <= 64, StatusCode::kUnimplemented,

@@ -107,7 +107,31 @@ Status Interpreter::plan() {
       fused_[c].push_back(f.fn && f.span > 1 && i + f.span <= chains[c]->instructions.size() ? f : Fusion{});
     }
   }
+  plan_release();
   return Status::ok();
+}
+
+// A temp (not an output) that only the main chain touches is dead after the last instruction
+// touching it; one that an If's branches or the init chain touch is kept (conservative).
+void Interpreter::plan_release() {
+  const fb::ProgramT& ir = *prog_.ir;
+  constexpr int kNone = -1, kMany = -2;
+  std::vector<int> chain_of(ir.num_tensor_slots, kNone);
+  std::vector<size_t> last(ir.num_tensor_slots, 0);
+  for (const auto& io : ir.outputs)
+    if (io->kind == fb::SlotKind::Tensor && io->idx < chain_of.size()) chain_of[io->idx] = kMany;
+  for (size_t c = 0; c < ir.chains.size(); ++c)
+    for (size_t i = 0; i < ir.chains[c]->instructions.size(); ++i)
+      for_each_slot(ir.chains[c]->instructions[i]->op, [&](const SlotRef& r) {
+        if (!r.is_tensor || !r.idx || *r.idx >= chain_of.size()) return;
+        int& o = chain_of[*r.idx];
+        o = o == kNone || o == static_cast<int>(c) ? static_cast<int>(c) : kMany;
+        last[*r.idx] = i;
+      });
+  const auto main = static_cast<int>(ir.main_chain);
+  release_.assign(ir.main_chain < ir.chains.size() ? ir.chains[ir.main_chain]->instructions.size() : 0, {});
+  for (uint32_t t = 0; t < chain_of.size(); ++t)
+    if (chain_of[t] == main && !release_.empty() && prog_.roles[t] == SlotRole::kTemp) release_[last[t]].push_back(t);
 }
 
 Status Interpreter::reset() {
@@ -156,6 +180,11 @@ Status Interpreter::flush_if_wanted() {
 
 Status Interpreter::run_chain(uint32_t chain, uint32_t depth) {
   const auto& ins = prog_.ir->chains[chain]->instructions;
+  const bool main = chain == static_cast<uint32_t>(prog_.ir->main_chain) && release_.size() == ins.size();
+  auto release_after = [&](size_t i, size_t span) {
+    for (size_t j = i; j < i + span; ++j)
+      for (uint32_t t : release_[j]) tensors_[t] = Tensor(), written_[t] = 0;
+  };
   for (size_t i = 0; i < ins.size(); ++i) {
     const fb::OpNodeUnion& op = ins[i]->op;
     device_->op_boundary();
@@ -171,6 +200,7 @@ Status Interpreter::run_chain(uint32_t chain, uint32_t depth) {
                            op_name(op.type), op_name(ins[i + f.span - 1]->op.type),
                            std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count(),
                            device_->name());
+      if (main) release_after(i, f.span);
       i += f.span - 1;
       SB_RETURN_IF_ERROR(flush_if_wanted());
       continue;
@@ -179,6 +209,7 @@ Status Interpreter::run_chain(uint32_t chain, uint32_t depth) {
     if (op.type != fb::OpNode::IfNode)  // an If's branch ops count themselves
       kernel_us_ += std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
     if (!st.is_ok()) return st.annotate(strformat("chains[%u].instructions[%zu].%s", chain, i, op_name(op.type)));
+    if (main) release_after(i, 1);
     SB_RETURN_IF_ERROR(flush_if_wanted());
     if (log::op_log_enabled() && op.type != fb::OpNode::IfNode) {
       double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();

@@ -77,6 +77,10 @@ class Interpreter final : public KernelContext {
   std::unique_ptr<Device> device_;
   std::vector<std::vector<KernelFn>> plan_;  // [chain][instruction]
   std::vector<std::vector<Fusion>> fused_;   // [chain][instruction]: a fusion starting there, if any
+  // [main chain instruction]: temps nothing reads after it, dropped once it ran (their memory
+  // serves later ops: a prefill holds a layer's temporaries, not the whole model's).
+  std::vector<std::vector<uint32_t>> release_;
+  void plan_release();
   std::vector<Tensor> tensors_;
   std::vector<uint8_t> written_;
   std::vector<Value> values_;

@@ -473,6 +473,7 @@ Result<std::unique_ptr<VulkanRuntime>> VulkanRuntime::open(int index, const Devi
       options.gpu_handoff && (c.vendor_id == 0x10de || c.device_type == VK_PHYSICAL_DEVICE_TYPE_CPU);
   SB_RETURN_IF_ERROR(rt->init(std::make_shared<gpu::MemoryPool>(std::make_unique<VulkanBlocks>(rt->ctx_)),
                               c.limits.maxStorageBufferRange, c.limits.minStorageBufferOffsetAlignment));
+  rt->reuse_queued_ = true;  // hazard() orders dispatches by buffer range, whoever held the memory before
   SB_RETURN_IF_ERROR(rt->probe_numerics());
   SB_RETURN_IF_ERROR(rt->probe_mma_layout());
   if (rt->int8_mma()) rt->description_ += ", int8 cooperative matrices";
@@ -549,7 +550,13 @@ Status VulkanRuntime::record_dispatch(const char* kernel, const std::vector<gpu:
                                uint32_t handoff) {
   if (invocations == 0) return Status::ok();
   Context& c = *ctx_;
+  const size_t built = c.pipelines.size();
+  const auto t0 = Clock::now();
   SB_ASSIGN_OR_RETURN(Pipeline * p, pipeline_for(c, kernel, spec));
+  if (c.pipelines.size() != built) {
+    ++host_costs_.pipelines;
+    host_costs_.pipeline_us += std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+  }
   SB_CHECK_OR_RETURN(static_cast<int>(bindings.size()) == p->info->num_bindings && args_size == p->info->args_size,
                      StatusCode::kInternal, "kernel %s: %zu bindings / %zu argument bytes, expected %d / %u", kernel,
                      bindings.size(), args_size, p->info->num_bindings, p->info->args_size);
