@@ -247,5 +247,21 @@ TEST(Replay, PromptsAfterResetAreNotRecorded) {
   });
 }
 
+// models::generate as `bench model` runs it: prompts of 70 tokens after resets (their
+// temporaries reused within the prefill), then decode steps, which replay from the third on.
+TEST(Replay, GenerateReplaysItsDecodeStepsAfterLongPrompts) {
+  on_gpu_sessions([](Session& s) {
+    std::vector<int32_t> prompt(70);
+    for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 7 + 3) % 50);
+    for (int run = 0; run < 3; ++run) {
+      auto g = models::generate(s, prompt, run < 2 ? 1 : 10, false);
+      ASSERT_TRUE(g.is_ok()) << g.status().to_string();
+      if (run == 2) {
+        EXPECT_EQ(g->decode_replays, 7);
+      }
+    }
+  });
+}
+
 }  // namespace
 }  // namespace switchboard

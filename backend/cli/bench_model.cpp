@@ -90,9 +90,10 @@ int run_bench_model(const BenchModelOptions& o) {
   std::mt19937 rng(7);
   std::vector<int32_t> prompt(static_cast<size_t>(o.prompt_len));
   for (int32_t& t : prompt) t = static_cast<int32_t>(rng() % static_cast<uint32_t>(vocab));
-  // Warm-up (first use of each weight table repacks it on the CPU), then the timed run.
+  // Warm-up (first use of each weight table repacks it on the CPU; a GPU's first recorded decode
+  // step creates the buffers it keeps for its replays), then the timed run.
   const std::vector<int32_t> warm(prompt.begin(), prompt.begin() + std::min<int64_t>(o.prompt_len, 16));
-  if (auto g = models::generate(**session, warm, 2, false); !g) return fail(g.status());
+  if (auto g = models::generate(**session, warm, 3, false); !g) return fail(g.status());
   // The prompt's prefill alone a few times (the first at a length allocates its buffers), then the
   // generation; the prefill figures are medians over all of them.
   std::vector<double> prefill_s, prefill_gpu_us, prefill_rec_us;
