@@ -99,7 +99,7 @@ TEST(MemoryPool, BlocksGivenBackWhileWorkIsQueuedServeOnlyDispatchesUntilItFinis
     EXPECT_TRUE(pool->queued(first + 100));
   }
   EXPECT_EQ(creates, 2);
-  pool->settle();  // the work finished
+  pool->settle();                             // the work finished
   auto again = MemoryPool::take(pool, kMiB);  // idle blocks serve host writes again
   ASSERT_TRUE(again.is_ok());
   EXPECT_EQ(again->get(), first);

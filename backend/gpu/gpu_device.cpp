@@ -66,7 +66,8 @@ class GpuDevice final : public Device {
   // only before an execution, when no queued or recorded work reads them yet.
   Result<BufferRef> dynamic_values(size_t words = 1) {
     if (!dyn_.defined() || static_cast<size_t>(dyn_.numel()) < words) {
-      SB_ASSIGN_OR_RETURN(dyn_, rt_->alloc_host_written(DType::kU32, {static_cast<int64_t>(std::max<size_t>(words, 1))}));
+      SB_ASSIGN_OR_RETURN(dyn_,
+                          rt_->alloc_host_written(DType::kU32, {static_cast<int64_t>(std::max<size_t>(words, 1))}));
       std::memset(dyn_.mutable_data(), 0, dyn_.nbytes());
       SB_ASSIGN_OR_RETURN(dyn_ref_, rt_->bind(dyn_, false));
     }

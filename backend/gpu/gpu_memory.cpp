@@ -348,10 +348,11 @@ uint32_t MappedRuntime::finish_submission() {
   ++submissions_;
   const HostCosts& h = host_costs_;
   if (log::op_log_enabled() && (h.blocks || h.uploads || h.pipelines))
-    log::logger().info("host: {} blocks created ({:.1f} MiB) in {:.0f} us, {} uploads ({:.1f} MiB) in {:.0f} us, "
-                       "{} pipelines built in {:.0f} us",
-                       h.blocks, h.block_bytes / 1048576.0, h.block_us, h.uploads, h.upload_bytes / 1048576.0,
-                       h.upload_us, h.pipelines, h.pipeline_us);
+    log::logger().info(
+        "host: {} blocks created ({:.1f} MiB) in {:.0f} us, {} uploads ({:.1f} MiB) in {:.0f} us, "
+        "{} pipelines built in {:.0f} us",
+        h.blocks, h.block_bytes / 1048576.0, h.block_us, h.uploads, h.upload_bytes / 1048576.0, h.upload_us,
+        h.pipelines, h.pipeline_us);
   host_costs_ = {};
   pool_->settle();
   inflight_bytes_ = 0;

@@ -7,9 +7,9 @@
 
 #include <atomic>
 #include <map>
-#include <unordered_map>
 #include <memory>
 #include <mutex>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -69,7 +69,7 @@ class MemoryPool {
   std::unique_ptr<BlockAllocator> alloc_;
   mutable std::mutex mu_;  // tensors may be freed on any thread
   std::map<uint64_t, std::vector<Block>> free_, queued_free_;  // idle / given back while work was queued
-  std::map<uintptr_t, Live> live_;  // mapped base -> block
+  std::map<uintptr_t, Live> live_;                             // mapped base -> block
   uint64_t created_ = 0, epoch_ = 1;
   std::atomic<bool> queued_{false};  // written under mu_; read without it by set_queued()
 };

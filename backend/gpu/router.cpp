@@ -29,7 +29,7 @@ Status router_run(KernelContext& ctx, const fb::OpNodeUnion& op, BufferRef done,
   SB_ASSIGN_OR_RETURN(Tensor weights, rt.alloc(DType::kF32, {tokens, n->k}));
   // Host-written when the hand-off below fills it.
   SB_ASSIGN_OR_RETURN(Tensor indices, rt.cross_dispatch_handoff() ? rt.alloc_host_written(DType::kI32, {tokens, n->k})
-                                                                   : rt.alloc(DType::kI32, {tokens, n->k}));
+                                                                  : rt.alloc(DType::kI32, {tokens, n->k}));
   SB_ASSIGN_OR_RETURN(BufferRef bw, rt.bind(weights, false));
   SB_ASSIGN_OR_RETURN(BufferRef bi, rt.bind(indices, false));
   if (rt.cross_dispatch_handoff()) {  // -1 until the router writes: see qmm_row_glu_2k_dot4's wait
