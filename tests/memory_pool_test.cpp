@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <cstring>
 
 #include "gpu_memory.h"
 
@@ -185,6 +186,24 @@ TEST(MappedRuntime, FinishedOpsTemporariesServeLaterDispatchesNotTheHost) {
   ASSERT_TRUE(rt.fill(*b, 1).is_ok());  // the host writes it: the queued work finishes first
   EXPECT_EQ(rt.syncs, 1);
   EXPECT_EQ(b->data_as<uint32_t>()[0], 1u);
+}
+
+// A large host tensor is copied in by several threads (slices of 4 KiB multiples): every byte
+// arrives, the unaligned tail included.
+TEST(MappedRuntime, LargeUploadsArriveWhole) {
+  int creates = 0;
+  uint64_t in_use = 0;
+  auto pool = std::make_shared<MemoryPool>(std::make_unique<FakeAllocator>(1ull << 40, &creates, &in_use));
+  FakeRuntime rt(pool, true);
+  const int64_t n = (int64_t{40} << 20) / 4 + 3;
+  auto host = Tensor::uninitialized(DType::kU32, {n});
+  ASSERT_TRUE(host.is_ok());
+  auto* w = host->mutable_data_as<uint32_t>();
+  for (int64_t i = 0; i < n; ++i) w[i] = static_cast<uint32_t>(i * 2654435761u);
+  auto ref = rt.bind(*host, false);
+  ASSERT_TRUE(ref.is_ok());
+  const auto* got = reinterpret_cast<const uint32_t*>(ref->buffer + ref->offset);
+  EXPECT_EQ(std::memcmp(got, w, static_cast<size_t>(n) * 4), 0);
 }
 
 }  // namespace

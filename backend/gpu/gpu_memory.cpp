@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <system_error>
+#include <thread>
 
 #include "gpu_kernel_table.h"
 
@@ -20,6 +22,32 @@ uint64_t size_class(uint64_t bytes) {
   uint64_t c = 256;
   while (c < bytes) c <<= 1;
   return c;
+}
+
+// One thread writing write-combined device memory (and faulting in a mapped weights file)
+// moves a few GB/s; a session's weights are many GB, so large copies are split over threads.
+void parallel_copy(void* dst, const void* src, size_t bytes) {
+  constexpr size_t kMinSlice = size_t{8} << 20;
+  const size_t threads = std::min<size_t>({8, std::max(1u, std::thread::hardware_concurrency()), bytes / kMinSlice});
+  if (threads < 2) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+  const size_t slice = (bytes / threads + 4095) & ~size_t{4095};
+  std::vector<std::thread> pool;
+  auto part = [=](size_t i) {
+    std::memcpy(static_cast<uint8_t*>(dst) + i * slice, static_cast<const uint8_t*>(src) + i * slice,
+                std::min(slice, bytes - i * slice));
+  };
+  for (size_t i = 1; i < threads && i * slice < bytes; ++i) {
+    try {
+      pool.emplace_back(part, i);
+    } catch (const std::system_error&) {  // no thread to be had: this one copies the slice
+      part(i);
+    }
+  }
+  part(0);
+  for (std::thread& th : pool) th.join();
 }
 
 }  // namespace
@@ -219,7 +247,7 @@ Result<Tensor> MappedRuntime::device_tensor(const Tensor& t) {
 void MappedRuntime::copy_in(const Tensor& dev, const Tensor& t) {
   if (!t.nbytes()) return;
   const auto t0 = std::chrono::steady_clock::now();
-  std::memcpy(dev.mutable_data(), t.data(), t.nbytes());
+  parallel_copy(dev.mutable_data(), t.data(), t.nbytes());
   ++host_costs_.uploads;
   host_costs_.upload_bytes += t.nbytes();
   host_costs_.upload_us += since_us(t0);
