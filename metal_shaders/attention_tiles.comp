@@ -76,20 +76,29 @@ float kv_at(bool values, uint j, uint d) {
   return values ? SB_LOAD(v, ADT, e) : SB_LOAD(k, ADT, e);
 }
 
-// Block b0's keys (thread t: key t % 32, dim pairs t / 32 + 8 u) or values into s_kv.
+// Block b0's keys or values into s_kv, dims d and d + 1 of one key a thread and step, task
+// T = t + 256 u, lane l = T % 32, R = T / 32. Keys: key (l % 8) + 8 (R % 4), d = 2 (R / 4) +
+// 32 (l / 8), so a subgroup's stores fall on 32 different banks; values: key T / 64,
+// d = 2 (T % 64), so a subgroup loads one row's consecutive words and stores them contiguously.
 void stage_block(bool values, uint b0) {
-  uint t = gl_LocalInvocationID.x, kk = t & 31u, hd = HD, hd4 = hd / 4u;
+  uint t = gl_LocalInvocationID.x, hd = HD, hd4 = hd / 4u;
   [[unroll]] for (uint u = 0u; u < 8u; ++u) {
-    uint d = 2u * ((t >> 5u) + 8u * u);
-    if (d < hd || !values) {  // keys: zeros past hd (they meet the queries' zeros)
-      float x0 = d < hd ? kv_at(values, b0 + kk, d) : 0.0, x1 = d < hd ? kv_at(values, b0 + kk, d + 1u) : 0.0;
-      if (values) {
-        s_kv[kk * hd4 + d / 4u][d & 3u] = x0;
-        s_kv[kk * hd4 + d / 4u][(d & 3u) + 1u] = x1;
-      } else {
-        s_kv[(d & 31u) * 32u + kk][d >> 5u] = x0;
-        s_kv[((d + 1u) & 31u) * 32u + kk][(d + 1u) >> 5u] = x1;
+    uint tk = t + 256u * u, l = tk & 31u, r = tk >> 5u;
+    if (values) {
+      uint kk = tk >> 6u, d = 2u * (tk & 63u);
+      if (d < hd) {
+        vec2 x = vec2(kv_at(true, b0 + kk, d), kv_at(true, b0 + kk, d + 1u));
+        if ((d & 3u) == 0u) {
+          s_kv[kk * hd4 + d / 4u].xy = x;
+        } else {
+          s_kv[kk * hd4 + d / 4u].zw = x;
+        }
       }
+    } else {  // zeros past hd (they meet the queries' zeros)
+      uint kk = (l & 7u) + 8u * (r & 3u), d = 2u * (r >> 2u) + 32u * (l >> 3u);
+      float x0 = d < hd ? kv_at(false, b0 + kk, d) : 0.0, x1 = d < hd ? kv_at(false, b0 + kk, d + 1u) : 0.0;
+      s_kv[(d & 31u) * 32u + kk][d >> 5u] = x0;
+      s_kv[((d + 1u) & 31u) * 32u + kk][(d + 1u) >> 5u] = x1;
     }
   }
 }
