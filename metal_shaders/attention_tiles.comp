@@ -11,9 +11,10 @@
 // Scores: thread t computes query vectors t / 8 + 32y (y < kTile / 32) against keys t % 8 + 8x
 // (x < 4), each dot32's halving tree as four subtrees of 8 partials, the block's keys staged in
 // shared memory and the queries, widened once into this workgroup's scratch, read through the
-// cache; threads 0..kTile-1 each own query vector t's max, sums and merge factors; values: thread
-// t owns query vectors t / 16 + 16y (y < kTile / 16) at dims 4(t % 16) .. +3 and 64 + 4(t % 16)
-// .. +3. (kTile is kernel_args.h's SB_ATTENTION_TILE, the host's too: 32 or 64; bench/RESULTS.md
+// cache; thread t takes the max and exps of vector t / 8's keys 4 (t % 8) .. +3 (kTile = 32;
+// the block max from the vector's 8 partial maxes); threads 0..kTile-1 each own query vector
+// t's sums and merge factors; values: thread t owns query vectors t / 16 + 16y (y < kTile / 16)
+// at dims 4(t % 16) .. +3 and 64 + 4(t % 16) .. +3. (kTile is kernel_args.h's SB_ATTENTION_TILE, the host's too: 32 or 64; bench/RESULTS.md
 // compares them.)
 #include "common.glsl"
 
@@ -40,6 +41,7 @@ shared float s_e[kTile * kPad];  // [v][key]: scores, then exps
 shared uint s_rng[kTile];        // v's visible keys in the block: lo | hi << 8 (lo == hi: none)
 shared uint s_mode[kTile];       // 0: v skips the block, 1: its first visible block, 2: a later one
 shared float s_a[kTile];         // the block's max, then the merge's a (sinks: a too)
+shared float s_pm[256];          // [v][i]: the block max of vector v's keys 4i .. 4i + 3
 shared float s_c[kTile];         // the merge's c (at the end: rcp(l))
 
 uint g_kh, g_v0, g_nv, g_group, g_qs;
@@ -178,11 +180,14 @@ void main() {
   stage_queries();
   memoryBarrierBuffer();
 
-  // Thread t < kTile: vector t's visible keys and softmax state (m, l).
-  uint mi, mh;
+  // Thread t < kTile: vector t's softmax state (m, l). Every thread: the visible keys of vector
+  // t / (256 / kTile), whose exps (and part of the max) it computes.
+  uint mi, mh, ei, eh;
   bool mine = t < kTile && row_head(t, mi, mh);
-  uint m_at = first_pos() + mi;
-  uint m_lo = first_visible(m_at);
+  const uint ke = kTile / 8u, per = 256u / kTile;  // keys and threads a vector has in the exp step
+  uint ev = t / per;
+  bool e_mine = row_head(ev, ei, eh);
+  uint e_at = first_pos() + ei, e_lo = first_visible(e_at);
   float m_run = 0.0, l_run = 0.0;
   bool started = false;
   // Values: thread t's vectors vq + 16y at dims 4 dg .. + 3 and 64 + 4 dg .. + 3 (units dg, dg + 16).
@@ -199,33 +204,37 @@ void main() {
     barrier();
     scores();
     barrier();
-    // Vector t's visible keys and their max m_b (order-free); the values staged meanwhile.
-    if (t < kTile) {
-      uint j0 = max(m_lo, b0), j1 = min(m_at + 1u, b0 + kBlock), rng = 0u;
-      if (mine && j0 < j1) {
+    // Vector ev's visible keys in the block and the max of this thread's keys kTile / 8 from
+    // (t % per) kTile / 8 of them (-inf: none); the values staged meanwhile.
+    uint e_rng = 0u;
+    {
+      uint j0 = max(e_lo, b0), j1 = min(e_at + 1u, b0 + kBlock);
+      float pm = uintBitsToFloat(0xff800000u);  // max's identity, NaNs and zeros included
+      if (e_mine && j0 < j1) {
         uint r0 = j0 - b0, r1 = j1 - b0;
-        rng = r0 | (r1 << 8u);
-        float mb = s_e[t * kPad + r0];
-        [[unroll]] for (uint u = 1u; u < kBlock; ++u) {
-          if (u > r0 && u < r1) mb = sb_max(mb, s_e[t * kPad + u]);
+        e_rng = r0 | (r1 << 8u);
+        [[unroll]] for (uint u = 0u; u < ke; ++u) {
+          uint kk = (t % per) * ke + u;
+          if (kk >= r0 && kk < r1) pm = sb_max(pm, s_e[ev * kPad + kk]);
         }
-        s_a[t] = mb;
       }
-      s_rng[t] = rng;
+      s_pm[t] = pm;
+      if (t % per == 0u) s_rng[ev] = e_rng;
     }
     stage_block(true, b0);
     barrier();
-    // e_j = exp(s_j - m_b): thread t takes vector t / (256 / kTile), keys kTile / 8 from
-    // (t % (256 / kTile)) kTile / 8.
-    {
-      const uint ke = kTile / 8u, per = 256u / kTile;
-      uint vv = t / per, rng = s_rng[vv], r0 = rng & 255u, r1 = rng >> 8u;
-      float mb = s_a[vv];
+    // m_b = max of vector ev's partial maxes (order-free); e_j = exp(s_j - m_b) for this
+    // thread's keys.
+    if ((e_rng & 255u) < (e_rng >> 8u)) {
+      uint r0 = e_rng & 255u, r1 = e_rng >> 8u;
+      float mb = s_pm[ev * per];
+      [[unroll]] for (uint i = 1u; i < per; ++i) mb = sb_max(mb, s_pm[ev * per + i]);
+      if (t % per == 0u) s_a[ev] = mb;
       [[unroll]] for (uint u = 0u; u < ke; ++u) {
         uint kk = (t % per) * ke + u;
         if (kk >= r0 && kk < r1) {
-          precise float d = s_e[vv * kPad + kk] - mb;
-          s_e[vv * kPad + kk] = sb_exp(d);
+          precise float d = s_e[ev * kPad + kk] - mb;
+          s_e[ev * kPad + kk] = sb_exp(d);
         }
       }
     }
@@ -311,7 +320,7 @@ void main() {
     s_c[t] = sb_rcp(l_run);
   }
   barrier();
-  uint per = sb_per_word(ADT);
+  uint out_per = sb_per_word(ADT);
   [[unroll]] for (uint y = 0u; y < kVy; ++y) {
     uint i, h;
     if (!row_head(vq + 16u * y, i, h)) continue;
@@ -323,7 +332,7 @@ void main() {
       if (args.has_sinks != 0u) x = x * a;
       precise vec4 yv = x * rc;
       uint e0 = (i * args.hq + h) * hd + unit * 4u;
-      if (per == 1u) {
+      if (out_per == 1u) {
         [[unroll]] for (uint c = 0u; c < 4u; ++c) o[e0 + c] = floatBitsToUint(yv[c]);
       } else {
         o[e0 / 2u] = sb_encode_word(yv.x, yv.y, ADT);
