@@ -278,14 +278,30 @@ void main() {
       r0[y] = rng & 255u;
       r1[y] = rng >> 8u;
     }
-    // Kept rolled: unrolled, the kernel was slower on the H100 (bench/RESULTS.md).
-    [[dont_unroll]] for (uint kk = 0u; kk < kBlock; ++kk) {
-      vec4 v0 = s_kv[kk * hd4 + dg], v1 = s_kv[kk * hd4 + dg + 16u];
-      [[unroll]] for (uint y = 0u; y < kVy; ++y) {
-        if (kk >= r0[y] && kk < r1[y]) {
-          float e = s_e[(vq + 16u * y) * kPad + kk];
-          a0[y] = a0[y] + e * v0;
-          a1[y] = a1[y] + e * v1;
+    bool full = true;  // every key of the block visible to this thread's vectors: no tests
+    [[unroll]] for (uint y = 0u; y < kVy; ++y) full = full && r0[y] == 0u && r1[y] == kBlock;
+    if (full) {
+      [[dont_unroll]] for (uint kb = 0u; kb < kBlock; kb += 1u) {
+        [[unroll]] for (uint h = 0u; h < 1u; ++h) {
+          uint kk = kb + h;
+          vec4 v0 = s_kv[kk * hd4 + dg], v1 = s_kv[kk * hd4 + dg + 16u];
+          [[unroll]] for (uint y = 0u; y < kVy; ++y) {
+            float e = s_e[(vq + 16u * y) * kPad + kk];
+            a0[y] = a0[y] + e * v0;
+            a1[y] = a1[y] + e * v1;
+          }
+        }
+      }
+    } else {
+      // Kept rolled: unrolled, the kernel was slower on the H100 (bench/RESULTS.md).
+      [[dont_unroll]] for (uint kk = 0u; kk < kBlock; ++kk) {
+        vec4 v0 = s_kv[kk * hd4 + dg], v1 = s_kv[kk * hd4 + dg + 16u];
+        [[unroll]] for (uint y = 0u; y < kVy; ++y) {
+          if (kk >= r0[y] && kk < r1[y]) {
+            float e = s_e[(vq + 16u * y) * kPad + kk];
+            a0[y] = a0[y] + e * v0;
+            a1[y] = a1[y] + e * v1;
+          }
         }
       }
     }
