@@ -14,8 +14,8 @@
 // cache; thread t takes the max and exps of vector t / 8's keys 4 (t % 8) .. +3 (kTile = 32;
 // the block max from the vector's 8 partial maxes); threads 0..kTile-1 each own query vector
 // t's sums and merge factors; values: thread t owns query vectors t / 16 + 16y (y < kTile / 16)
-// at dims 4(t % 16) .. +3 and 64 + 4(t % 16) .. +3. (kTile is kernel_args.h's SB_ATTENTION_TILE, the host's too: 32 or 64; bench/RESULTS.md
-// compares them.)
+// at dims 4(t % 16) .. +3 and 64 + 4(t % 16) .. +3. (kTile is kernel_args.h's
+// SB_ATTENTION_TILE, the host's too: 32 or 64; bench/RESULTS.md compares them.)
 #include "common.glsl"
 
 layout(local_size_x = 256) in;
@@ -98,7 +98,8 @@ void stage_block(bool values, uint b0) {
       }
     } else {  // zeros past hd (they meet the queries' zeros)
       uint kk = (l & 7u) + 8u * (r & 3u), d = 2u * (r >> 2u) + 32u * (l >> 3u);
-      float x0 = d < hd ? kv_at(false, b0 + kk, d) : 0.0, x1 = d < hd ? kv_at(false, b0 + kk, d + 1u) : 0.0;
+      float x0 = d < hd ? kv_at(false, b0 + kk, d) : 0.0;
+      float x1 = d < hd ? kv_at(false, b0 + kk, d + 1u) : 0.0;
       s_kv[(d & 31u) * 32u + kk][d >> 5u] = x0;
       s_kv[((d + 1u) & 31u) * 32u + kk][(d + 1u) >> 5u] = x1;
     }
@@ -184,7 +185,7 @@ void main() {
   // t / (256 / kTile), whose exps (and part of the max) it computes.
   uint mi, mh, ei, eh;
   bool mine = t < kTile && row_head(t, mi, mh);
-  const uint ke = kTile / 8u, per = 256u / kTile;  // keys and threads a vector has in the exp step
+  const uint ke = kTile / 8u, per = 256u / kTile;  // a thread's keys, a vector's threads (exps)
   uint ev = t / per;
   bool e_mine = row_head(ev, ei, eh);
   uint e_at = first_pos() + ei, e_lo = first_visible(e_at);
@@ -281,15 +282,12 @@ void main() {
     bool full = true;  // every key of the block visible to this thread's vectors: no tests
     [[unroll]] for (uint y = 0u; y < kVy; ++y) full = full && r0[y] == 0u && r1[y] == kBlock;
     if (full) {
-      [[dont_unroll]] for (uint kb = 0u; kb < kBlock; kb += 1u) {
-        [[unroll]] for (uint h = 0u; h < 1u; ++h) {
-          uint kk = kb + h;
-          vec4 v0 = s_kv[kk * hd4 + dg], v1 = s_kv[kk * hd4 + dg + 16u];
-          [[unroll]] for (uint y = 0u; y < kVy; ++y) {
-            float e = s_e[(vq + 16u * y) * kPad + kk];
-            a0[y] = a0[y] + e * v0;
-            a1[y] = a1[y] + e * v1;
-          }
+      [[dont_unroll]] for (uint kk = 0u; kk < kBlock; ++kk) {
+        vec4 v0 = s_kv[kk * hd4 + dg], v1 = s_kv[kk * hd4 + dg + 16u];
+        [[unroll]] for (uint y = 0u; y < kVy; ++y) {
+          float e = s_e[(vq + 16u * y) * kPad + kk];
+          a0[y] = a0[y] + e * v0;
+          a1[y] = a1[y] + e * v1;
         }
       }
     } else {
