@@ -34,18 +34,20 @@ layout(local_size_x = 256) in;
 
 #ifdef QMM_MMA
 // QMM_TILE's work on int8 tensor cores (Vulkan with VK_NV_cooperative_matrix only; the
-// host falls back to QMM_TILE elsewhere): the same tiles and workgroup grid, 32 pairs x
-// 64 columns per workgroup, chunks of kCh = 4 blocks (32 K values each) in one shared
+// host falls back to QMM_TILE elsewhere): tiles of up to kTp = 64 pairs (the work list
+// made for SB_QMM_MMA_PAIRS: an expert's weights are read once per 64 of its pairs) x 64
+// columns per workgroup, chunks of kCh = 4 blocks (32 K values each) in one shared
 // buffer; the next chunk's global loads are in flight while this one's MMAs run, and a
-// subgroup whose 16 rows hold no pair skips them. (SB_MMA_CHUNK = 2 / 8 and
+// subgroup skips the MMAs of its 16-row groups that hold no pair. (SB_MMA_CHUNK = 2 / 8 and
 // SB_MMA_BUFFERS = 2, except 8 with 2, which exceeds NVIDIA's shared memory, compile the
 // forms bench/RESULTS.md measured slower: more registers or shared memory, fewer workgroups
 // per SM.) Per 32-block, subgroup w multiplies
-// rows 16 (w % 2) + [0, 16) of Q8 codes by columns 16 (w / 2) + [0, 16) of weight codes
-// (a 16x16x32 integer MMA) into exact int32 block dots Iq, and each invocation runs the
-// float steps of docs/numerics.md (block and group order) on the Iq it holds.
-// Thread -> output (lane l of subgroup w): element e of the accumulator is row
-// 16 (w % 2) + l / 4 + 8 (e / 4), column 16 (w / 2) + 8 ((e / 2) % 2) + 2 (l % 4) + e % 2 —
+// rows 16 (w % 2) + 32 g + [0, 16) (g < 2) of Q8 codes by columns 16 (w / 2) + [0, 16) of
+// weight codes (16x16x32 integer MMAs, one B fragment for both) into exact int32 block
+// dots Iq, and each invocation runs the float steps of docs/numerics.md (block and group
+// order) on the Iq it holds.
+// Thread -> output (lane l of subgroup w): element e of accumulator g is row
+// 16 (w % 2) + 32 g + l / 4 + 8 (e / 4), column 16 (w / 2) + 8 ((e / 2) % 2) + 2 (l % 4) + e % 2 —
 // NVIDIA's fragment layout, which the device's start-up probe (QMM_MMA_PROBE) confirms
 // before this kernel is used.
 // 8-bit codes q are stored as q - 128 (int8) and their block dot gets 128 * Sx back.
@@ -66,7 +68,7 @@ layout(std430, binding = 10) buffer Er { uint err[]; };
 // weight columns 0..31 of the tile are gate rows, 32..63 up rows), then h = Glu of the
 // two rounded to the output dtype, and writes h's Q8 block c of each pair (the
 // QUANTIZE steps, in this kernel's permuted K order: the down projection's qmm_mma4
-// reads them). Thread -> block word after the MMAs: pair tid / 8, code word tid % 8.
+// reads them). Thread -> block word after the MMAs: pairs tid / 8 + 32 g, code word tid % 8.
 layout(std430, binding = 11) readonly buffer WtU { uint codes_up[]; };
 layout(std430, binding = 11) readonly buffer WtU4 { uvec4 codes_up4[]; };
 layout(std430, binding = 12) readonly buffer ScU { uint up_scales[]; };
@@ -87,7 +89,8 @@ layout(push_constant) uniform Args { SB_QMM_ARGS } args;
 #define Q_N SB_SPEC(kSpecExtent2, args.n)            // outputs a pair (QMM_MMA4_GLU: h's)
 #define Q_GS SB_SPEC(kSpecExtent3, args.group_size)  // the weights' group size
 
-const uint kTp = SB_QMM_TILE_PAIRS, kTn = 64u;
+const uint kTp = SB_QMM_MMA_PAIRS, kTn = 64u;
+const uint kRg = kTp / 32u;  // 16-row groups a subgroup multiplies
 #ifndef SB_MMA_CHUNK
 #define SB_MMA_CHUNK 4
 #endif
@@ -101,7 +104,7 @@ const uint kTp = SB_QMM_TILE_PAIRS, kTn = 64u;
 const uint kCh = uint(SB_MMA_CHUNK);    // blocks per chunk
 const uint kNb = uint(SB_MMA_BUFFERS);  // shared buffers: 2, or 1 (a second barrier a chunk)
 const uint kLd = (kTn * kCh + 255u) / 256u;  // (column, block) weight loads per thread a chunk
-const uint kLa = (64u * kCh + 255u) / 256u;  // 16-byte Q8 code loads per thread a chunk
+const uint kLa = (2u * kTp * kCh + 255u) / 256u;  // 16-byte Q8 code loads per thread a chunk
 const uint kAb = 8u * kCh + 4u;   // words per shared row of a chunk's int8 codes + 4 of padding (bank spread)
 const uint kABuf = kTp * kAb, kBBuf = kTn * kAb;  // one buffer of A, of B
 #ifdef SB_MMA_GLU
@@ -170,7 +173,7 @@ void stage_block(uint bits, uint w[8], uint dst) {
 // Load i of a thread is entry tid + 256 i: weight words of column e / kCh's block e % kCh,
 // the scale and bias of column e % 64 for block e / 64.
 struct MmaBases {
-  int xrow[kLa];  // Q8 row of load i's pair (tid + 256 i) / (2 kCh) (-1: none, or past 64 kCh)
+  int xrow[kLa];  // Q8 row of load i's pair (tid + 256 i) / (2 kCh) (-1: none, or past 2 kTp kCh)
   int drow;       // Q8 row of pair tid / kCh for d and the code sum (-1: none, or tid >= kCh kTp)
   uint w[kLd];    // first word of the load's column block in chunk 0
   bool wlive[kLd];  // its column inside n
@@ -244,7 +247,7 @@ void mma_stage(uint bits, uint buf, MmaChunk c) {
   uint tid = gl_LocalInvocationID.x;
   [[unroll]] for (uint i = 0u; i < kLa; ++i) {
     uint e = tid + 256u * i;
-    if (e >= 64u * kCh) break;  // uniform over each subgroup
+    if (e >= 2u * kTp * kCh) break;  // uniform over each subgroup
     uint at = kA0 + buf * kABuf + (e / (2u * kCh)) * kAb + 4u * (e % (2u * kCh));
     s_a[at] = c.xa[i].x;
     s_a[at + 1u] = c.xa[i].y;
@@ -276,43 +279,53 @@ void mma_stage(uint bits, uint buf, MmaChunk c) {
 // block, thread tid % 8 its code word i (h columns 8 (i / 2) + 2 j + i % 2, j < 4:
 // qmm_mma4's K order); the block's amax and code sum by shared atomics on s_sx (free
 // too; integers: any order).
-void glu_q8_epilogue(float acc[8], uint r0, uint c0, uint first, uint count, uint n0) {
+void glu_q8_epilogue(float acc[8 * kRg], uint r0, uint c0, uint first, uint count, uint n0) {
   uint tid = gl_LocalInvocationID.x;
-  if (tid < 2u * kTp) s_sx[tid] = 0;  // [0, 32): amax bits per pair, [32, 64): code sums
-  [[unroll]] for (uint e = 0u; e < 8u; ++e)
-    s_ab[(r0 + 8u * (e >> 2u)) * 64u + c0 + 8u * ((e >> 1u) & 1u) + (e & 1u)] = floatBitsToUint(sb_round_to(acc[e], OUT_DT));
+  if (tid < 2u * kTp) s_sx[tid] = 0;  // [0, kTp): amax bits per pair, [kTp, 2 kTp): code sums
+  [[unroll]] for (uint g = 0u; g < kRg; ++g)
+    [[unroll]] for (uint e = 0u; e < 8u; ++e)
+      s_ab[(r0 + 32u * g + 8u * (e >> 2u)) * 64u + c0 + 8u * ((e >> 1u) & 1u) + (e & 1u)] =
+          floatBitsToUint(sb_round_to(acc[8u * g + e], OUT_DT));
   barrier();
-  uint r = tid >> 3u, i = tid & 7u;
-  float hv[4];
-  uint amax = 0u;
-  [[unroll]] for (uint j = 0u; j < 4u; ++j) {
-    uint c = 8u * (i >> 1u) + 2u * j + (i & 1u);
-    float g = uintBitsToFloat(s_ab[r * 64u + c]), u = uintBitsToFloat(s_ab[r * 64u + 32u + c]);
-    hv[j] = sb_round_to(sb_glu(g, u, GLU_KIND, args.glu_alpha, args.glu_limit), OUT_DT);
-    amax = max(amax, floatBitsToUint(hv[j]) & 0x7fffffffu);
+  uint i = tid & 7u;
+  float hv[4 * kRg];
+  [[unroll]] for (uint g = 0u; g < kRg; ++g) {
+    uint r = (tid >> 3u) + 32u * g, amax = 0u;
+    [[unroll]] for (uint j = 0u; j < 4u; ++j) {
+      uint c = 8u * (i >> 1u) + 2u * j + (i & 1u);
+      float gv = uintBitsToFloat(s_ab[r * 64u + c]), uv = uintBitsToFloat(s_ab[r * 64u + 32u + c]);
+      hv[4u * g + j] = sb_round_to(sb_glu(gv, uv, GLU_KIND, args.glu_alpha, args.glu_limit), OUT_DT);
+      amax = max(amax, floatBitsToUint(hv[4u * g + j]) & 0x7fffffffu);
+    }
+    atomicMax(s_sx[r], int(amax));  // amax <= 0x7fffffff: an int keeps its order
   }
-  atomicMax(s_sx[r], int(amax));  // amax <= 0x7fffffff: an int keeps its order
   barrier();
-  amax = uint(s_sx[r]);
-  float scale, d;
-  bool zero;
-  q8_params(amax, scale, d, zero);
-  uint word = 0u;
-  int part = 0;
-  [[unroll]] for (uint j = 0u; j < 4u; ++j) {
-    int code = zero ? 0 : q8_code(hv[j], scale);
-    part += code;
-    word |= (uint(code) & 0xffu) << (8u * j);
+  uint word[kRg];
+  float d[kRg];
+  [[unroll]] for (uint g = 0u; g < kRg; ++g) {
+    uint r = (tid >> 3u) + 32u * g;
+    float scale;
+    bool zero;
+    q8_params(uint(s_sx[r]), scale, d[g], zero);
+    word[g] = 0u;
+    int part = 0;
+    [[unroll]] for (uint j = 0u; j < 4u; ++j) {
+      int code = zero ? 0 : q8_code(hv[4u * g + j], scale);
+      part += code;
+      word[g] |= (uint(code) & 0xffu) << (8u * j);
+    }
+    atomicAdd(s_sx[kTp + r], part);
   }
-  atomicAdd(s_sx[kTp + r], part);
   barrier();
-  int sum = s_sx[kTp + r];
-  if (r >= count) return;
-  uint blocks = Q_N / 32u, at = (first + r) * blocks + n0 / 32u;
-  o[at * 8u + i] = word;
-  if (i == 0u) {
-    hd[at] = d;
-    hs[at] = sum;
+  [[unroll]] for (uint g = 0u; g < kRg; ++g) {
+    uint r = (tid >> 3u) + 32u * g;
+    if (r >= count) break;
+    uint blocks = Q_N / 32u, at = (first + r) * blocks + n0 / 32u;
+    o[at * 8u + i] = word[g];
+    if (i == 0u) {
+      hd[at] = d[g];
+      hs[at] = s_sx[kTp + r];
+    }
   }
 }
 #endif
@@ -344,14 +357,14 @@ void main() {
     s_row[tid] = r;
   }
   uint lane = tid & 31u, r0 = 16u * (warp & 1u) + (lane >> 2u), c0 = 16u * (warp >> 1u) + 2u * (lane & 3u);
-  precise float acc[8], pg[8], xg[2];
-  [[unroll]] for (uint i = 0u; i < 8u; ++i) acc[i] = pg[i] = 0.0;
-  xg[0] = xg[1] = 0.0;
+  precise float acc[8 * kRg], pg[8 * kRg], xg[2 * kRg];  // [g][e], [g][e], [g][e / 4]
+  [[unroll]] for (uint i = 0u; i < 8u * kRg; ++i) acc[i] = pg[i] = 0.0;
+  [[unroll]] for (uint i = 0u; i < 2u * kRg; ++i) xg[i] = 0.0;
   barrier();
   MmaBases mb;
   [[unroll]] for (uint i = 0u; i < kLa; ++i) {
     uint e = tid + 256u * i;
-    mb.xrow[i] = e < 64u * kCh ? s_row[e / (2u * kCh)] : -1;
+    mb.xrow[i] = e < 2u * kTp * kCh ? s_row[e / (2u * kCh)] : -1;
   }
   mb.drow = tid < kCh * kTp ? s_row[tid / kCh] : -1;
   [[unroll]] for (uint l = 0u; l < kLd; ++l) {
@@ -377,52 +390,59 @@ void main() {
   for (uint j0 = 0u, buf = 0u; j0 < blocks; j0 += kCh, buf = (buf + 1u) % kNb) {
     bool more = j0 + kCh < blocks;  // uniform
     if (more) mma_load(j0 + kCh, blocks, bits, gshift, mb, ck);
-    if (mr < count) {  // uniform over the subgroup: its 16 rows hold no pair otherwise
+    if (mr < count) {  // uniform over the subgroup: its first 16 rows hold no pair otherwise
       [[unroll]] for (uint jb = 0u; jb < kCh; ++jb) {
         uint j = j0 + jb;
         if (j >= blocks) break;  // uniform: the cooperative-matrix ops stay in uniform control flow
-        icoopmatNV<8, 3, 16, 32> ma;
-        coopMatLoadNV(ma, s_a, kA0 + buf * kABuf + mr * kAb + 8u * jb, kAb, false);
         icoopmatNV<8, 3, 32, 16> mw;
         coopMatLoadNV(mw, s_b, kB0 + buf * kBBuf + mc * kAb + 8u * jb, kAb, true);
-        icoopmatNV<32, 3, 16, 16> md = icoopmatNV<32, 3, 16, 16>(0);
-        md = coopMatMulAddNV(ma, mw, md);
-        uint at = (buf * kCh + jb) * kTp;
-        float d[2] = float[2](s_d[at + r0], s_d[at + r0 + 8u]);
-  #ifdef SB_MMA_BITS4
-        const int sx[2] = int[2](0, 0);  // (8-bit codes only)
-        float xd[2] = float[2](intBitsToFloat(s_sx[at + r0]), intBitsToFloat(s_sx[at + r0 + 8u]));
-  #else
-        int sx[2] = int[2](s_sx[at + r0], s_sx[at + r0 + 8u]);
-        precise float xd[2] = float[2](float(sx[0]) * d[0], float(sx[1]) * d[1]);
-  #endif
-        // A group's first block assigns P and X instead of adding to 0: the same bits,
-        // since float(Iq) d and float(Sx) d are never -0 (d >= 0 or NaN, and Iq = 0 if d = 0).
-        if ((j & (per_group - 1u)) == 0u) {  // uniform
-          xg[0] = xd[0];
-          xg[1] = xd[1];
-          [[unroll]] for (uint e = 0u; e < 8u; ++e) {
-            int iq = md[e] + (bits == 8u ? 128 * sx[e >> 2u] : 0);
-            pg[e] = float(iq) * d[e >> 2u];
-          }
-        } else {
-          xg[0] = xg[0] + xd[0];
-          xg[1] = xg[1] + xd[1];
-          [[unroll]] for (uint e = 0u; e < 8u; ++e) {
-            int iq = md[e] + (bits == 8u ? 128 * sx[e >> 2u] : 0);
-            pg[e] = pg[e] + float(iq) * d[e >> 2u];
-          }
+        bool first_block = (j & (per_group - 1u)) == 0u, last_block = ((j + 1u) & (per_group - 1u)) == 0u;  // uniform
+        // Columns c0 + {0, 1, 8, 9} (past n, for odd f32 widths: column n - 1's scales,
+        // not stored); element e has column c0 + 8 ((e / 2) % 2) + e % 2.
+        uint sat = (buf * kCh + jb) * kTn + c0;
+        float sc[4], bc[4];
+        if (last_block) {
+          sc = float[4](s_scale[sat], s_scale[sat + 1u], s_scale[sat + 8u], s_scale[sat + 9u]);
+          bc = float[4](s_bias[sat], s_bias[sat + 1u], s_bias[sat + 8u], s_bias[sat + 9u]);
         }
-        if (((j + 1u) & (per_group - 1u)) == 0u) {  // a group ends: acc += s*P + b*X per output
-          // Columns c0 + {0, 1, 8, 9} (past n, for odd f32 widths: column n - 1's scales,
-          // not stored); element e has column c0 + 8 ((e / 2) % 2) + e % 2.
-          uint sat = (buf * kCh + jb) * kTn + c0;
-          float sc[4] = float[4](s_scale[sat], s_scale[sat + 1u], s_scale[sat + 8u], s_scale[sat + 9u]);
-          float bc[4] = float[4](s_bias[sat], s_bias[sat + 1u], s_bias[sat + 8u], s_bias[sat + 9u]);
-          [[unroll]] for (uint e = 0u; e < 8u; ++e) {
-            uint h = e >> 2u, c = (e & 1u) + 2u * ((e >> 1u) & 1u);
-            precise float t = sc[c] * pg[e] + bc[c] * xg[h];
-            acc[e] = acc[e] + t;
+        [[unroll]] for (uint g = 0u; g < kRg; ++g) {
+          if (mr + 32u * g >= count) break;  // uniform: rows past the tile's pairs
+          icoopmatNV<8, 3, 16, 32> ma;
+          coopMatLoadNV(ma, s_a, kA0 + buf * kABuf + (mr + 32u * g) * kAb + 8u * jb, kAb, false);
+          icoopmatNV<32, 3, 16, 16> md = icoopmatNV<32, 3, 16, 16>(0);
+          md = coopMatMulAddNV(ma, mw, md);
+          uint at = (buf * kCh + jb) * kTp + r0 + 32u * g;
+          float d[2] = float[2](s_d[at], s_d[at + 8u]);
+  #ifdef SB_MMA_BITS4
+          const int sx[2] = int[2](0, 0);  // (8-bit codes only)
+          float xd[2] = float[2](intBitsToFloat(s_sx[at]), intBitsToFloat(s_sx[at + 8u]));
+  #else
+          int sx[2] = int[2](s_sx[at], s_sx[at + 8u]);
+          precise float xd[2] = float[2](float(sx[0]) * d[0], float(sx[1]) * d[1]);
+  #endif
+          // A group's first block assigns P and X instead of adding to 0: the same bits,
+          // since float(Iq) d and float(Sx) d are never -0 (d >= 0 or NaN, and Iq = 0 if d = 0).
+          if (first_block) {
+            xg[2u * g] = xd[0];
+            xg[2u * g + 1u] = xd[1];
+            [[unroll]] for (uint e = 0u; e < 8u; ++e) {
+              int iq = md[e] + (bits == 8u ? 128 * sx[e >> 2u] : 0);
+              pg[8u * g + e] = float(iq) * d[e >> 2u];
+            }
+          } else {
+            xg[2u * g] = xg[2u * g] + xd[0];
+            xg[2u * g + 1u] = xg[2u * g + 1u] + xd[1];
+            [[unroll]] for (uint e = 0u; e < 8u; ++e) {
+              int iq = md[e] + (bits == 8u ? 128 * sx[e >> 2u] : 0);
+              pg[8u * g + e] = pg[8u * g + e] + float(iq) * d[e >> 2u];
+            }
+          }
+          if (last_block) {  // a group ends: acc += s*P + b*X per output
+            [[unroll]] for (uint e = 0u; e < 8u; ++e) {
+              uint h = e >> 2u, c = (e & 1u) + 2u * ((e >> 1u) & 1u);
+              precise float t = sc[c] * pg[8u * g + e] + bc[c] * xg[2u * g + h];
+              acc[8u * g + e] = acc[8u * g + e] + t;
+            }
           }
         }
       }
@@ -436,15 +456,15 @@ void main() {
 #ifdef SB_MMA_GLU
   glu_q8_epilogue(acc, r0, c0, first, count, n0);
 #else
-  [[unroll]] for (uint e = 0u; e < 8u; e += 2u) {  // elements e, e + 1: columns n, n + 1 of one row
-    uint pl = r0 + 8u * (e >> 2u), n = n0 + c0 + 8u * ((e >> 1u) & 1u);
+  [[unroll]] for (uint i = 0u; i < 8u * kRg; i += 2u) {  // elements i, i + 1: columns n, n + 1 of one row
+    uint e = i & 7u, pl = r0 + 32u * (i >> 3u) + 8u * (e >> 2u), n = n0 + c0 + 8u * ((e >> 1u) & 1u);
     uint at = (first + pl) * Q_N + n;
     if (pl < count && n < Q_N) {
       if (sb_per_word(OUT_DT) == 2u) {
-        o[at >> 1u] = sb_encode_word(acc[e], acc[e + 1u], OUT_DT);
+        o[at >> 1u] = sb_encode_word(acc[i], acc[i + 1u], OUT_DT);
       } else {
-        o[at] = floatBitsToUint(acc[e]);
-        if (n + 1u < Q_N) o[at + 1u] = floatBitsToUint(acc[e + 1u]);
+        o[at] = floatBitsToUint(acc[i]);
+        if (n + 1u < Q_N) o[at + 1u] = floatBitsToUint(acc[i + 1u]);
       }
     }
   }

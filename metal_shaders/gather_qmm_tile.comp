@@ -13,10 +13,11 @@ layout(local_size_x = 256) in;
 
 #ifdef QMM_TILES
 // The work list of QMM_TILE for pairs sorted by expert (or all of expert 0, without
-// rhs): one entry (first pair, pair count, expert) per run of up to SB_QMM_TILE_PAIRS
-// pairs of one expert, after the count in word 0. One workgroup; thread -> experts
-// tid, tid + 256, ...: the runs' ends come from where the sorted experts change (one
-// pass over the pairs per 256 experts); thread 0 lays the tiles out in expert order.
+// rhs): one entry (first pair, pair count, expert) per run of up to per_wg pairs of one
+// expert (SB_QMM_TILE_PAIRS; SB_QMM_MMA_PAIRS for QMM_MMA), after the count in word 0.
+// One workgroup; thread -> experts tid, tid + 256, ...: the runs' ends come from where
+// the sorted experts change (one pass over the pairs per 256 experts); thread 0 lays the
+// tiles out in expert order.
 // Also raises the error bits for bad, pruned or unsorted experts.
 layout(std430, binding = 0) readonly buffer R { int rhs[]; };
 layout(std430, binding = 1) readonly buffer Ex { uint expert_info[]; };  // [E] bits, then [E] word offsets
@@ -32,7 +33,7 @@ shared uint s_hi[256];
 void main() {
   uint tid = gl_LocalInvocationID.x;
   if (tid == 0u && args.has_rhs == 0u && args.pairs > 0u && expert_info[0] == 0u) atomicOr(err[0], SB_ERR_PRUNED);
-  uint max_tiles = args.tiles, total = 0u;
+  uint max_tiles = args.tiles, total = 0u, tp = args.per_wg;
   for (uint e0 = 0u; e0 < args.experts; e0 += 256u) {
     s_lo[tid] = 0u;
     s_hi[tid] = 0u;
@@ -68,7 +69,7 @@ void main() {
     }
     barrier();
     uint e = e0 + tid, lo = s_lo[tid], hi = s_hi[tid], n = 0u;
-    if (e < args.experts && expert_info[e] != 0u && hi > lo) n = (hi - lo + SB_QMM_TILE_PAIRS - 1u) / SB_QMM_TILE_PAIRS;
+    if (e < args.experts && expert_info[e] != 0u && hi > lo) n = (hi - lo + tp - 1u) / tp;
     // The tiles before expert e0 + tid: an inclusive scan of the counts in 8 doubling
     // steps (s_n and s_base take turns), then total + that minus its own count.
     s_n[tid] = n;
@@ -85,9 +86,9 @@ void main() {
     for (uint t = 0u; t < n; ++t) {
       uint slot = before + t;
       if (slot >= max_tiles) break;  // only on unsorted input, which raised an error
-      uint first = lo + t * SB_QMM_TILE_PAIRS;
+      uint first = lo + t * tp;
       tiles[1u + 3u * slot] = first;
-      tiles[2u + 3u * slot] = min(SB_QMM_TILE_PAIRS, hi - first);
+      tiles[2u + 3u * slot] = min(tp, hi - first);
       tiles[3u + 3u * slot] = e;
     }
     barrier();

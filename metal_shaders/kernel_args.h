@@ -53,7 +53,8 @@
 #define SB_QMM_STAGE_K 8192  // longest K whose Q8 row QMM_ROW stages in shared memory
 #define SB_QMM_ROW_SMALL_K 2048  // longest K of qmm_row_2k / qmm_row_glu_2k
 #define SB_QMM_ROW_TERMS 1024  // QMM_ROW's group terms per workgroup: projections * per_wg * groups
-#define SB_QMM_TILE_PAIRS 32u  // pairs per QMM_TILE work-list entry
+#define SB_QMM_TILE_PAIRS 32u  // pairs per work-list entry (QMM_TILES) for QMM_TILE
+#define SB_QMM_MMA_PAIRS 64u   // ... and for the QMM_MMA kernels (QMM_TILES takes it in per_wg)
 #define SB_ATTENTION_TILE 32u  // query vectors an attention_tiles workgroup takes
 #define SB_QMM_ARGS \
   uint pairs; uint n; uint k; uint groups; \

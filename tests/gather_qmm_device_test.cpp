@@ -5,6 +5,7 @@
 // straddle rows), mixed bits with pruned experts, sorted pairs, absent indices and
 // the data errors a device must find by itself. GatherMm (float experts) too, against
 // the dot32 order written out from docs/numerics.md.
+#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -225,7 +226,8 @@ TEST(GatherQmmDevices, MixedBitsWithPrunedExpertSortedPairs) {
 }
 
 // Sorted pairs, 64 and more, or 64 and more rows without rhs: the tiled schedule (work
-// list of runs of <= 32 pairs of one expert, 64 output columns per workgroup). Runs shorter and longer than a tile,
+// list of runs of <= 32 pairs of one expert for qmm_tile, <= 64 for qmm_mma; 64 output
+// columns per workgroup). Runs shorter and longer than a tile and than its half,
 // partial column blocks, chunks of one and two blocks, every width, x rows by lhs or
 // by pair, zero / tiny / huge activation blocks.
 TEST(GatherQmmDevices, TiledScheduleForSortedPairs) {
@@ -584,7 +586,8 @@ TEST(GatherQmmDevices, MoeFfnSortedAndDecode) {
   const FfnCase cases[] = {{DType::kBF16, GluKind::kSwiGLU, 96, 32, true},
                            {DType::kF32, GluKind::kGEGLU, 128, 64, false},
                            {DType::kF16, GluKind::kClampedSwiGLU, 128, 128, false}};
-  // Sorted: 48 tokens (96 pairs): the tiled schedule; 7 (14 pairs, < 4 per expert): the
+  // Sorted: 48 tokens (96 pairs) and 256 (512: experts with more pairs than half an MMA
+  // tile and than a whole one): the tiled schedule; 7 (14 pairs, < 4 per expert): the
   // row kernels. Unsorted (decode): 1 and 3 tokens.
   struct Run {
     int64_t m;
@@ -592,7 +595,7 @@ TEST(GatherQmmDevices, MoeFfnSortedAndDecode) {
     FfnCase fc;
   };
   std::vector<Run> runs;
-  for (const auto& [m, sorted] : {std::pair<int64_t, bool>{48, true}, {7, true}, {1, false}, {3, false}})
+  for (const auto& [m, sorted] : {std::pair<int64_t, bool>{48, true}, {256, true}, {7, true}, {1, false}, {3, false}})
     for (const FfnCase& fc : cases) runs.push_back({m, sorted, fc});
   for (const auto& [m, sorted, fc] : runs) {
     SCOPED_TRACE(std::string(dtype_name(fc.dt)) + " glu " + std::to_string(static_cast<int>(fc.kind)) + " f " +
@@ -654,6 +657,12 @@ TEST(GatherQmmDevices, MoeFfnSortedAndDecode) {
         want[name] = RefTensor{t.shape(), t.to_doubles(), {}};
       }
     });
+    if (m == 256) {  // the case covers what it claims: a tile's second half, and a second tile
+      std::vector<int> per_expert(experts, 0);
+      for (double i : want["indices"].values) ++per_expert[static_cast<size_t>(i)];
+      EXPECT_GT(*std::max_element(per_expert.begin(), per_expert.end()), 64);
+      EXPECT_TRUE(std::any_of(per_expert.begin(), per_expert.end(), [](int n) { return n > 32 && n < 64; }));
+    }
     check_op(
         b, in, [&](const Inputs&) { return want; }, Tolerance::exact());
   }

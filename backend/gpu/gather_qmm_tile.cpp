@@ -1,6 +1,6 @@
 // GatherQmm's sorted schedule on the GPU (metal_shaders/gather_qmm_tile.comp): a work list
-// of runs of <= 32 pairs of one expert (qmm_tiles), then 32 x 64 output tiles that read
-// each weight once per tile (qmm_tile, or qmm_mma on int8 tensor cores).
+// of runs of one expert's pairs (qmm_tiles), then output tiles of 32 (qmm_tile) or 64
+// (qmm_mma on int8 tensor cores) pairs x 64 columns that read each weight once per tile.
 #include <algorithm>
 
 #include "gpu_gather_qmm.h"
@@ -25,11 +25,14 @@ bool qmm_tiled(const QmmSetup& q) {
 
 Result<QmmTileList> qmm_tile_list(Runtime& rt, QmmSetup& q) {
   QmmTileList t;
-  t.max_tiles = q.pairs / SB_QMM_TILE_PAIRS + std::min(q.experts, q.pairs);
+  const bool mma = std::strncmp(qmm_tile_kernel(rt, q), "qmm_mma", 7) == 0;
+  const uint32_t tile_pairs = mma ? SB_QMM_MMA_PAIRS : SB_QMM_TILE_PAIRS;
+  t.max_tiles = q.pairs / tile_pairs + std::min(q.experts, q.pairs);
   SB_RETURN_IF_ERROR(u32_count(1 + 3 * t.max_tiles, "GatherQmm tiles").status());
   SB_ASSIGN_OR_RETURN(t.bt, rt.scratch(static_cast<size_t>(1 + 3 * t.max_tiles) * 4, 0));
   k::QmmArgs args = q.args;
   args.tiles = static_cast<uint32_t>(t.max_tiles);
+  args.per_wg = tile_pairs;
   SB_RETURN_IF_ERROR(rt.dispatch("qmm_tiles", {q.br, q.bi, t.bt, rt.error_word()}, &args, sizeof(args), 256));
   return t;
 }

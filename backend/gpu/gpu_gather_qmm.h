@@ -39,8 +39,8 @@ Result<Q8Blocks> alloc_q8(Runtime& rt, int64_t rows, int64_t k, bool permuted);
 // x's Q8 blocks (quantize_q8 / quantize_q8_16).
 Result<Q8Blocks> quantize_rows(Runtime& rt, const QmmSetup& q, bool permute);
 
-// The work list of runs of <= 32 pairs of one expert (qmm_tiles), for every projection
-// of the same indices.
+// The work list of runs of one expert's pairs (qmm_tiles; up to 32 for qmm_tile, 64 for
+// the MMA kernels), for every projection of the same indices.
 struct QmmTileList {
   BufferRef bt;
   int64_t max_tiles = 0;
