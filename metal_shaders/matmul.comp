@@ -49,18 +49,33 @@ layout(push_constant) uniform Args { SB_MATMUL_ARGS } args;
 #define BIAS_DT SB_SPEC(kSpecDt2, args.bias_dtype) // the bias
 
 #ifdef MATMUL_TILE
-// Many rows and columns (prefill attention, projections): workgroup (batch, row tile,
-// column tile) computes 16 x 16 outputs; per chunk of 32 k the A rows and B columns go to
-// shared memory once. Thread -> output: t computes out[batch, 16 tr + t / 16, 16 tc + t % 16]
-// keeping all 32 dot32 partial sums itself (element i -> partial i % 32, increasing i, each
-// product rounded then added), then the halving tree 16..1 in registers; the same bits as
-// the one-output-per-workgroup kernel below.
-// Each row of 8 vec4 is padded to 9: unpadded, the 16 threads reading B's columns all hit
-// one bank (bench/RESULTS.md).
-const uint kT = 16u, kRow = 9u;
+// Many rows and columns (prefill projections such as the router's): workgroup (batch, row
+// tile, column tile) computes 16 x 16 outputs; per chunk of kC = 128 k the A rows and B
+// columns go to shared memory once, and the next chunk's loads are in flight while this
+// one is added (four times fewer barriers than 32-k chunks: the loop waited on latency).
+// Thread -> output: t computes out[batch, 16 tr + t / 16, 16 tc + t % 16] keeping all 32
+// dot32 partial sums itself (element i -> partial i % 32, increasing i, each product
+// rounded then added), then the halving tree 16..1 in registers; the same bits as the
+// one-output-per-workgroup kernel below. Each row of 32 vec4 is padded to 33: unpadded,
+// the 16 threads reading B's columns all hit one bank (bench/RESULTS.md).
+const uint kT = 16u, kC = 128u, kRow = kC / 4u + 1u, kLoads = kT * kC / 256u;
 shared vec4 s_a[kT * kRow];  // [row][k / 4] of the chunk
 shared vec4 s_b[kT * kRow];  // [column][k / 4] of the chunk (B transposed)
 shared float s_o[256];
+
+// This thread's elements of the chunk at k0: element t + 256 q is (row or column
+// (t + 256 q) / kC, k0 + t % kC); 0 past the matrices (branches, not selects: no load
+// outside the buffers).
+void tile_load(uint k0, uint r0, uint c0, uint boff, uint rows_left, out float va[kLoads], out float vb[kLoads]) {
+  uint t = gl_LocalInvocationID.x, i = k0 + t % kC;
+  [[unroll]] for (uint q = 0u; q < kLoads; ++q) {
+    uint rc = (t + 256u * q) / kC;
+    uint bi = boff + (args.transpose_b != 0u ? (c0 + rc) * args.k + i : i * args.cols + c0 + rc);
+    va[q] = vb[q] = 0.0;
+    if (rc < rows_left && i < args.k) va[q] = SB_LOAD(a, DT, (r0 + rc) * args.k + i);
+    if (c0 + rc < args.cols && i < args.k) vb[q] = SB_LOAD(b, B_DT, bi);
+  }
+}
 
 void main() {
   uint t = gl_LocalInvocationID.x;
@@ -69,27 +84,32 @@ void main() {
   uint bt = wg / (tiles_r * tiles_c), tr = (wg / tiles_c) % tiles_r, tc = wg % tiles_c;
   if (bt >= args.batch) return;  // uniform over the workgroup
   uint r0 = bt * args.rows + kT * tr, c0 = kT * tc;  // r0: row over all batches
-  uint boff = (bt / args.group) * args.cols * args.k;
+  uint boff = (bt / args.group) * args.cols * args.k, rows_left = args.rows - kT * tr;
   precise float p[32];
   [[unroll]] for (uint i = 0u; i < 32u; ++i) p[i] = 0.0;
-  for (uint k0 = 0u; k0 < args.k; k0 += 32u) {
-    [[unroll]] for (uint q = 0u; q < 2u; ++q) {  // element 2t + q of each 16 x 32 tile
-      uint e = 2u * t + q, rc = e >> 5u, kk = e & 31u, i = k0 + kk;
-      bool ka = kT * tr + rc < args.rows && i < args.k, kb = c0 + rc < args.cols && i < args.k;
-      uint bi = boff + (args.transpose_b != 0u ? (c0 + rc) * args.k + i : i * args.cols + c0 + rc);
-      float va = 0.0, vb = 0.0;  // branches, not selects: no load outside the buffers
-      if (ka) va = SB_LOAD(a, DT, (r0 + rc) * args.k + i);
-      if (kb) vb = SB_LOAD(b, B_DT, bi);
-      s_a[rc * kRow + (kk >> 2u)][kk & 3u] = va;
-      s_b[rc * kRow + (kk >> 2u)][kk & 3u] = vb;
+  float va[kLoads], vb[kLoads];
+  tile_load(0u, r0, c0, boff, rows_left, va, vb);
+  uint lr = t >> 4u, lc = t & 15u;
+  for (uint k0 = 0u; k0 < args.k; k0 += kC) {
+    [[unroll]] for (uint q = 0u; q < kLoads; ++q) {
+      uint rc = (t + 256u * q) / kC, kk = t % kC;
+      s_a[rc * kRow + (kk >> 2u)][kk & 3u] = va[q];
+      s_b[rc * kRow + (kk >> 2u)][kk & 3u] = vb[q];
     }
     barrier();
-    uint lr = t >> 4u, lc = t & 15u;
-    [[unroll]] for (uint q4 = 0u; q4 < 8u; ++q4) {
-      vec4 av = s_a[lr * kRow + q4], bv = s_b[lc * kRow + q4];
-      [[unroll]] for (uint u = 0u; u < 4u; ++u) {
-        uint kk = 4u * q4 + u;
-        if (k0 + kk < args.k) p[kk] = p[kk] + av[u] * bv[u];  // terms past k are skipped, not added as 0
+    if (k0 + kC < args.k) tile_load(k0 + kC, r0, c0, boff, rows_left, va, vb);
+    if (k0 + kC <= args.k) {  // uniform: a whole chunk, no per-term test
+      [[unroll]] for (uint q4 = 0u; q4 < kC / 4u; ++q4) {
+        vec4 av = s_a[lr * kRow + q4], bv = s_b[lc * kRow + q4];
+        [[unroll]] for (uint u = 0u; u < 4u; ++u) p[(4u * q4 + u) & 31u] = p[(4u * q4 + u) & 31u] + av[u] * bv[u];
+      }
+    } else {
+      [[unroll]] for (uint q4 = 0u; q4 < kC / 4u; ++q4) {
+        vec4 av = s_a[lr * kRow + q4], bv = s_b[lc * kRow + q4];
+        [[unroll]] for (uint u = 0u; u < 4u; ++u) {
+          uint kk = 4u * q4 + u;  // terms past k are skipped, not added as 0
+          if (k0 + kk < args.k) p[kk & 31u] = p[kk & 31u] + av[u] * bv[u];
+        }
       }
     }
     barrier();

@@ -694,7 +694,7 @@ TEST(Matmul, SmallIntegersAreExactInAnyOrder) {
   check_matmul(kF32, {2, 3, 16}, {16, 5}, false, true, Tolerance::exact(), true);
 }
 // 16 and more rows and columns: the GPU's tiled kernel (16 x 16 outputs per workgroup, 32
-// partial sums per thread); partial tiles, k not a multiple of 32, 16-bit outputs of even
+// partial sums per thread, chunks of 128 k); partial tiles, k not a multiple of 32 nor of 128, 16-bit outputs of even
 // width (odd widths keep the per-output kernel), grouped batches.
 TEST(Matmul, TiledShapes) {
   check_matmul(kF32, {40, 70}, {36, 70}, true, true, kF32Matmul);
@@ -707,6 +707,8 @@ TEST(Matmul, TiledShapes) {
   // Long k: many staged chunks and a part one, bits equal to the CPU's (values whose sums round).
   check_matmul(kBF16, {20, 300}, {18, 300}, true, true, kBF16Matmul);
   check_matmul(kF32, {17, 300}, {300, 16}, false, false, Tolerance::rel(4e-5));
+  check_matmul(kF32, {16, 256}, {20, 256}, true, true, Tolerance::rel(4e-5));  // whole chunks only
+  check_matmul(kF16, {33, 128}, {128, 32}, false, false, kF16Matmul);
 }
 
 // K = 0: the sum is empty, so out = zeros (+ bias) exactly.
