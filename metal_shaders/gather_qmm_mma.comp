@@ -334,12 +334,25 @@ void main() {
   uint wg = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
   uint tid = gl_LocalInvocationID.x, warp = tid >> 5u;
   uint tile = wg / args.tiles, n0 = (wg % args.tiles) * MMA_COLS;
-  if (tile >= tiles[0]) return;  // uniform over the workgroup
-  uint first = tiles[1u + 3u * tile], count = tiles[2u + 3u * tile], ex = tiles[3u + 3u * tile];
+  uint first, count, ex = 0u;
+  if (args.has_rhs == 0u) {  // every pair expert 0's, in order: tile t is pairs [per_wg t, +per_wg), no work list
+    first = tile * args.per_wg;
+    if (first >= args.pairs) return;  // uniform over the workgroup
+    count = min(args.per_wg, args.pairs - first);
+  } else {
+    if (tile >= tiles[0]) return;  // uniform over the workgroup
+    first = tiles[1u + 3u * tile];
+    count = tiles[2u + 3u * tile];
+    ex = tiles[3u + 3u * tile];
+  }
 #ifdef SB_MMA_BITS4  // every expert 4-bit (the host checks): the other widths' code compiled out
   const uint bits = 4u;
 #else
   uint bits = expert_info[ex];
+  if (bits == 0u) {  // expert 0 pruned, without rhs (the work list never holds a pruned expert)
+    if (tid == 0u) atomicOr(err[0], SB_ERR_PRUNED);
+    return;
+  }
 #endif
   uint row_words = Q_K * bits / 32u;
   uint wbase = expert_info[args.experts + ex];

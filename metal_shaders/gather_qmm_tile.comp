@@ -12,9 +12,10 @@
 layout(local_size_x = 256) in;
 
 #ifdef QMM_TILES
-// The work list of QMM_TILE for pairs sorted by expert (or all of expert 0, without
-// rhs): one entry (first pair, pair count, expert) per run of up to per_wg pairs of one
-// expert (SB_QMM_TILE_PAIRS; SB_QMM_MMA_PAIRS for QMM_MMA), after the count in word 0.
+// The work list of QMM_TILE for pairs sorted by expert (rhs; without, QMM_TILE and
+// QMM_MMA take tiles of pairs in order and no list is made): one entry (first pair, pair
+// count, expert) per run of up to per_wg pairs of one expert (SB_QMM_TILE_PAIRS;
+// SB_QMM_MMA_PAIRS for QMM_MMA), after the count in word 0.
 // One workgroup; thread -> experts tid, tid + 256, ...: the runs' ends come from where
 // the sorted experts change (one pass over the pairs per 256 experts); thread 0 lays the
 // tiles out in expert order.
@@ -32,19 +33,15 @@ shared uint s_hi[256];
 
 void main() {
   uint tid = gl_LocalInvocationID.x;
-  if (tid == 0u && args.has_rhs == 0u && args.pairs > 0u && expert_info[0] == 0u) atomicOr(err[0], SB_ERR_PRUNED);
   uint max_tiles = args.tiles, total = 0u, tp = args.per_wg;
   for (uint e0 = 0u; e0 < args.experts; e0 += 256u) {
     s_lo[tid] = 0u;
     s_hi[tid] = 0u;
     barrier();
-    if (args.has_rhs == 0u) {  // every pair is expert 0's
-      if (e0 == 0u && tid == 0u) s_hi[0] = args.pairs;
-    }
     // Each run's ends are where the expert changes: no search. On unsorted input (an
     // error) the runs are wrong but stay inside the pairs. Pairs go 8 at a time, their
     // loads issued together (one at a time, the dependent loads' latency dominated).
-    for (uint p0 = tid; args.has_rhs != 0u && p0 < args.pairs; p0 += 8u * 256u) {
+    for (uint p0 = tid; p0 < args.pairs; p0 += 8u * 256u) {
       int e[8], prev[8], next[8];
       [[unroll]] for (uint i = 0u; i < 8u; ++i) {
         uint p = p0 + 256u * i;
@@ -186,9 +183,22 @@ void main() {
   uint wg = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
   uint tid = gl_LocalInvocationID.x;
   uint tile = wg / args.tiles, n0 = (wg % args.tiles) * kTn;
-  if (tile >= tiles[0]) return;  // uniform over the workgroup
-  uint first = tiles[1u + 3u * tile], count = tiles[2u + 3u * tile], ex = tiles[3u + 3u * tile];
+  uint first, count, ex = 0u;
+  if (args.has_rhs == 0u) {  // every pair expert 0's, in order: tile t is pairs [per_wg t, +per_wg), no work list
+    first = tile * args.per_wg;
+    if (first >= args.pairs) return;  // uniform over the workgroup
+    count = min(args.per_wg, args.pairs - first);
+  } else {
+    if (tile >= tiles[0]) return;  // uniform over the workgroup
+    first = tiles[1u + 3u * tile];
+    count = tiles[2u + 3u * tile];
+    ex = tiles[3u + 3u * tile];
+  }
   uint bits = expert_info[ex], row_words = args.k * bits / 32u;
+  if (bits == 0u) {  // expert 0 pruned, without rhs (the work list never holds a pruned expert)
+    if (tid == 0u) atomicOr(err[0], SB_ERR_PRUNED);
+    return;
+  }
   uint wbase = expert_info[args.experts + ex];
   uint blocks = args.k / 32u, per_group = args.group_size / 32u;
   // Codes of <= 4 bits: two columns per int (see below); the host keeps args.n even here.

@@ -317,7 +317,12 @@ TEST(GatherQmmDevices, TiledScheduleForSortedPairs) {
   Case dense_lhs = dense;  // rows picked by lhs, no rhs
   dense_lhs.x_dtype = DType::kBF16;
   for (int i = 0; i < 70; ++i) dense_lhs.lhs.push_back((i * 37) % 100);
-  for (const Case* c : {&mixed, &odd, &odd4, &by_pair, &special, &extreme, &many_experts, &dense, &dense_lhs}) {
+  Case dense_wide = dense;  // enough columns for the MMA kernels' 64-pair tiles without rhs (3 x 86 workgroups)
+  dense_wide.n = 86 * 64;
+  dense_wide.k = 64;
+  dense_wide.tokens = 130;
+  for (const Case* c :
+       {&mixed, &odd, &odd4, &by_pair, &special, &extreme, &many_experts, &dense, &dense_lhs, &dense_wide}) {
     SCOPED_TRACE("k " + std::to_string(c->k) + ", n " + std::to_string(c->n) + ", pairs " +
                  std::to_string(c->rhs.size()));
     run(*c);

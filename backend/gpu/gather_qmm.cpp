@@ -91,6 +91,7 @@ Status qmm_from_q8(Runtime& rt, QmmSetup& q, const Q8Blocks& q8, const QmmTileLi
   k::QmmArgs& args = q.args;
   if (tiles) {
     args.tiles = static_cast<uint32_t>((q.nout + 63) / 64);
+    args.per_wg = tiles->tile_pairs;  // without rhs: the pairs a tile (qmm_tile_list)
     const char* kernel = qmm_tile_kernel(rt, q);
     return rt.dispatch(kernel, {q8.bq, q8.bd, q8.bsum, q.bw, q.bs, q.bb, q.bl, tiles->bt, q.bi, bo, rt.error_word()},
                        &args, sizeof(args), 256 * static_cast<uint64_t>(tiles->max_tiles) * args.tiles,

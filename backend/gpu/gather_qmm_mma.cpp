@@ -51,6 +51,7 @@ Status moe_ffn(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>* ins)
   SB_ASSIGN_OR_RETURN(Q8Blocks h, alloc_q8(rt, g.pairs, g.nout, true));  // h's, in qmm_mma4's K order
   k::QmmGluArgs args = glu_args(g.args, glu_node);
   args.tiles = static_cast<uint32_t>(g.nout / 32);  // column blocks of 32 (gate and up: 64 weight rows)
+  args.per_wg = tiles.tile_pairs;
   SB_RETURN_IF_ERROR(rt.dispatch("qmm_mma4_glu",
                                  {q8.bq, q8.bd, q8.bsum, g.bw, g.bs, g.bb, g.bl, tiles.bt, g.bi, h.bq, rt.error_word(),
                                   u.bw, u.bs, u.bb, h.bd, h.bsum},

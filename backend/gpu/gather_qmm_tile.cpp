@@ -14,6 +14,10 @@ namespace {
 // empty and lose to qmm (the crossover: bench/RESULTS.md).
 constexpr int64_t kQmmTileMinPairs = 64;
 constexpr int64_t kQmmTilePairsPerExpert = 4;
+// Pairs without rhs (dense projections) take the MMA kernels' 64-pair tiles when that still
+// makes this many workgroups, else 32-pair ones: fewer workgroups than about two per SM
+// of an H100 leave SMs idle (a 128-row prefill was slower with 64).
+constexpr uint64_t kMmaWideTileMinWorkgroups = 256;
 
 }  // namespace
 
@@ -26,13 +30,21 @@ bool qmm_tiled(const QmmSetup& q) {
 Result<QmmTileList> qmm_tile_list(Runtime& rt, QmmSetup& q) {
   QmmTileList t;
   const bool mma = std::strncmp(qmm_tile_kernel(rt, q), "qmm_mma", 7) == 0;
-  const uint32_t tile_pairs = mma ? SB_QMM_MMA_PAIRS : SB_QMM_TILE_PAIRS;
-  t.max_tiles = q.pairs / tile_pairs + std::min(q.experts, q.pairs);
+  t.tile_pairs = mma ? SB_QMM_MMA_PAIRS : SB_QMM_TILE_PAIRS;
+  if (!q.rhs.defined()) {
+    const auto tiles = [&](uint64_t tp) { return (static_cast<uint64_t>(q.pairs) + tp - 1) / tp; };
+    if (mma && tiles(SB_QMM_MMA_PAIRS) * ((q.nout + 63) / 64) < kMmaWideTileMinWorkgroups)
+      t.tile_pairs = SB_QMM_TILE_PAIRS;
+    t.max_tiles = static_cast<int64_t>(tiles(t.tile_pairs));
+    t.bt = q.bi;  // bound for the kernels' layout, not read
+    return t;
+  }
+  t.max_tiles = q.pairs / t.tile_pairs + std::min(q.experts, q.pairs);
   SB_RETURN_IF_ERROR(u32_count(1 + 3 * t.max_tiles, "GatherQmm tiles").status());
   SB_ASSIGN_OR_RETURN(t.bt, rt.scratch(static_cast<size_t>(1 + 3 * t.max_tiles) * 4, 0));
   k::QmmArgs args = q.args;
   args.tiles = static_cast<uint32_t>(t.max_tiles);
-  args.per_wg = tile_pairs;
+  args.per_wg = t.tile_pairs;
   SB_RETURN_IF_ERROR(rt.dispatch("qmm_tiles", {q.br, q.bi, t.bt, rt.error_word()}, &args, sizeof(args), 256));
   return t;
 }

@@ -39,11 +39,13 @@ Result<Q8Blocks> alloc_q8(Runtime& rt, int64_t rows, int64_t k, bool permuted);
 // x's Q8 blocks (quantize_q8 / quantize_q8_16).
 Result<Q8Blocks> quantize_rows(Runtime& rt, const QmmSetup& q, bool permute);
 
-// The work list of runs of one expert's pairs (qmm_tiles; up to 32 for qmm_tile, 64 for
-// the MMA kernels), for every projection of the same indices.
+// The tiles of pairs for every projection of the same indices: with rhs, qmm_tiles' work
+// list of runs of up to tile_pairs pairs of one expert in bt; without, tiles of
+// tile_pairs pairs in order that the kernels derive themselves (bt only bound).
 struct QmmTileList {
   BufferRef bt;
   int64_t max_tiles = 0;
+  uint32_t tile_pairs = 0;
 };
 
 // Whether the tiled kernels (qmm_tiles + qmm_tile / qmm_mma) take these pairs.
