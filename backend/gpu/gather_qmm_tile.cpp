@@ -15,8 +15,8 @@ namespace {
 constexpr int64_t kQmmTileMinPairs = 64;
 constexpr int64_t kQmmTilePairsPerExpert = 4;
 // Pairs without rhs (dense projections) take the MMA kernels' 64-pair tiles when that still
-// makes this many workgroups, else 32-pair ones: fewer workgroups than about two per SM
-// of an H100 leave SMs idle (a 128-row prefill was slower with 64).
+// makes this many workgroups, else 32-pair ones: fewer than about two per SM of an H100 or
+// H200 leave SMs idle (bench/RESULTS.md, the twenty-fifth session).
 constexpr uint64_t kMmaWideTileMinWorkgroups = 256;
 
 }  // namespace
