@@ -302,15 +302,19 @@ void mma_stage(uint bits, uint buf, MmaChunk c) {
 void glu_q8_epilogue(float acc[8 * kRg], uint r0, uint c0, uint first, uint count, uint n0) {
   uint tid = gl_LocalInvocationID.x;
   if (tid < 2u * kTp) s_sx[tid] = 0;  // [0, kTp): amax bits per pair, [kTp, 2 kTp): code sums
-  [[unroll]] for (uint g = 0u; g < kRg; ++g)
+  // Rows past the tile's pairs are never stored: no Glu (exact exp, the costly part), no Q8.
+  [[unroll]] for (uint g = 0u; g < kRg; ++g) {
+    if ((r0 & ~15u) + 32u * g >= count) break;  // uniform over the subgroup: its 16 rows hold no pair
     [[unroll]] for (uint e = 0u; e < 8u; ++e)
       s_ab[(r0 + 32u * g + 8u * (e >> 2u)) * 64u + c0 + 8u * ((e >> 1u) & 1u) + (e & 1u)] =
           floatBitsToUint(sb_round_to(acc[8u * g + e], OUT_DT));
+  }
   barrier();
   uint i = tid & 7u;
   float hv[4 * kRg];
   [[unroll]] for (uint g = 0u; g < kRg; ++g) {
     uint r = (tid >> 3u) + 32u * g, amax = 0u;
+    if (r >= count) break;
     [[unroll]] for (uint j = 0u; j < 4u; ++j) {
       uint c = 8u * (i >> 1u) + 2u * j + (i & 1u);
       float gv = uintBitsToFloat(s_ab[r * 64u + c]), uv = uintBitsToFloat(s_ab[r * 64u + 32u + c]);
@@ -324,6 +328,7 @@ void glu_q8_epilogue(float acc[8 * kRg], uint r0, uint c0, uint first, uint coun
   float d[kRg];
   [[unroll]] for (uint g = 0u; g < kRg; ++g) {
     uint r = (tid >> 3u) + 32u * g;
+    if (r >= count) break;
     float scale;
     bool zero;
     q8_params(uint(s_sx[r]), scale, d[g], zero);
