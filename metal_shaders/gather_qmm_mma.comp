@@ -40,10 +40,10 @@ layout(local_size_x = 256) in;
 // buffer; the next chunk's global loads are in flight while this one's MMAs run, the
 // weight codes of the chunk after it are touched (one word a sector) so that they come
 // from L2 (registers for a deeper prefetch would cost occupancy), and a subgroup skips the
-// MMAs of its 16-row groups that hold no pair. (SB_MMA_CHUNK = 2 / 8 and
-// SB_MMA_BUFFERS = 2, except 8 with 2, which exceeds NVIDIA's shared memory, compile the
-// forms bench/RESULTS.md measured slower: more registers or shared memory, fewer workgroups
-// per SM.) Per 32-block, subgroup w multiplies
+// MMAs of its 16-row groups that hold no pair. (SB_MMA_CHUNK = 2 and SB_MMA_BUFFERS = 2
+// compile forms bench/RESULTS.md measured slower on 32-pair tiles: more registers or shared
+// memory, fewer workgroups per SM; 8 blocks a chunk, measured slower too, is gone: each thread
+// stages one (pair, block)'s d, so kCh kTp <= 256.) Per 32-block, subgroup w multiplies
 // rows 16 (w % 2) + 32 g + [0, 16) (g < 2) of Q8 codes by columns 16 (w / 2) + [0, 16) of
 // weight codes (16x16x32 integer MMAs, one B fragment for both) into exact int32 block
 // dots Iq, and each invocation runs the float steps of docs/numerics.md (block and group
@@ -99,9 +99,8 @@ const uint kRg = kTp / 32u;  // 16-row groups a subgroup multiplies
 #ifndef SB_MMA_BUFFERS
 #define SB_MMA_BUFFERS 1
 #endif
-#if (SB_MMA_CHUNK != 2 && SB_MMA_CHUNK != 4 && SB_MMA_CHUNK != 8) || (SB_MMA_BUFFERS != 1 && SB_MMA_BUFFERS != 2) || \
-    (SB_MMA_CHUNK == 8 && SB_MMA_BUFFERS == 2)
-#error "SB_MMA_CHUNK: 2, 4 or 8 blocks; SB_MMA_BUFFERS: 1 or 2 (not with 8: past the shared memory)"
+#if (SB_MMA_CHUNK != 2 && SB_MMA_CHUNK != 4) || (SB_MMA_BUFFERS != 1 && SB_MMA_BUFFERS != 2)
+#error "SB_MMA_CHUNK: 2 or 4 blocks (a thread stages one (pair, block)'s d and code sum); SB_MMA_BUFFERS: 1 or 2"
 #endif
 const uint kCh = uint(SB_MMA_CHUNK);    // blocks per chunk
 const uint kNb = uint(SB_MMA_BUFFERS);  // shared buffers: 2, or 1 (a second barrier a chunk)

@@ -6,7 +6,8 @@
 #extension GL_EXT_control_flow_attributes : require
 // GatherQmm on pairs sorted by expert, in tiles of up to SB_QMM_TILE_PAIRS pairs:
 // QMM_TILES (the work list) and QMM_TILE (the tiles' matmul); thread -> output at each
-// kernel below. QMM_MMA (gather_qmm_mma.comp) runs the same tiles on tensor cores.
+// kernel below. QMM_MMA (gather_qmm_mma.comp) runs tiles of up to SB_QMM_MMA_PAIRS on
+// tensor cores.
 #include "gather_qmm_common.glsl"
 
 layout(local_size_x = 256) in;
