@@ -14,9 +14,10 @@
 // SB_KERNEL(qmm_row_glu_2k_dot4, QMM_ROW_GLU_2K_DOT4, "rrrrrrrwbrrrb", QmmGluArgs, SB_QMM_GLU_ARGS, 256, F_DOT)
 // qmm_row_combine_2k's bindings, then qmm_row_glu_2k_dot4's counts (its wait_tiles).
 // SB_KERNEL(qmm_row_combine_2k_dot4, QMM_ROW_COMBINE_2K_DOT4, "rrrrrrrbbrrrbwr", QmmCombineArgs, SB_QMM_COMBINE_ARGS, 256, F_DOT)
-// qmm_row_2k's bindings with x the RmsNorm's input, then its residual, weight, out and sum.
+// qmm_row_2k's bindings with x the RmsNorm's input, then its residual, weight, out and sum
+// (the _dot4 twin: then qmm_row_combine_2k_dot4's counters of combined tiles, its wait_tiles).
 // SB_KERNEL(qmm_row_norm_2k, QMM_ROW_NORM_2K, "rrrrrrrwbrrww", QmmNormArgs, SB_QMM_NORM_ARGS, 256, 0)
-// SB_KERNEL(qmm_row_norm_2k_dot4, QMM_ROW_NORM_2K_DOT4, "rrrrrrrwbrrww", QmmNormArgs, SB_QMM_NORM_ARGS, 256, F_DOT)
+// SB_KERNEL(qmm_row_norm_2k_dot4, QMM_ROW_NORM_2K_DOT4, "rrrrrrrwbrrwwr", QmmNormArgs, SB_QMM_NORM_ARGS, 256, F_DOT)
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
@@ -54,6 +55,7 @@
 #ifdef QMM_ROW_NORM_2K_DOT4
 #define QMM_ROW_NORM_2K
 #define SB_ROW_DOT4
+#define SB_ROW_AFTER  // may follow qmm_row_combine_2k_dot4 without a barrier (args.wait_tiles)
 #endif
 #ifdef QMM_ROW_NORM_2K
 #define QMM_ROW_2K
@@ -96,7 +98,7 @@
 
 layout(local_size_x = 256) in;
 
-#ifdef SB_ROW_AFTER  // x (h), rhs and the router's weights may be written while this runs
+#ifdef SB_ROW_AFTER  // x (h or the combined output), rhs and the router's weights may be written while this runs
 #define SB_HANDED coherent
 #else
 #define SB_HANDED
@@ -122,7 +124,7 @@ layout(std430, binding = 9) SB_HANDED readonly buffer Cw { float cweights[]; };
 layout(std430, binding = 10) readonly buffer Cs { uint shared_x[]; };
 layout(std430, binding = 11) readonly buffer Cg { uint gate[]; };
 layout(std430, binding = 12) coherent buffer Cn { uint counters[]; };  // [token][tile], zero at start
-layout(std430, binding = 13) writeonly buffer Co { uint cout_[]; };
+layout(std430, binding = 13) coherent writeonly buffer Co { uint cout_[]; };  // read by qmm_row_norm_2k_dot4 as written
 #ifdef SB_ROW_AFTER
 layout(std430, binding = 14) coherent volatile readonly buffer Dn { uint done[]; };  // per h row: its workgroups done
 #endif
@@ -144,10 +146,13 @@ layout(std430, binding = 11) readonly buffer Bu { uint biases_up[]; };
 layout(push_constant) uniform Args { SB_QMM_GLU_ARGS } args;
 const uint kProjections = 2u;
 #elif defined(SB_ROW_NORM)
-layout(std430, binding = 9) readonly buffer Nr { uvec4 res4[]; };  // 16-byte aligned (the host checks)
+layout(std430, binding = 9) SB_HANDED readonly buffer Nr { uvec4 res4[]; };  // 16-byte aligned (the host checks)
 layout(std430, binding = 10) readonly buffer Nw { uint norm_w[]; };
 layout(std430, binding = 11) writeonly buffer No { uvec4 norm_out4[]; };
 layout(std430, binding = 12) writeonly buffer Ns { uvec4 norm_sum4[]; };
+#ifdef SB_ROW_AFTER
+layout(std430, binding = 13) coherent volatile readonly buffer Dn { uint done[]; };  // per row: its tiles combined
+#endif
 layout(push_constant) uniform Args { SB_QMM_NORM_ARGS } args;
 const uint kProjections = 1u;
 shared float s_row[SB_QMM_ROW_SMALL_K];
@@ -402,7 +407,8 @@ void stage_row(uint r, uint tid) {
 
 #ifdef QMM_ROW_COMBINE
 // Counts this workgroup's stored y (pair p, outputs [n0, n0 + cnt)) into its token's
-// tile; the last of the token's slots combines the tile's outputs (thread -> word).
+// tile; the last of the token's slots combines the tile's outputs (thread -> word) and
+// counts the tile at counters[tokens * tiles + token].
 void combine_tile(uint p, uint tile, uint n0, uint cnt) {
   uint tid = gl_LocalInvocationID.x;
   memoryBarrierBuffer();  // this invocation's y stores before the count
@@ -439,6 +445,10 @@ void combine_tile(uint p, uint tile, uint n0, uint cnt) {
     }
     cout_[(token * args.n + n0) / per + w] = sb_encode_word(r2[0], r2[1], OUT_DTYPE);
   }
+  // The tile combined: counted for the next layer's norm kernel (qmm_row_norm_2k_dot4's wait).
+  memoryBarrierBuffer();
+  barrier();
+  if (tid == 0u) atomicAdd(counters[(args.pairs / args.slots) * args.tiles + token], 1u);
 }
 #endif
 

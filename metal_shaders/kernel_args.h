@@ -69,10 +69,14 @@
 #define SB_QMM_GLU_ARGS SB_QMM_ARGS uint glu_kind; float glu_alpha; float glu_limit; uint wait_rhs;
 // QMM_ROW_NORM_2K: QMM_ROW_2K whose x is RmsNorm's input (order Tree32; has_residual: with
 // a residual; inv_d, eps, w_dtype as NormArgs); store_out: the first tile also stores the
-// normalized row (the sum is always stored with a residual).
+// normalized row (the sum is always stored with a residual). wait_tiles
+// (qmm_row_norm_2k_dot4): x or the residual is the combined output of the down projection
+// recorded just before (qmm_row_combine_2k_dot4); each workgroup waits until its row's
+// tiles are combined.
 #define SB_QMM_NORM_ARGS \
-  SB_QMM_ARGS uint has_residual; float inv_d; float eps; uint w_dtype; uint store_out; uint pad1; uint pad2; uint pad3;
-// QMM_ROW_COMBINE: QMM_ROW with combine.comp's operands (pairs = tokens * slots).
+  SB_QMM_ARGS uint has_residual; float inv_d; float eps; uint w_dtype; uint store_out; uint wait_tiles; uint pad2; uint pad3;
+// QMM_ROW_COMBINE: QMM_ROW with combine.comp's operands (pairs = tokens * slots); the
+// counters are [token][tile], then [token]: the tiles combined (for qmm_row_norm_2k_dot4).
 // wait_tiles (qmm_row_combine_2k_dot4): x (h) is being written by the gate/up dispatch just
 // before; each workgroup waits until that many of its row's workgroups have counted.
 #define SB_QMM_COMBINE_ARGS \

@@ -70,7 +70,8 @@ Status qmm_row_combine(KernelContext& ctx, const fb::GatherQmmNodeT* n, const Qm
   Runtime& rt = rt_of(ctx);
   SB_ASSIGN_OR_RETURN(Tensor out, rt.alloc(y.dtype(), {c.tokens, q.nout}));
   SB_ASSIGN_OR_RETURN(BufferRef bo, rt.bind(out, false));
-  SB_ASSIGN_OR_RETURN(uint32_t counters, u32_count(c.tokens * q.args.tiles, "GatherQmm combine tiles"));
+  // [token][tile] slots stored, then [token] tiles combined (qmm_row_norm_2k_dot4 waits on it).
+  SB_ASSIGN_OR_RETURN(uint32_t counters, u32_count(c.tokens * q.args.tiles + c.tokens, "GatherQmm combine tiles"));
   SB_ASSIGN_OR_RETURN(BufferRef bn, rt.scratch(static_cast<size_t>(counters) * 4, 0));
   auto args = extend_qmm_args<k::QmmCombineArgs>(q.args);
   args.slots = static_cast<uint32_t>(c.slots);
@@ -92,6 +93,13 @@ Status qmm_row_combine(KernelContext& ctx, const fb::GatherQmmNodeT* n, const Qm
   SB_RETURN_IF_ERROR(rt.dispatch(kernel, bindings, &args, sizeof(args),
                                  256 * static_cast<uint64_t>(q.pairs) * q.args.tiles, row_spec(rt, q.all_4bit, q.args),
                                  wait ? handoff_mask(bindings, {h.rows, h.done, h.indices, h.weights}) : 0u));
+  if (dot4 && rt.cross_dispatch_handoff()) {
+    MoeHandoff& hc = moe_handoff(ctx);
+    hc.combined = bo;
+    const uint64_t at = static_cast<uint64_t>(c.tokens) * q.args.tiles * 4;
+    hc.combined_done = BufferRef{bn.buffer, bn.offset + at, static_cast<uint64_t>(c.tokens) * 4};
+    hc.combined_tiles = q.args.tiles;
+  }
   return ctx.out(n->out.get(), std::move(out));
 }
 
@@ -205,10 +213,23 @@ Status norm_then_qmm(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>
   args.eps = nn.eps;
   args.w_dtype = static_cast<uint32_t>(w.dtype());
   args.store_out = store_out ? 1u : 0u;
-  const char* kernel = row_dot4(rt, q.all_4bit) ? "qmm_row_norm_2k_dot4" : "qmm_row_norm_2k";
-  SB_RETURN_IF_ERROR(rt.dispatch(kernel, {bx, q.bw, q.bs, q.bb, q.bl, q.br, q.bi, bo, rt.error_word(), br, bw, bn, bs},
-                                 &args, sizeof(args), 256 * static_cast<uint64_t>(q.pairs) * q.args.tiles,
-                                 row_spec(rt, q.all_4bit, q.args)));
+  const bool dot4 = row_dot4(rt, q.all_4bit);
+  std::vector<BufferRef> bindings = {bx, q.bw, q.bs, q.bb, q.bl, q.br, q.bi, bo, rt.error_word(), br, bw, bn, bs};
+  uint32_t handed = 0;
+  if (dot4) {
+    // Straight after the down projection that combines x or the residual (a decoder's MoE
+    // output) and counts its tiles per row (qmm_row_combine): no barrier; each workgroup
+    // waits for its row's count.
+    const MoeHandoff& h = moe_handoff(ctx);
+    const bool wait = rt.cross_dispatch_handoff() && h.combined_tiles &&
+                      (same_ref(bx, h.combined) || (nn.residual && same_ref(br, h.combined)));
+    args.wait_tiles = wait ? h.combined_tiles : 0;
+    bindings.push_back(wait ? h.combined_done : rt.error_word());  // the error word: a stand-in, not read
+    if (wait) handed = handoff_mask(bindings, {h.combined, h.combined_done});
+  }
+  const char* kernel = dot4 ? "qmm_row_norm_2k_dot4" : "qmm_row_norm_2k";
+  SB_RETURN_IF_ERROR(rt.dispatch(kernel, bindings, &args, sizeof(args), 256 * static_cast<uint64_t>(q.pairs) * q.args.tiles,
+                                 row_spec(rt, q.all_4bit, q.args), handed));
   if (nn.residual) SB_RETURN_IF_ERROR(ctx.out(nn.sum.get(), std::move(sum)));
   if (store_out) SB_RETURN_IF_ERROR(ctx.out(nn.out.get(), std::move(normed)));
   return ctx.out(qn->out.get(), std::move(out));
