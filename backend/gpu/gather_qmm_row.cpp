@@ -93,12 +93,10 @@ Status qmm_row_combine(KernelContext& ctx, const fb::GatherQmmNodeT* n, const Qm
   SB_RETURN_IF_ERROR(rt.dispatch(kernel, bindings, &args, sizeof(args),
                                  256 * static_cast<uint64_t>(q.pairs) * q.args.tiles, row_spec(rt, q.all_4bit, q.args),
                                  wait ? handoff_mask(bindings, {h.rows, h.done, h.indices, h.weights}) : 0u));
-  if (dot4 && rt.cross_dispatch_handoff()) {
-    MoeHandoff& hc = moe_handoff(ctx);
-    hc.combined = bo;
+  if (dot4 && rt.cross_dispatch_handoff()) {  // the combined rows, counted per token
     const uint64_t at = static_cast<uint64_t>(c.tokens) * q.args.tiles * 4;
-    hc.combined_done = BufferRef{bn.buffer, bn.offset + at, static_cast<uint64_t>(c.tokens) * 4};
-    hc.combined_tiles = q.args.tiles;
+    row_handoff(ctx) = {bo, BufferRef{bn.buffer, bn.offset + at, static_cast<uint64_t>(c.tokens) * 4}, q.args.tiles,
+                        rt.dispatches()};
   }
   return ctx.out(n->out.get(), std::move(out));
 }
@@ -220,12 +218,11 @@ Status norm_then_qmm(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>
     // Straight after the down projection that combines x or the residual (a decoder's MoE
     // output) and counts its tiles per row (qmm_row_combine): no barrier; each workgroup
     // waits for its row's count.
-    const MoeHandoff& h = moe_handoff(ctx);
-    const bool wait = rt.cross_dispatch_handoff() && h.combined_tiles &&
-                      (same_ref(bx, h.combined) || (nn.residual && same_ref(br, h.combined)));
-    args.wait_tiles = wait ? h.combined_tiles : 0;
-    bindings.push_back(wait ? h.combined_done : rt.error_word());  // the error word: a stand-in, not read
-    if (wait) handed = handoff_mask(bindings, {h.combined, h.combined_done});
+    const RowHandoff* h = handed_to(ctx, bx);
+    if (!h && nn.residual) h = handed_to(ctx, br);
+    args.wait_tiles = h ? h->count : 0;
+    bindings.push_back(h ? h->done : rt.error_word());  // the error word: a stand-in, not read
+    if (h) handed = handoff_mask(bindings, {h->out, h->done});
   }
   const char* kernel = dot4 ? "qmm_row_norm_2k_dot4" : "qmm_row_norm_2k";
   SB_RETURN_IF_ERROR(rt.dispatch(kernel, bindings, &args, sizeof(args), 256 * static_cast<uint64_t>(q.pairs) * q.args.tiles,

@@ -77,8 +77,12 @@ class GpuDevice final : public Device {
   // The hand-off record of the submission being recorded: cleared whenever one finished,
   // also by the runtime's own syncs, so a record never outlives the buffers it names.
   MoeHandoff& handoff() {
-    if (handoff_submission_ != rt_->submissions()) handoff_ = {}, handoff_submission_ = rt_->submissions();
+    fresh_handoffs();
     return handoff_;
+  }
+  RowHandoff& row_handoff() {
+    fresh_handoffs();
+    return row_handoff_;
   }
   Result<BufferRef> node_table(const void* node, const std::vector<uint32_t>& words) {
     auto it = node_tables_.find(node);
@@ -93,7 +97,14 @@ class GpuDevice final : public Device {
   std::unordered_map<const void*, Tensor> node_tables_;
   Tensor dyn_;  // the dynamic-value words (set_dynamic_values)
   BufferRef dyn_ref_;
+  void fresh_handoffs() {
+    if (handoff_submission_ == rt_->submissions()) return;
+    handoff_ = {};
+    row_handoff_ = {};
+    handoff_submission_ = rt_->submissions();
+  }
   MoeHandoff handoff_;
+  RowHandoff row_handoff_;
   uint64_t handoff_submission_ = 0;
   std::unique_ptr<Runtime> rt_;
   std::string name_;
@@ -255,6 +266,14 @@ Status GpuDevice::can_run(const fb::OpNodeUnion& op, const KernelContext& ctx) c
 Runtime& rt_of(KernelContext& ctx) { return static_cast<GpuDevice&>(ctx.device()).rt(); }
 
 MoeHandoff& moe_handoff(KernelContext& ctx) { return static_cast<GpuDevice&>(ctx.device()).handoff(); }
+
+RowHandoff& row_handoff(KernelContext& ctx) { return static_cast<GpuDevice&>(ctx.device()).row_handoff(); }
+
+const RowHandoff* handed_to(KernelContext& ctx, const BufferRef& b) {
+  const RowHandoff& h = row_handoff(ctx);
+  const Runtime& rt = rt_of(ctx);
+  return rt.cross_dispatch_handoff() && h.count && h.at == rt.dispatches() && same_ref(b, h.out) ? &h : nullptr;
+}
 
 Result<BufferRef> node_table(KernelContext& ctx, const void* node, const std::vector<uint32_t>& words) {
   return static_cast<GpuDevice&>(ctx.device()).node_table(node, words);

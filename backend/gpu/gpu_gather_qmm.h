@@ -93,14 +93,10 @@ k::QmmGluArgs glu_args(const k::QmmArgs& qa, const fb::GluNodeT* glu_node);
 // submission finishes, GpuRuntime::submissions()):
 // the router's indices (-1 until it writes each) and weights, and the gate/up's h with its
 // per-row counts of workgroups done (`tiles` per row when complete). The router records
-// it; gather_qmm_row.cpp's kernels wait on it. Then the down projection's combined output
-// with its per-row counts of combined tiles (`combined_tiles` when complete), which the
-// next layer's norm + projection (qmm_row_norm_2k_dot4) waits on.
+// it; gather_qmm_row.cpp's kernels wait on it.
 struct MoeHandoff {
   BufferRef indices, weights, rows, done;
   uint32_t tiles = 0;
-  BufferRef combined, combined_done;
-  uint32_t combined_tiles = 0;
 };
 MoeHandoff& moe_handoff(KernelContext& ctx);
 

@@ -37,6 +37,19 @@ struct DynamicArg {
 Result<DynamicArg> dynamic_arg(KernelContext& ctx, const fb::IntOrVidT* v);
 // The dynamic-value words' binding alone (for a kernel that declares it but takes v baked in).
 Result<BufferRef> dynamic_words(KernelContext& ctx);
+// An output the dispatch just recorded counts per row as it stores it, for the next dispatch
+// to wait on instead of a barrier (only where GpuRuntime::cross_dispatch_handoff(); decode's
+// down + combine kernel for the next layer's norm + q/k/v): `done` [row] reaches `count` once
+// row `row` of `out` is stored; `at` is GpuRuntime::dispatches() just after the producer, so
+// the record serves the very next dispatch only (a later one may get the memory reused).
+struct RowHandoff {
+  BufferRef out, done;
+  uint32_t count = 0;
+  uint64_t at = 0;
+};
+RowHandoff& row_handoff(KernelContext& ctx);
+// The record if `b` is the output the dispatch just before counted (else nullptr).
+const RowHandoff* handed_to(KernelContext& ctx, const BufferRef& b);
 // The tensor in `tid` bound for a kernel (kept in *keep when given).
 Result<BufferRef> bind_in(KernelContext& ctx, const fb::Tid* tid, Tensor* keep = nullptr);
 // A buffer an op writes in place (a KV cache, a recurrent state), on the device: `dev` is the
