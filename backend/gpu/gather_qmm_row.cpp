@@ -225,8 +225,9 @@ Status norm_then_qmm(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>
     if (h) handed = handoff_mask(bindings, {h->out, h->done});
   }
   const char* kernel = dot4 ? "qmm_row_norm_2k_dot4" : "qmm_row_norm_2k";
-  SB_RETURN_IF_ERROR(rt.dispatch(kernel, bindings, &args, sizeof(args), 256 * static_cast<uint64_t>(q.pairs) * q.args.tiles,
-                                 row_spec(rt, q.all_4bit, q.args), handed));
+  SB_RETURN_IF_ERROR(rt.dispatch(kernel, bindings, &args, sizeof(args),
+                                 256 * static_cast<uint64_t>(q.pairs) * q.args.tiles, row_spec(rt, q.all_4bit, q.args),
+                                 handed));
   if (nn.residual) SB_RETURN_IF_ERROR(ctx.out(nn.sum.get(), std::move(sum)));
   if (store_out) SB_RETURN_IF_ERROR(ctx.out(nn.out.get(), std::move(normed)));
   return ctx.out(qn->out.get(), std::move(out));
