@@ -2,6 +2,9 @@
 // SB_KERNEL(attention, ATTENTION, "rrrrbw", AttentionArgs, SB_ATTENTION_ARGS, 128, 0)
 // SB_KERNEL(attention_blocks, ATTENTION_BLOCKS, "rrrwr", AttentionArgs, SB_ATTENTION_ARGS, 128, 0)
 // SB_KERNEL(attention_merge, ATTENTION_MERGE, "rrwr", AttentionArgs, SB_ATTENTION_ARGS, 128, 0)
+// attention_blocks of one decode row that first computes Rope's q/k/v form itself: x (q, k and v
+// heads), the caches (the new key and value appended), scratch, dyn, cos, sin, the norm weights.
+// SB_KERNEL(attention_blocks_rope, ATTENTION_BLOCKS_ROPE, "rbbwrrrrr", AttentionRopeArgs, SB_ATTENTION_ROPE_ARGS, 128, 0)
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
@@ -21,6 +24,12 @@
 // 0..31 finish key t's score and exp, thread t sums o_b columns t, t + 128; thread 0 writes
 // (m_b, l_b). Blocks without a visible key write nothing. A block's values do not depend on
 // the split that computes it.
+// ATTENTION_BLOCKS_ROPE: ATTENTION_BLOCKS for one query row at position `at` whose q, k and v
+// are Rope's q/k/v form input x: each workgroup normalizes and rotates its query head as
+// rope_qkv would (threads 0..31 the norm's partials); a workgroup whose blocks hold key `at`
+// does the same for the new key (threads 32..63) and takes key `at` from shared memory and its
+// value from x (the cache may not hold them yet); the group's first query head's workgroup
+// appends them to the caches. The same bits as rope_qkv, then ATTENTION_BLOCKS.
 // ATTENTION_MERGE (order Blocked32). Thread -> output: workgroup w is pair w. Up to kMerge
 // blocks, the merge's exps come first: thread 0 walks the running max, thread t computes the
 // factors a, c of blocks t, t + 128, ... into shared memory; then thread t merges output words
@@ -29,7 +38,12 @@
 #include "common.glsl"
 
 layout(local_size_x = 128) in;
+#ifdef ATTENTION_BLOCKS_ROPE
+#define ATTENTION_BLOCKS
+layout(push_constant) uniform Args { SB_ATTENTION_ROPE_ARGS } args;
+#else
 layout(push_constant) uniform Args { SB_ATTENTION_ARGS } args;
+#endif
 const uint kT = 128u;
 const uint kMaxHd = 256u;  // the host refuses larger heads
 
@@ -186,12 +200,35 @@ uint ob_at(uint r, uint b) { return args.rows * args.hq * args.nb * 2u + (r * ar
 #endif
 
 #ifdef ATTENTION_BLOCKS
-layout(std430, binding = 0) readonly buffer Q { uint q[]; };
+layout(std430, binding = 0) readonly buffer Q { uint q[]; };  // ATTENTION_BLOCKS_ROPE: Rope's x
+#ifdef ATTENTION_BLOCKS_ROPE
+layout(std430, binding = 1) buffer K { uint k[]; };
+layout(std430, binding = 2) buffer V { uint v[]; };
+#else
 layout(std430, binding = 1) readonly buffer K { uint k[]; };
 layout(std430, binding = 2) readonly buffer V { uint v[]; };
+#endif
 layout(std430, binding = 3) writeonly buffer Scratch { float scratch[]; };
 layout(std430, binding = 4) readonly buffer Dyn { uint dyn[]; };
 uint first_pos() { return args.pos + dyn[args.pos_word]; }
+#ifdef ATTENTION_BLOCKS_ROPE
+layout(std430, binding = 5) readonly buffer C { float cos_t[]; };
+layout(std430, binding = 6) readonly buffer S { float sin_t[]; };
+layout(std430, binding = 7) readonly buffer W { uint w[]; };
+layout(std430, binding = 8) readonly buffer KW { uint kw[]; };
+#define W_DT SB_SPEC(kSpecDt1, (args.rope_flags >> 8u) & 0xffu)    // the query norm weights
+#define KW_DT SB_SPEC(kSpecDt2, (args.rope_flags >> 16u) & 0xffu)  // the key norm weights
+#define SB_ROPE_STAGED
+shared float s_x[2u * kMaxHd];  // the query head row at 0, the new key's at kMaxHd
+shared float s_knew[kMaxHd];    // the new key as the cache holds it
+shared float s_rp[64];          // the norms' partials: query 0..31, key 32..63
+shared float s_rinv[2];
+float xin(uint i) { return s_x[i]; }
+#include "norm_common.glsl"
+#include "rope_common.glsl"
+uint g_jnew = 0xffffffffu;  // the new key's position where this workgroup's blocks hold it
+uint g_vnew = 0u;           // its value's first element in x
+#endif
 
 shared float s_q[kMaxHd];
 shared float s_part[kBlock * 33u];  // key kk's 32 partials at kk * 33 (padded against bank clashes)
@@ -215,6 +252,11 @@ void block(uint r, uint b, uint kh, uint lo, uint hi) {
       if (e0 < hd) {
         float kx[8];
         [[unroll]] for (uint l = 0u; l < 8u; ++l) kx[l] = e0 + g8 + l < hd ? SB_LOAD(k, ADT, kb + e0 + g8 + l) : 0.0;
+#ifdef ATTENTION_BLOCKS_ROPE
+        if (j == g_jnew) {
+          [[unroll]] for (uint l = 0u; l < 8u; ++l) kx[l] = e0 + g8 + l < hd ? s_knew[e0 + g8 + l] : 0.0;
+        }
+#endif
         [[unroll]] for (uint l = 0u; l < 8u; ++l) {
           if (e0 + g8 + l < hd) p[l] = p[l] + s_q[e0 + g8 + l] * kx[l];
         }
@@ -251,6 +293,9 @@ void block(uint r, uint b, uint kh, uint lo, uint hi) {
     // Key order; the block's values loaded at once (clamped, never past the visible keys).
     float vx[kBlock];
     [[unroll]] for (uint l = 0u; l < kBlock; ++l) vx[l] = SB_LOAD(v, ADT, key_at(kh, clamp(b0 + l, j0, j1 - 1u)) + c);
+#ifdef ATTENTION_BLOCKS_ROPE
+    if (g_jnew >= b0 && g_jnew < b0 + kBlock) vx[g_jnew - b0] = SB_LOAD(q, ADT, g_vnew + c);
+#endif
     precise float acc = 0.0;
     [[unroll]] for (uint l = 0u; l < kBlock; ++l) {
       if (b0 + l >= j0 && b0 + l < j1) acc = acc + s_e[l] * vx[l];
@@ -270,6 +315,55 @@ void block(uint r, uint b, uint kh, uint lo, uint hi) {
   barrier();  // the next block reuses the shared arrays
 }
 
+#ifdef ATTENTION_BLOCKS_ROPE
+// Rope's q/k/v form for query head h of the row at position `at` (x row 0) -> s_q; where this
+// split's blocks hold key `at`, the new key -> s_knew (g_jnew, g_vnew set), and the group's
+// first query head appends the key and the value to the caches.
+void rope_heads(uint split, uint h, uint kh, uint at) {
+  uint t = gl_LocalInvocationID.x, hd = HD, per = sb_per_word(ADT);
+  uint xh = args.x_heads, kbase = (xh - 2u * args.hk + kh) * hd, vbase = (xh - args.hk + kh) * hd;
+  uint bnew = at / kBlock;
+  bool fresh = bnew >= split && (bnew - split) % args.nsplit == 0u;  // uniform
+  bool qn = (args.rope_flags & 1u) != 0u, kn = (args.rope_flags & 2u) != 0u;
+  for (uint c = t; c < hd; c += kT) {
+    s_x[c] = SB_LOAD(q, ADT, h * hd + c);
+    if (fresh) s_x[kMaxHd + c] = SB_LOAD(q, ADT, kbase + c);
+  }
+  barrier();
+  if (t < 32u && qn) s_rp[t] = head_partial(0u, t);
+  if (t >= 32u && t < 64u && fresh && kn) s_rp[t] = head_partial(kMaxHd, t - 32u);
+  barrier();
+  if (t == 0u || t == 32u) {
+    float part[32];
+    [[unroll]] for (uint l = 0u; l < 32u; ++l) part[l] = s_rp[t + l];
+    if (t == 0u ? qn : fresh && kn) s_rinv[t / 32u] = sb_tree32_rsqrt(part, args.inv_d, args.eps);
+  }
+  barrier();
+  for (uint c = t; c < hd; c += kT) {
+    if (qn) s_x[c] = head_normalized(s_x[c], s_rinv[0], SB_LOAD(w, W_DT, c));
+    if (fresh && kn) s_x[kMaxHd + c] = head_normalized(s_x[kMaxHd + c], s_rinv[1], SB_LOAD(kw, KW_DT, c));
+  }
+  barrier();
+  for (uint c = t; c < hd; c += kT) {
+    s_q[c] = rnd(element_at(0u, c, at));
+    if (fresh) s_knew[c] = rnd(element_at(kMaxHd, c, at));
+  }
+  if (fresh) {
+    g_jnew = at;
+    g_vnew = vbase;
+  }
+  barrier();
+  if (fresh && h % (args.hq / args.hk) == 0u) {  // the caches' rows at `at`, as rope_qkv writes them
+    uint kw0 = key_at(kh, at) / per, vw0 = vbase / per;
+    for (uint wd = t; wd < hd / per; wd += kT) {
+      uint c = wd * per;
+      k[kw0 + wd] = sb_encode_word(s_knew[c], per == 2u ? s_knew[c + 1u] : 0.0, ADT);
+      v[kw0 + wd] = q[vw0 + wd];
+    }
+  }
+}
+#endif
+
 void main() {
   uint t = gl_LocalInvocationID.x;
   uint w = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
@@ -279,8 +373,12 @@ void main() {
   uint lo, hi;
   visible(r, lo, hi);
   if (split * kBlock >= hi) return;  // uniform: no visible block for this split
+#ifdef ATTENTION_BLOCKS_ROPE
+  rope_heads(split, h, kh, hi - 1u);
+#else
   for (uint c = t; c < hd; c += kT) s_q[c] = SB_LOAD(q, ADT, (i * args.hq + h) * hd + c);
   barrier();
+#endif
   for (uint b = split; b < args.nb && b * kBlock < hi; b += args.nsplit) {
     if (b * kBlock + kBlock > lo) block(r, b, kh, lo, hi);
   }

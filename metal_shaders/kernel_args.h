@@ -133,6 +133,11 @@
 #define SB_ATTENTION_ARGS uint m; uint hq; uint hk; uint hd; uint cache; uint pos; uint len; uint dtype; \
   float scale; float mask_value; uint window; uint has_sinks; uint row0; uint rows; uint nb; uint seq_major; \
   uint nsplit; uint pos_word;
+// ATTENTION_BLOCKS_ROPE: then Rope's q/k/v form of x [1, x_heads, hd] (queries, then hk keys and
+// hk values at the end): half_dims, eps, inv_d as SB_ROPE_ARGS; rope_flags bit 0 the query norm,
+// bit 1 the key norm, bits 8..15 / 16..23 their weights' dtypes.
+#define SB_ATTENTION_ROPE_ARGS SB_ATTENTION_ARGS uint half_dims; float eps; float inv_d; uint rope_flags; \
+  uint x_heads; uint pad0;
 
 // rope.comp: x [m, h, hd] of n elements, tables [S, half] f32, row 0 at position pos; ROPE_NORM:
 // each head RMSNorm'd first (eps, inv_d = the f32 nearest 1 / hd); has_cache: the output also
@@ -183,6 +188,7 @@ struct TransposeArgs { SB_TRANSPOSE_ARGS };
 struct MatmulArgs { SB_MATMUL_ARGS };
 struct NormArgs { SB_NORM_ARGS };
 struct AttentionArgs { SB_ATTENTION_ARGS };
+struct AttentionRopeArgs { SB_ATTENTION_ROPE_ARGS };
 struct RopeArgs { SB_ROPE_ARGS };
 struct ConvArgs { SB_CONV_ARGS };
 struct DeltaArgs { SB_DELTA_ARGS };

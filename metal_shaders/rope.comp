@@ -53,6 +53,7 @@ uint first_pos() { return args.pos + dyn[args.pos_word]; }
 float rnd(float v) { return sb_round_to(v, DT); }
 
 #ifdef ROPE_BY_HEAD
+#define SB_ROPE_STAGED
 const uint kMaxHd = 256u;  // the host refuses larger heads
 shared float s_part[32];
 shared float s_inv;
@@ -62,24 +63,7 @@ float xin(uint i) { return s_x[i % HD]; }
 float xin(uint i) { return SB_LOAD(x, DT, i); }
 #endif
 
-// Element e of the head row whose elements start at base, at position p: a rotated pair member,
-// or x itself past the rotated dims.
-float element_at(uint base, uint e, uint p) {
-  uint half_dims = args.half_dims;
-  if (e >= 2u * half_dims) return xin(base + e);
-  uint f = e < half_dims ? e : e - half_dims, t = p * half_dims + f;
-  float c = rnd(cos_t[t]), s = rnd(sin_t[t]);
-  float x1 = xin(base + f), x2 = xin(base + half_dims + f);
-  precise float v;
-  if (e < half_dims) {
-    precise float a = x1 * c, b = x2 * s;
-    v = rnd(a) - rnd(b);
-  } else {
-    precise float a = x2 * c, b = x1 * s;
-    v = rnd(a) + rnd(b);
-  }
-  return v;
-}
+#include "rope_common.glsl"
 
 float element(uint i) {
   uint r = i / HD;
@@ -94,11 +78,7 @@ void stage_head(uint base, bool norm, uint wsel) {
   for (uint e = t; e < HD; e += 64u) s_x[e] = SB_LOAD(x, DT, base + e);
   barrier();
   if (!norm) return;  // uniform over the workgroup
-  if (t < 32u) {
-    precise float p = 0.0;
-    for (uint e = t; e < HD; e += 32u) p = p + s_x[e] * s_x[e];
-    s_part[t] = p;
-  }
+  if (t < 32u) s_part[t] = head_partial(0u, t);
   barrier();
   if (t == 0u) s_inv = sb_tree32_rsqrt(s_part, args.inv_d, args.eps);
   barrier();
@@ -108,8 +88,7 @@ void stage_head(uint base, bool norm, uint wsel) {
 #else
     float we = SB_LOAD(w, W_DT, e);
 #endif
-    precise float v = (s_x[e] * s_inv) * we;
-    s_x[e] = rnd(v);
+    s_x[e] = head_normalized(s_x[e], s_inv, we);
   }
   barrier();
 }

@@ -3,6 +3,8 @@
 // prefill of head dims 32k <= 128 goes to attention_tiles.cpp instead). Order Decomposed: one
 // workgroup per (row, head).
 #include <algorithm>
+#include <cstddef>
+#include <cstring>
 
 #include "gpu_ops.h"
 #include "op_shapes.h"
@@ -20,11 +22,20 @@ constexpr uint64_t kBlockedScratchBytes = 64ull << 20;
 // device: the grid and scratch then follow the cache's length, not the position's.
 constexpr uint64_t kDynamicSplits = 64;
 
+// attention_blocks_rope's part beyond attention_blocks' (rope_attention_row).
+struct BlocksRope {
+  k::AttentionRopeArgs args{};
+  std::vector<BufferRef> binds;  // its bindings, scratch (3) filled in by blocked()
+  SpecConstants spec;
+};
+
 // Blocked32 in chunks of rows: bindings q, k, v, sinks, out, dynamic words. With pos_word
 // set, every block of the cache has a scratch slot and the blocks past the position are skipped.
-Status blocked(Runtime& rt, const ops::AttentionDims& d, k::AttentionArgs args, const std::vector<BufferRef>& b) {
+// With `rope`, the blocks kernel is attention_blocks_rope (one row).
+Status blocked(Runtime& rt, const ops::AttentionDims& d, k::AttentionArgs args, const std::vector<BufferRef>& b,
+               BlocksRope* rope = nullptr) {
   if (d.m == 0 || d.hq == 0) return Status::ok();
-  if (use_attention_tiles(d, args)) return attention_tiles(rt, d, args, b);
+  if (!rope && use_attention_tiles(d, args)) return attention_tiles(rt, d, args, b);
   const int64_t keys = args.pos_word ? d.cache : d.len;
   const uint64_t nb = static_cast<uint64_t>((keys + ops::kAttentionBlock - 1) / ops::kAttentionBlock);
   const uint64_t nsplit = args.pos_word ? std::min(nb, kDynamicSplits) : nb;
@@ -41,11 +52,101 @@ Status blocked(Runtime& rt, const ops::AttentionDims& d, k::AttentionArgs args, 
     args.row0 = static_cast<uint32_t>(row0);
     args.rows = static_cast<uint32_t>(rows);
     const uint64_t pairs = rows * static_cast<uint64_t>(d.hq);
-    SB_RETURN_IF_ERROR(
-        rt.dispatch("attention_blocks", {b[0], b[1], b[2], bt, b[5]}, &args, sizeof(args), pairs * nsplit * 128, spec));
+    if (rope) {
+      static_assert(offsetof(k::AttentionRopeArgs, half_dims) == sizeof(k::AttentionArgs));
+      std::memcpy(&rope->args, &args, sizeof(args));  // the same fields first
+      rope->binds[3] = bt;
+      SB_RETURN_IF_ERROR(rt.dispatch("attention_blocks_rope", rope->binds, &rope->args, sizeof(rope->args),
+                                     pairs * nsplit * 128, rope->spec));
+    } else {
+      SB_RETURN_IF_ERROR(
+          rt.dispatch("attention_blocks", {b[0], b[1], b[2], bt, b[5]}, &args, sizeof(args), pairs * nsplit * 128, spec));
+    }
     SB_RETURN_IF_ERROR(rt.dispatch("attention_merge", {b[3], bt, b[4], b[5]}, &args, sizeof(args), pairs * 128, spec));
   }
   return Status::ok();
+}
+
+// The kernels' arguments for node n with these sizes (pos.word: read on the device).
+k::AttentionArgs attention_args(const fb::AttentionNodeT& n, const ops::AttentionDims& d, const DynamicArg& pos,
+                                DType dt) {
+  return k::AttentionArgs{static_cast<uint32_t>(d.m),
+                          static_cast<uint32_t>(d.hq),
+                          static_cast<uint32_t>(d.hk),
+                          static_cast<uint32_t>(d.hd),
+                          static_cast<uint32_t>(d.cache),
+                          pos.word ? 0u : static_cast<uint32_t>(d.pos),
+                          static_cast<uint32_t>(d.len),
+                          static_cast<uint32_t>(dt),
+                          n.scale,
+                          n.mask_value,
+                          static_cast<uint32_t>(n.window),
+                          n.sinks ? 1u : 0u,
+                          0,
+                          static_cast<uint32_t>(d.m),
+                          0,
+                          n.seq_major ? 1u : 0u,
+                          0,
+                          pos.word};
+}
+
+// What the GPU kernels take of node n's sizes (beyond attention_dims' checks).
+Status attention_supported(const fb::AttentionNodeT& n, const ops::AttentionDims& d, DType dt) {
+  SB_CHECK_OR_RETURN(d.hd <= kMaxHeadDim && (dtype_size(dt) == 4 || d.hd % 2 == 0), StatusCode::kUnimplemented,
+                     "attention: head dim %lld (the GPU kernel takes up to %lld, even for 16-bit)", (long long)d.hd,
+                     (long long)kMaxHeadDim);
+  SB_RETURN_IF_ERROR(u32_count(d.hk * d.cache * d.hd, "attention cache").status());
+  SB_CHECK_OR_RETURN(n.window >= 0 && n.window <= INT32_MAX, StatusCode::kUnimplemented, "attention: window %lld",
+                     (long long)n.window);
+  return Status::ok();
+}
+
+// Rope's q/k/v form whose queries only the Attention after it reads, over the caches it appends
+// to, at the same position; a one-row step runs as attention_blocks_rope + attention_merge.
+Status rope_attention_row(KernelContext& ctx, const fb::RopeNodeT& rn, const fb::AttentionNodeT& an, RopeQkv& r,
+                          bool* done) {
+  *done = false;
+  Runtime& rt = rt_of(ctx);
+  if (r.d.m != 1 || !an.seq_major || an.order != fb::AttentionOrder::Blocked32 || r.pos.word == 0)
+    return Status::ok();
+  Tensor sinks;
+  BufferRef bs = r.bx;  // never read without sinks
+  if (an.sinks) {
+    SB_ASSIGN_OR_RETURN(bs, bind_in(ctx, an.sinks.get(), &sinks));
+  }
+  const Tensor q = Tensor::wrap(r.x.dtype(), {r.d.m, r.d.q_heads, r.d.hd}, nullptr, nullptr);  // never computed
+  SB_ASSIGN_OR_RETURN(ops::AttentionDims d, ops::attention_dims(q, r.kc.dev, r.vc.dev, an.sinks ? &sinks : nullptr,
+                                                                r.pos.value, an.seq_major));
+  SB_RETURN_IF_ERROR(attention_supported(an, d, q.dtype()));
+  k::AttentionArgs args = attention_args(an, d, r.pos, q.dtype());
+  if (use_attention_tiles(d, args)) return Status::ok();
+  ctx.guard_dynamic(an.pos.get(), 0, d.cache - d.m);
+  SB_ASSIGN_OR_RETURN(Tensor out, rt.alloc(q.dtype(), {d.m, d.hq * d.hd}));
+  SB_ASSIGN_OR_RETURN(BufferRef bo, rt.bind(out, false));
+  BlocksRope br;
+  br.args.half_dims = r.args.half_dims;
+  br.args.eps = r.args.eps;
+  br.args.inv_d = r.args.inv_d;
+  br.args.rope_flags = r.args.has_norm | r.args.has_k_norm << 1 | r.args.w_dtype << 8 | r.args.kw_dtype << 16;
+  br.args.x_heads = static_cast<uint32_t>(r.d.h);
+  br.binds = {r.bx, r.bk, r.bv, r.bx, r.pos.words, r.bc, r.bs, r.bqw, r.bkw};
+  br.spec = rope_qkv_spec(r);
+  SB_RETURN_IF_ERROR(blocked(rt, d, args, {r.bx, r.bk, r.bv, bs, bo, r.pos.words}, &br));
+  SB_RETURN_IF_ERROR(rope_qkv_keep(ctx, rn, r));
+  *done = true;
+  return ctx.out(an.out.get(), std::move(out));
+}
+
+}  // namespace
+
+Status rope_attention(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>* ins) {
+  const fb::RopeNodeT& rn = *ins[0]->op.AsRopeNode();
+  SB_ASSIGN_OR_RETURN(RopeQkv r, rope_qkv_bind(ctx, rn));
+  bool done = false;
+  SB_RETURN_IF_ERROR(rope_attention_row(ctx, rn, *ins[1]->op.AsAttentionNode(), r, &done));
+  if (done) return Status::ok();
+  SB_RETURN_IF_ERROR(rope_qkv_run(ctx, rn, r));
+  return attention(ctx, ins[1]->op);
 }
 
 Status attention(KernelContext& ctx, const fb::OpNodeUnion& op) {
@@ -72,32 +173,10 @@ Status attention(KernelContext& ctx, const fb::OpNodeUnion& op) {
   SB_ASSIGN_OR_RETURN(ops::AttentionDims d,
                       ops::attention_dims(q, kc, vc, n->sinks ? &sinks : nullptr, pos.value, n->seq_major));
   if (one_row) ctx.guard_dynamic(n->pos.get(), 0, d.cache - d.m);
-  SB_CHECK_OR_RETURN(d.hd <= kMaxHeadDim && (dtype_size(q.dtype()) == 4 || d.hd % 2 == 0),
-                     StatusCode::kUnimplemented, "attention: head dim %lld (the GPU kernel takes up to %lld, even for 16-bit)",
-                     (long long)d.hd, (long long)kMaxHeadDim);
-  SB_RETURN_IF_ERROR(u32_count(d.hk * d.cache * d.hd, "attention cache").status());
-  SB_CHECK_OR_RETURN(n->window >= 0 && n->window <= INT32_MAX, StatusCode::kUnimplemented, "attention: window %lld",
-                     (long long)n->window);
+  SB_RETURN_IF_ERROR(attention_supported(*n, d, q.dtype()));
   SB_ASSIGN_OR_RETURN(Tensor out, rt.alloc(q.dtype(), {d.m, d.hq * d.hd}));
   SB_ASSIGN_OR_RETURN(BufferRef bo, rt.bind(out, false));
-  k::AttentionArgs args{static_cast<uint32_t>(d.m),
-                        static_cast<uint32_t>(d.hq),
-                        static_cast<uint32_t>(d.hk),
-                        static_cast<uint32_t>(d.hd),
-                        static_cast<uint32_t>(d.cache),
-                        pos.word ? 0u : static_cast<uint32_t>(d.pos),
-                        static_cast<uint32_t>(d.len),
-                        static_cast<uint32_t>(q.dtype()),
-                        n->scale,
-                        n->mask_value,
-                        static_cast<uint32_t>(n->window),
-                        n->sinks ? 1u : 0u,
-                        0,
-                        static_cast<uint32_t>(d.m),
-                        0,
-                        n->seq_major ? 1u : 0u,
-                        0,
-                        pos.word};
+  const k::AttentionArgs args = attention_args(*n, d, pos, q.dtype());
   if (n->order == fb::AttentionOrder::Blocked32) {
     SB_RETURN_IF_ERROR(blocked(rt, d, args, {bq, bk, bv, bs, bo, pos.words}));
     return ctx.out(n->out.get(), std::move(out));
@@ -112,8 +191,6 @@ Status attention(KernelContext& ctx, const fb::OpNodeUnion& op) {
                                    static_cast<uint64_t>(d.m * d.hq) * 128, dtype_spec({q.dtype()}, {d.hd})));
   return ctx.out(n->out.get(), std::move(out));
 }
-
-}  // namespace
 
 void register_attention(KernelRegistry& r) { r.add(fb::OpNode::AttentionNode, attention); }
 

@@ -167,6 +167,16 @@ Fusion GpuDevice::fuse(const std::vector<std::unique_ptr<fb::InstructionT>>& ins
                        const PrivateTemp& private_temp) const {
   if (i + 2 <= ins.size() && ins[i]->op.type == fb::OpNode::RmsNormNode)
     return norm_qmm_fusion(ins, i, private_temp, fuse(ins, i + 1, private_temp));
+  if (i + 2 <= ins.size() && ins[i]->op.type == fb::OpNode::RopeNode &&
+      ins[i + 1]->op.type == fb::OpNode::AttentionNode) {
+    // Rope's q/k/v form and the Blocked32 Attention of its queries over its caches, at its position.
+    const auto* rn = ins[i]->op.AsRopeNode();
+    const auto* an = ins[i + 1]->op.AsAttentionNode();
+    const bool over_rope = rn->k_heads > 0 && rn->cache && rn->v_cache && an->q->idx() == rn->out->idx() &&
+                           an->k_cache->idx() == rn->cache->idx() && an->v_cache->idx() == rn->v_cache->idx() &&
+                           same_iov(rn->pos, an->pos) && an->order == fb::AttentionOrder::Blocked32 && an->seq_major;
+    return over_rope && private_temp(rn->out.get(), i + 1) ? Fusion{rope_attention, 2} : Fusion{};
+  }
   if (i + 2 <= ins.size() && ins[i]->op.type == fb::OpNode::MatmulNode &&
       ins[i + 1]->op.type == fb::OpNode::RouterNode &&
       ins[i + 1]->op.AsRouterNode()->logits->idx() == ins[i]->op.AsMatmulNode()->out->idx())

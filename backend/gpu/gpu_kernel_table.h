@@ -91,6 +91,8 @@ static_assert(sizeof(TransposeArgs) == 80 && offsetof(TransposeArgs, rank) == 64
 static_assert(sizeof(MatmulArgs) == 48 && sizeof(NormArgs) == 36 && offsetof(NormArgs, eps) == 16);
 static_assert(sizeof(AttentionArgs) == 72 && offsetof(AttentionArgs, scale) == 32 &&
               offsetof(AttentionArgs, row0) == 48 && offsetof(AttentionArgs, pos_word) == 68);
+static_assert(sizeof(AttentionRopeArgs) == 96 && offsetof(AttentionRopeArgs, pos_word) == 68 &&
+              offsetof(AttentionRopeArgs, half_dims) == 72 && offsetof(AttentionRopeArgs, x_heads) == 88);
 static_assert(sizeof(RopeArgs) == 68 && offsetof(RopeArgs, eps) == 32 && offsetof(RopeArgs, q_heads) == 48);
 static_assert(sizeof(ConvArgs) == 32 && sizeof(DeltaArgs) == 48 && offsetof(DeltaArgs, scale) == 44);
 static_assert(sizeof(RouterArgs) == 48 && offsetof(RouterArgs, routed_scaling_factor) == 32);

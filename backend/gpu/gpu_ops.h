@@ -12,6 +12,7 @@
 #include "device.h"
 #include "gpu_kernel_table.h"
 #include "gpu_runtime.h"
+#include "op_shapes.h"
 
 namespace switchboard::ops {
 struct AttentionDims;
@@ -150,7 +151,29 @@ Status rms_norm(KernelContext& ctx, const fb::OpNodeUnion& op);
 // another kernel ran) for a kernel recorded after it without a barrier (matmul.cpp).
 Status matmul_run(KernelContext& ctx, const fb::OpNodeUnion& op, const BufferRef* done, uint32_t* counted);
 
+// Rope's q/k/v form (rope.cpp) bound: x, the tables and norm weights, the caches' device
+// copies (bk, bv), the position and the kernel's arguments; rope_qkv_keep keeps the caches
+// on the device once a dispatch wrote them.
+struct RopeQkv {
+  Tensor x, cos, sin, qw, kw;
+  BufferRef bx, bc, bs, bqw, bkw, bk, bv;
+  InPlace kc, vc;
+  DynamicArg pos;
+  ops::RopeDims d;
+  k::RopeArgs args{};
+};
+Result<RopeQkv> rope_qkv_bind(KernelContext& ctx, const fb::RopeNodeT& n);
+SpecConstants rope_qkv_spec(const RopeQkv& r);
+Status rope_qkv_keep(KernelContext& ctx, const fb::RopeNodeT& n, RopeQkv& r);
+// rope_qkv: its dispatch, the caches kept and the queries output.
+Status rope_qkv_run(KernelContext& ctx, const fb::RopeNodeT& n, RopeQkv& r);
+// Attention on the GPU (attention.cpp).
+Status attention(KernelContext& ctx, const fb::OpNodeUnion& op);
+
 // --- fusions (GpuDevice::fuse picks them) ----------------------------------------------
+// Rope's q/k/v form + the Blocked32 Attention of its queries over its caches (attention.cpp):
+// a decode row's blocks kernel computes the rope itself; other rows run the two ops.
+Status rope_attention(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>* ins);
 // ScatterRows + Combine of its private output (combine.cpp).
 Status scatter_combine(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>* ins);
 // GatherQmm gate, GatherQmm up, Glu (gather_qmm_row.cpp).

@@ -25,54 +25,77 @@ k::RopeArgs rope_args(const ops::RopeDims& d, const DynamicArg& pos, DType dt, f
 
 // The fused q/k/v form: one workgroup per (row, head read).
 Status rope_qkv(KernelContext& ctx, const fb::RopeNodeT& n) {
+  SB_ASSIGN_OR_RETURN(RopeQkv r, rope_qkv_bind(ctx, n));
+  return rope_qkv_run(ctx, n, r);
+}
+
+}  // namespace
+
+Result<RopeQkv> rope_qkv_bind(KernelContext& ctx, const fb::RopeNodeT& n) {
   Runtime& rt = rt_of(ctx);
-  Tensor x, cos, sin, qw, kw;
-  SB_ASSIGN_OR_RETURN(BufferRef bx, bind_in(ctx, n.x.get(), &x));
-  SB_ASSIGN_OR_RETURN(BufferRef bc, bind_in(ctx, n.cos.get(), &cos));
-  SB_ASSIGN_OR_RETURN(BufferRef bs, bind_in(ctx, n.sin.get(), &sin));
-  BufferRef bqw = bx, bkw = bx;  // never read without their weights
+  RopeQkv r;
+  SB_ASSIGN_OR_RETURN(r.bx, bind_in(ctx, n.x.get(), &r.x));
+  SB_ASSIGN_OR_RETURN(r.bc, bind_in(ctx, n.cos.get(), &r.cos));
+  SB_ASSIGN_OR_RETURN(r.bs, bind_in(ctx, n.sin.get(), &r.sin));
+  r.bqw = r.bkw = r.bx;  // never read without their weights
   if (n.norm_weight) {
-    SB_ASSIGN_OR_RETURN(bqw, bind_in(ctx, n.norm_weight.get(), &qw));
+    SB_ASSIGN_OR_RETURN(r.bqw, bind_in(ctx, n.norm_weight.get(), &r.qw));
   }
   if (n.k_norm_weight) {
-    SB_ASSIGN_OR_RETURN(bkw, bind_in(ctx, n.k_norm_weight.get(), &kw));
+    SB_ASSIGN_OR_RETURN(r.bkw, bind_in(ctx, n.k_norm_weight.get(), &r.kw));
   }
-  SB_ASSIGN_OR_RETURN(InPlace kc, inplace_on_device(ctx, n.cache.get()));
-  SB_ASSIGN_OR_RETURN(InPlace vc, inplace_on_device(ctx, n.v_cache.get()));
-  SB_ASSIGN_OR_RETURN(DynamicArg pos, dynamic_arg(ctx, n.pos.get()));
-  SB_ASSIGN_OR_RETURN(ops::RopeDims d,
-                      ops::rope_qkv_dims(x, cos, sin, pos.value, n.norm_weight ? &qw : nullptr,
-                                         n.k_norm_weight ? &kw : nullptr, kc.dev, vc.dev, n.q_heads, n.k_heads));
-  ctx.guard_dynamic(n.pos.get(), 0, std::min({d.table_rows, kc.dev.dim(0), vc.dev.dim(0)}) - d.m);
-  SB_CHECK_OR_RETURN(dtype_size(x.dtype()) != 2 || d.hd % 2 == 0, StatusCode::kUnimplemented,
+  SB_ASSIGN_OR_RETURN(r.kc, inplace_on_device(ctx, n.cache.get()));
+  SB_ASSIGN_OR_RETURN(r.vc, inplace_on_device(ctx, n.v_cache.get()));
+  SB_ASSIGN_OR_RETURN(r.pos, dynamic_arg(ctx, n.pos.get()));
+  SB_ASSIGN_OR_RETURN(r.d, ops::rope_qkv_dims(r.x, r.cos, r.sin, r.pos.value, n.norm_weight ? &r.qw : nullptr,
+                                              n.k_norm_weight ? &r.kw : nullptr, r.kc.dev, r.vc.dev, n.q_heads,
+                                              n.k_heads));
+  const ops::RopeDims& d = r.d;
+  ctx.guard_dynamic(n.pos.get(), 0, std::min({d.table_rows, r.kc.dev.dim(0), r.vc.dev.dim(0)}) - d.m);
+  SB_CHECK_OR_RETURN(dtype_size(r.x.dtype()) != 2 || d.hd % 2 == 0, StatusCode::kUnimplemented,
                      "Rope on the GPU: 16-bit heads of odd size %lld", (long long)d.hd);
   SB_CHECK_OR_RETURN(d.hd <= 256, StatusCode::kUnimplemented, "Rope's q/k/v form on the GPU: heads of %lld (up to 256)",
                      (long long)d.hd);
   SB_RETURN_IF_ERROR(u32_count(d.table_rows * d.half, "rope tables").status());
-  SB_RETURN_IF_ERROR(u32_count(x.numel(), "rope").status());
-  SB_RETURN_IF_ERROR(u32_count(std::max(kc.dev.numel(), vc.dev.numel()), "rope cache").status());
-  SB_ASSIGN_OR_RETURN(Tensor out, rt.alloc(x.dtype(), {d.m, d.q_heads, d.hd}));
+  SB_RETURN_IF_ERROR(u32_count(r.x.numel(), "rope").status());
+  SB_RETURN_IF_ERROR(u32_count(std::max(r.kc.dev.numel(), r.vc.dev.numel()), "rope cache").status());
+  SB_ASSIGN_OR_RETURN(r.bk, rt.bind(r.kc.dev, false));
+  SB_ASSIGN_OR_RETURN(r.bv, rt.bind(r.vc.dev, false));
+  r.args = rope_args(d, r.pos, r.x.dtype(), n.eps);
+  r.args.has_cache = 1u;
+  r.args.q_heads = static_cast<uint32_t>(d.q_heads);
+  r.args.k_heads = static_cast<uint32_t>(d.k_heads);
+  r.args.has_norm = n.norm_weight ? 1u : 0u;
+  r.args.has_k_norm = n.k_norm_weight ? 1u : 0u;
+  r.args.w_dtype = static_cast<uint32_t>(n.norm_weight ? r.qw.dtype() : r.x.dtype());
+  r.args.kw_dtype = static_cast<uint32_t>(n.k_norm_weight ? r.kw.dtype() : r.x.dtype());
+  return r;
+}
+
+SpecConstants rope_qkv_spec(const RopeQkv& r) {
+  return dtype_spec({r.x.dtype(), static_cast<DType>(r.args.w_dtype), static_cast<DType>(r.args.kw_dtype)}, {r.d.hd});
+}
+
+Status rope_qkv_run(KernelContext& ctx, const fb::RopeNodeT& n, RopeQkv& r) {
+  Runtime& rt = rt_of(ctx);
+  const ops::RopeDims& d = r.d;
+  SB_ASSIGN_OR_RETURN(Tensor out, rt.alloc(r.x.dtype(), {d.m, d.q_heads, d.hd}));
   SB_ASSIGN_OR_RETURN(BufferRef bo, rt.bind(out, false));
-  SB_ASSIGN_OR_RETURN(BufferRef bk, rt.bind(kc.dev, false));
-  SB_ASSIGN_OR_RETURN(BufferRef bv, rt.bind(vc.dev, false));
-  k::RopeArgs args = rope_args(d, pos, x.dtype(), n.eps);
-  args.n = static_cast<uint32_t>(out.numel());
-  args.has_cache = 1u;
-  args.q_heads = static_cast<uint32_t>(d.q_heads);
-  args.k_heads = static_cast<uint32_t>(d.k_heads);
-  args.has_norm = n.norm_weight ? 1u : 0u;
-  args.has_k_norm = n.k_norm_weight ? 1u : 0u;
-  args.w_dtype = static_cast<uint32_t>(n.norm_weight ? qw.dtype() : x.dtype());
-  args.kw_dtype = static_cast<uint32_t>(n.k_norm_weight ? kw.dtype() : x.dtype());
+  r.args.n = static_cast<uint32_t>(out.numel());
   if (d.m > 0)
-    SB_RETURN_IF_ERROR(rt.dispatch(
-        "rope_qkv", {bx, bc, bs, bo, bk, bqw, pos.words, bkw, bv}, &args, sizeof(args),
-        static_cast<uint64_t>(d.m * (d.q_heads + 2 * d.k_heads)) * 64,
-        dtype_spec({x.dtype(), static_cast<DType>(args.w_dtype), static_cast<DType>(args.kw_dtype)}, {d.hd})));
-  SB_RETURN_IF_ERROR(keep_on_device(ctx, n.cache.get(), kc));
-  SB_RETURN_IF_ERROR(keep_on_device(ctx, n.v_cache.get(), vc));
+    SB_RETURN_IF_ERROR(rt.dispatch("rope_qkv", {r.bx, r.bc, r.bs, bo, r.bk, r.bqw, r.pos.words, r.bkw, r.bv}, &r.args,
+                                   sizeof(r.args), static_cast<uint64_t>(d.m * (d.q_heads + 2 * d.k_heads)) * 64,
+                                   rope_qkv_spec(r)));
+  SB_RETURN_IF_ERROR(rope_qkv_keep(ctx, n, r));
   return ctx.out(n.out.get(), std::move(out));
 }
+
+Status rope_qkv_keep(KernelContext& ctx, const fb::RopeNodeT& n, RopeQkv& r) {
+  SB_RETURN_IF_ERROR(keep_on_device(ctx, n.cache.get(), r.kc));
+  return keep_on_device(ctx, n.v_cache.get(), r.vc);
+}
+
+namespace {
 
 Status rope(KernelContext& ctx, const fb::OpNodeUnion& op) {
   const auto* n = op.AsRopeNode();
