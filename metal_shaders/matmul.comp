@@ -1,21 +1,23 @@
 // Kernel variants of this file, one line each (metal_shaders/README.md, "Variants"):
 // SB_KERNEL(matmul, MATMUL, "rrrw", MatmulArgs, SB_MATMUL_ARGS, 32, 0)
-// SB_KERNEL(matmul_rows16, MATMUL_ROWS16, "rrrw", MatmulArgs, SB_MATMUL_ARGS, 32, 0)
+// SB_KERNEL(matmul_rows16, MATMUL_ROWS16, "rrrw", MatmulArgs, SB_MATMUL_ARGS, 64, 0)
 // SB_KERNEL(matmul_tile, MATMUL_TILE, "rrrw", MatmulArgs, SB_MATMUL_ARGS, 256, 0)
 // matmul_rows16 that counts its finished workgroups in binding 4 (the router waits on it).
-// SB_KERNEL(matmul_rows16_count, MATMUL_ROWS16_COUNT, "rrrwb", MatmulArgs, SB_MATMUL_ARGS, 32, 0)
+// SB_KERNEL(matmul_rows16_count, MATMUL_ROWS16_COUNT, "rrrwb", MatmulArgs, SB_MATMUL_ARGS, 64, 0)
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
 // Matmul / linear and BatchMatmul with the dot32 order of docs/numerics.md (then +
 // bias); twin of cpu_fallback/matmul.cpp. Thread -> output: workgroup w writes word w
 // of out [batch, rows, cols] (1 or 2 elements); lane l keeps partial sum l over k = l, l+32, ...
-// (product, then add), and the halving tree 16..1 combines them (MATMUL_ROWS16 the same,
-// reading the rows through shared memory).
+// (product, then add), and the halving tree 16..1 combines them (MATMUL_ROWS16 the same with
+// 64 threads: lanes 32..63 hold the word's second element, both read through shared memory).
 #include "common.glsl"
 
 #ifdef MATMUL_TILE
 layout(local_size_x = 256) in;
+#elif defined(MATMUL_ROWS16) || defined(MATMUL_ROWS16_COUNT)
+layout(local_size_x = 64) in;
 #else
 layout(local_size_x = 32) in;
 #endif
@@ -129,56 +131,104 @@ void main() {
     o[e] = floatBitsToUint(v);
   }
 }
-#else
-shared float s_part[32];
-shared float s_out[2];
-#ifdef MATMUL_ROWS16
-const uint kChunkWords = 2048u;  // words of a and of b staged per pass (16 per lane)
-shared uint s_aw[kChunkWords], s_bw[kChunkWords];
+#elif defined(MATMUL_ROWS16)
+const uint kChunkWords = 2048u;  // words of a and of each b row staged per pass
+const uint kUnits = kChunkWords / 4u / 64u;  // 16-byte units a thread copies per row and pass
+shared uint s_aw[kChunkWords], s_bw[2u * kChunkWords];
+shared float s_part[64];
 
-// Partial `lane` += a[r, i] * b[c, i] for i = lane, lane + 32, ... in [0, k) (b transposed,
-// both rows whole 16-byte units): each pass copies up to kChunkWords words of both rows
-// into shared memory with 16-byte loads, all issued before any is used — a quarter of the
-// load instructions of one word per element, which is what a latency-bound decode GEMV
-// waits on — then adds them in index order.
-void dot32_rows16(uint lane, uint r, uint c, uint boff, inout precise float part) {
-  uint pa = sb_per_word(DT), pb = sb_per_word(B_DT);
-  uint qa = r * args.k / (4u * pa), qb = (boff + c * args.k) / (4u * pb);
+// Thread t = 32 slot + lane: partial `lane` of output (r, c + slot) over i = lane, lane + 32, ...
+// in [0, k) (b transposed, rows whole 16-byte units), slot 1 only with `pair`. Each pass copies
+// up to kChunkWords words of a's row and of both b rows into shared memory with 16-byte loads,
+// all issued before any is used (a latency-bound decode GEMV waits on them), then adds in order.
+float dot32_rows16(uint t, uint r, uint c, uint boff, bool pair) {
+  uint lane = t & 31u, slot = t >> 5u, pa = sb_per_word(DT), pb = sb_per_word(B_DT);
+  uint qa = r * args.k / (4u * pa), qb = (boff + c * args.k) / (4u * pb), row_b = args.k / (4u * pb);
   uint chunk = kChunkWords * min(pa, pb);  // elements per pass: a multiple of 32
+  precise float part = 0.0;
   for (uint c0 = 0u; c0 < args.k; c0 += chunk) {
     uint len = min(chunk, args.k - c0), na = len / (4u * pa), nb = len / (4u * pb);
     uint a0 = qa + c0 / (4u * pa), b0 = qb + c0 / (4u * pb);
-    uvec4 va[16], vb[16];
-    [[unroll]] for (uint j = 0u; j < 16u; ++j) {
-      va[j] = a4[a0 + min(lane + 32u * j, na - 1u)];
-      vb[j] = b4[b0 + min(lane + 32u * j, nb - 1u)];
+    uvec4 va[kUnits], vb[kUnits], vc[kUnits];
+    [[unroll]] for (uint j = 0u; j < kUnits; ++j) {
+      uint u = t + 64u * j;
+      va[j] = a4[a0 + min(u, na - 1u)];
+      vb[j] = b4[b0 + min(u, nb - 1u)];
+      vc[j] = pair ? b4[b0 + row_b + min(u, nb - 1u)] : uvec4(0u);
     }
-    [[unroll]] for (uint j = 0u; j < 16u; ++j) {
-      uint q = lane + 32u * j;
+    [[unroll]] for (uint j = 0u; j < kUnits; ++j) {
+      uint u = t + 64u * j;
       [[unroll]] for (uint w = 0u; w < 4u; ++w) {
-        if (q < na) s_aw[4u * q + w] = va[j][w];
-        if (q < nb) s_bw[4u * q + w] = vb[j][w];
+        if (u < na) s_aw[4u * u + w] = va[j][w];
+        if (u < nb) {
+          s_bw[4u * u + w] = vb[j][w];
+          s_bw[kChunkWords + 4u * u + w] = vc[j][w];
+        }
       }
     }
     barrier();
-    for (uint i = lane; i < len; i += 32u) {
-      float av = sb_decode(s_aw[sb_word(DT, i)], DT, i);
-      float bv = sb_decode(s_bw[sb_word(B_DT, i)], B_DT, i);
-      part = part + av * bv;
+    if (slot == 0u || pair) {
+      for (uint i = lane; i < len; i += 32u) {
+        float av = sb_decode(s_aw[sb_word(DT, i)], DT, i);
+        float bv = sb_decode(s_bw[slot * kChunkWords + sb_word(B_DT, i)], B_DT, i);
+        part = part + av * bv;
+      }
     }
     barrier();
   }
+  return part;
 }
-#endif
 
+// Output e (slot 0) and, with `pair`, e + 1 of the same row (slot 1): partials, then each
+// slot's halving tree 16..1, then the bias.
+void outputs_rows16(uint e, bool pair, out float v0, out float v1) {
+  uint t = gl_LocalInvocationID.x, lane = t & 31u;
+  uint r = e / args.cols, c = e % args.cols;  // r: row over all batches
+  uint boff = (r / args.rows / args.group) * args.cols * args.k;  // b's batch (grouped)
+  s_part[t] = dot32_rows16(t, r, c, boff, pair);
+  barrier();
+  for (uint s = 16u; s >= 1u; s >>= 1) {
+    if (lane < s) {
+      precise float sum = s_part[t] + s_part[t + s];
+      s_part[t] = sum;
+    }
+    barrier();
+  }
+  precise float a = s_part[0], b = s_part[32];
+  if (args.has_bias != 0u) {
+    a = a + SB_LOAD(bias, BIAS_DT, c);
+    if (pair) b = b + SB_LOAD(bias, BIAS_DT, c + 1u);
+  }
+  v0 = a;
+  v1 = b;
+  barrier();  // s_part is reused by a second call
+}
+
+void main() {
+  uint wg = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
+  uint per = sb_per_word(DT), i = wg * per, count = args.batch * args.rows * args.cols;
+  if (i >= count) return;
+  bool two = per == 2u && i + 1u < count;
+  bool pair = two && i % args.cols + 1u < args.cols;  // both elements in one row of a
+  float v0, v1, w1;
+  outputs_rows16(i, pair, v0, v1);
+  if (two && !pair) outputs_rows16(i + 1u, false, v1, w1);
+  if (gl_LocalInvocationID.x == 0u) {
+    o[wg] = sb_encode_word(v0, two ? v1 : 0.0, DT);
+#ifdef SB_COUNT
+    memoryBarrierBuffer();  // the word before the count
+    atomicAdd(done[0], 1u);
+#endif
+  }
+}
+#else
+shared float s_part[32];
+shared float s_out[2];
 void dot32(uint e, uint slot) {
   uint lane = gl_LocalInvocationID.x;
   uint r = e / args.cols, c = e % args.cols;  // r: row over all batches
   uint boff = (r / args.rows / args.group) * args.cols * args.k;  // b's batch (grouped)
   precise float part = 0.0;
-#ifdef MATMUL_ROWS16
-  dot32_rows16(lane, r, c, boff, part);
-#else
   // Sixteen (a, b) pairs loaded before any is used, at clamped indices (no branch around
   // a load): one memory wait per sixteen terms.
   for (uint i0 = lane; i0 < args.k; i0 += 512u) {
@@ -192,7 +242,6 @@ void dot32(uint e, uint slot) {
     [[unroll]] for (uint j = 0u; j < 16u; ++j)
       if (i0 + 32u * j < args.k) part = part + av[j] * bv[j];
   }
-#endif
   s_part[lane] = part;
   barrier();
   for (uint s = 16u; s >= 1u; s >>= 1) {
@@ -221,10 +270,6 @@ void main() {
   if (two) dot32(i + 1u, 1u);
   if (gl_LocalInvocationID.x == 0u) {
     o[wg] = sb_encode_word(s_out[0], two ? s_out[1] : 0.0, DT);
-#ifdef SB_COUNT
-    memoryBarrierBuffer();  // the word before the count
-    atomicAdd(done[0], 1u);
-#endif
   }
 }
 #endif

@@ -678,7 +678,8 @@ TEST(Matmul, BF16WithBias) {
 // Small integers: every partial sum is an integer below 2^24, exact in f32 in any order, so exact.
 // Long rows: each GPU lane loads its terms in several batches; rows of >= 1024 elements in
 // whole 16-byte units with b transposed are copied in passes of 2048 words (one pass at
-// k = 1536 and at 2056 bf16, two at 2500 f32 and 4200 bf16).
+// k = 1536 and at 2056 bf16, two at 2500 f32 and 4200 bf16); 16-bit outputs two to a
+// workgroup, both of one row of a (a router's logits) or of two rows (odd widths).
 TEST(Matmul, LongRowsTakeSeveralLoadBatches) {
   check_matmul(kF32, {2, 600}, {3, 600}, true, true, kF32Matmul);
   check_matmul(kBF16, {1, 777}, {777, 4}, false, false, kBF16Matmul);
@@ -686,6 +687,7 @@ TEST(Matmul, LongRowsTakeSeveralLoadBatches) {
   check_matmul(kF32, {1, 2500}, {5, 2500}, true, true, kF32Matmul);
   check_matmul(kBF16, {2, 2056}, {3, 2056}, true, false, kBF16Matmul);
   check_matmul(kBF16, {1, 4200}, {3, 4200}, true, true, kBF16Matmul);
+  check_matmul(kBF16, {1, 2048}, {128, 2048}, true, false, kBF16Matmul);
   check_matmul(kF16, {1, 130}, {3, 130}, true, false, kF16Matmul);  // 130 % 8 != 0: word loads
 }
 

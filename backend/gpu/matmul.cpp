@@ -49,9 +49,9 @@ Status dispatch_matmul(Runtime& rt, const k::MatmulArgs& args, DType dtype, cons
     std::vector<BufferRef> counted_binds = binds;
     counted_binds.push_back(*done);
     *counted = static_cast<uint32_t>(words);
-    return rt.dispatch("matmul_rows16_count", counted_binds, &args, sizeof(args), 32 * words, spec);
+    return rt.dispatch("matmul_rows16_count", counted_binds, &args, sizeof(args), 64 * words, spec);
   }
-  return rt.dispatch(rows16 ? "matmul_rows16" : "matmul", binds, &args, sizeof(args), 32 * words, spec);
+  return rt.dispatch(rows16 ? "matmul_rows16" : "matmul", binds, &args, sizeof(args), (rows16 ? 64 : 32) * words, spec);
 }
 
 }  // namespace
