@@ -3,9 +3,8 @@
 // SB_KERNEL(attention_blocks, ATTENTION_BLOCKS, "rrrwr", AttentionArgs, SB_ATTENTION_ARGS, 128, 0)
 // SB_KERNEL(attention_merge, ATTENTION_MERGE, "rrwr", AttentionArgs, SB_ATTENTION_ARGS, 128, 0)
 // attention_blocks of one decode row that first computes Rope's q/k/v form itself: x (q, k and v
-// heads), the caches (the new key and value appended), scratch, dyn, cos, sin, the norm weights,
-// then the per-tile counts of x's producer (wait_tile) and the status word.
-// SB_KERNEL(attention_blocks_rope, ATTENTION_BLOCKS_ROPE, "rbbwrrrrrrb", AttentionRopeArgs, SB_ATTENTION_ROPE_ARGS, 128, 0)
+// heads), the caches (the new key and value appended), scratch, dyn, cos, sin, the norm weights.
+// SB_KERNEL(attention_blocks_rope, ATTENTION_BLOCKS_ROPE, "rbbwrrrrr", AttentionRopeArgs, SB_ATTENTION_ROPE_ARGS, 128, 0)
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
@@ -201,11 +200,7 @@ uint ob_at(uint r, uint b) { return args.rows * args.hq * args.nb * 2u + (r * ar
 #endif
 
 #ifdef ATTENTION_BLOCKS
-#ifdef ATTENTION_BLOCKS_ROPE  // Rope's x, maybe written while this runs (wait_tile)
-layout(std430, binding = 0) coherent readonly buffer Q { uint q[]; };
-#else
-layout(std430, binding = 0) readonly buffer Q { uint q[]; };
-#endif
+layout(std430, binding = 0) readonly buffer Q { uint q[]; };  // ATTENTION_BLOCKS_ROPE: Rope's x
 #ifdef ATTENTION_BLOCKS_ROPE
 layout(std430, binding = 1) buffer K { uint k[]; };
 layout(std430, binding = 2) buffer V { uint v[]; };
@@ -221,8 +216,6 @@ layout(std430, binding = 5) readonly buffer C { float cos_t[]; };
 layout(std430, binding = 6) readonly buffer S { float sin_t[]; };
 layout(std430, binding = 7) readonly buffer W { uint w[]; };
 layout(std430, binding = 8) readonly buffer KW { uint kw[]; };
-layout(std430, binding = 9) coherent volatile readonly buffer Tc { uint tile_done[]; };
-layout(std430, binding = 10) buffer Er { uint err[]; };
 #define W_DT SB_SPEC(kSpecDt1, (args.rope_flags >> 8u) & 0xffu)    // the query norm weights
 #define KW_DT SB_SPEC(kSpecDt2, (args.rope_flags >> 16u) & 0xffu)  // the key norm weights
 #define SB_ROPE_STAGED
@@ -326,29 +319,11 @@ void block(uint r, uint b, uint kh, uint lo, uint hi) {
 // Rope's q/k/v form for query head h of the row at position `at` (x row 0) -> s_q; where this
 // split's blocks hold key `at`, the new key -> s_knew (g_jnew, g_vnew set), and the group's
 // first query head appends the key and the value to the caches.
-// Threads [32 slot, 32 slot + 32) wait until x's columns [c0, c0 + hd) are stored (wait_tile:
-// the dispatch before counts its tiles, no barrier between; at most 32 tiles a head, the host
-// checks), bounded (SB_ERR_HANDOFF).
-void wait_head(uint slot, uint c0) {
-  uint l = gl_LocalInvocationID.x - 32u * slot, first = c0 / args.wait_tile, last = (c0 + HD - 1u) / args.wait_tile;
-  if (l > last - first) return;
-  uint n = 0u;
-  while (tile_done[first + l] == 0u && n < (1u << 22)) ++n;
-  if (n == (1u << 22)) atomicOr(err[0], SB_ERR_HANDOFF);
-}
-
 void rope_heads(uint split, uint h, uint kh, uint at) {
   uint t = gl_LocalInvocationID.x, hd = HD, per = sb_per_word(ADT);
   uint xh = args.x_heads, kbase = (xh - 2u * args.hk + kh) * hd, vbase = (xh - args.hk + kh) * hd;
   uint bnew = at / kBlock;
   bool fresh = bnew >= split && (bnew - split) % args.nsplit == 0u;  // uniform
-  if (args.wait_tile != 0u) {  // uniform
-    if (t < 32u) wait_head(0u, h * hd);
-    else if (t < 64u && fresh) wait_head(1u, kbase);
-    else if (t < 96u && fresh) wait_head(2u, vbase);
-    barrier();
-    memoryBarrierBuffer();
-  }
   bool qn = (args.rope_flags & 1u) != 0u, kn = (args.rope_flags & 2u) != 0u;
   for (uint c = t; c < hd; c += kT) {
     s_x[c] = SB_LOAD(q, ADT, h * hd + c);

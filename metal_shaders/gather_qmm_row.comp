@@ -15,10 +15,9 @@
 // qmm_row_combine_2k's bindings, then qmm_row_glu_2k_dot4's counts (its wait_tiles).
 // SB_KERNEL(qmm_row_combine_2k_dot4, QMM_ROW_COMBINE_2K_DOT4, "rrrrrrrbbrrrbwr", QmmCombineArgs, SB_QMM_COMBINE_ARGS, 256, F_DOT)
 // qmm_row_2k's bindings with x the RmsNorm's input, then its residual, weight, out and sum
+// (the _dot4 twin: then qmm_row_combine_2k_dot4's counters of combined tiles, its wait_tiles).
 // SB_KERNEL(qmm_row_norm_2k, QMM_ROW_NORM_2K, "rrrrrrrwbrrww", QmmNormArgs, SB_QMM_NORM_ARGS, 256, 0)
-// (the _dot4 twin: then qmm_row_combine_2k_dot4's counters of combined tiles, its wait_tiles, and
-// its own per-tile counts, count_tiles).
-// SB_KERNEL(qmm_row_norm_2k_dot4, QMM_ROW_NORM_2K_DOT4, "rrrrrrrwbrrwwrb", QmmNormArgs, SB_QMM_NORM_ARGS, 256, F_DOT)
+// SB_KERNEL(qmm_row_norm_2k_dot4, QMM_ROW_NORM_2K_DOT4, "rrrrrrrwbrrwwr", QmmNormArgs, SB_QMM_NORM_ARGS, 256, F_DOT)
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
@@ -135,9 +134,6 @@ shared uint s_last;
 #elif defined(SB_ROW_WAIT)  // h: read by qmm_row_combine_2k_dot4 as it is written
 layout(std430, binding = 7) coherent writeonly buffer O { uint o[]; };
 layout(std430, binding = 12) coherent buffer Dn { uint done[]; };  // per pair: its workgroups whose h is stored
-#elif defined(QMM_ROW_NORM_2K_DOT4)  // q/k/v: read by attention_blocks_rope as it is written
-layout(std430, binding = 7) coherent writeonly buffer O { uint o[]; };
-layout(std430, binding = 14) coherent buffer Tc { uint tile_done[]; };  // per tile: 1 once stored
 #else
 layout(std430, binding = 7) writeonly buffer O { uint o[]; };
 #endif
@@ -564,13 +560,6 @@ void main() {
   }
 #ifdef QMM_ROW_COMBINE
   combine_tile(p, wg % args.tiles, n0, cnt);
-#endif
-#ifdef QMM_ROW_NORM_2K_DOT4
-  if (args.count_tiles != 0u) {  // one row: this tile's outputs stored, counted for the attention
-    memoryBarrierBuffer();
-    barrier();
-    if (tid == 0u) atomicAdd(tile_done[wg], 1u);
-  }
 #endif
 #ifdef SB_ROW_WAIT
   if (args.wait_rhs != 0u) {  // this workgroup's h stored: count it for the down projection

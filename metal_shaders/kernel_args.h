@@ -72,10 +72,9 @@
 // normalized row (the sum is always stored with a residual). wait_tiles
 // (qmm_row_norm_2k_dot4): x or the residual is the combined output of the down projection
 // recorded just before (qmm_row_combine_2k_dot4); each workgroup waits until its row's
-// tiles are combined. count_tiles (one row): workgroup t adds 1 to done[t] once its outputs
-// are stored (attention_blocks_rope waits on them).
+// tiles are combined.
 #define SB_QMM_NORM_ARGS \
-  SB_QMM_ARGS uint has_residual; float inv_d; float eps; uint w_dtype; uint store_out; uint wait_tiles; uint count_tiles; uint pad3;
+  SB_QMM_ARGS uint has_residual; float inv_d; float eps; uint w_dtype; uint store_out; uint wait_tiles; uint pad2; uint pad3;
 // QMM_ROW_COMBINE: QMM_ROW with combine.comp's operands (pairs = tokens * slots); the
 // counters are [token][tile], then [token]: the tiles combined (for qmm_row_norm_2k_dot4).
 // wait_tiles (qmm_row_combine_2k_dot4): x (h) is being written by the gate/up dispatch just
@@ -136,11 +135,9 @@
   uint nsplit; uint pos_word;
 // ATTENTION_BLOCKS_ROPE: then Rope's q/k/v form of x [1, x_heads, hd] (queries, then hk keys and
 // hk values at the end): half_dims, eps, inv_d as SB_ROPE_ARGS; rope_flags bit 0 the query norm,
-// bit 1 the key norm, bits 8..15 / 16..23 their weights' dtypes; wait_tile > 0: x is the one-row
-// output of the dispatch just before (no barrier), whose tile t of columns [t wait_tile,
-// (t + 1) wait_tile) is stored once done[t] != 0 (qmm_row_norm_2k_dot4's count_tiles).
+// bit 1 the key norm, bits 8..15 / 16..23 their weights' dtypes.
 #define SB_ATTENTION_ROPE_ARGS SB_ATTENTION_ARGS uint half_dims; float eps; float inv_d; uint rope_flags; \
-  uint x_heads; uint wait_tile;
+  uint x_heads; uint pad0;
 
 // rope.comp: x [m, h, hd] of n elements, tables [S, half] f32, row 0 at position pos; ROPE_NORM:
 // each head RMSNorm'd first (eps, inv_d = the f32 nearest 1 / hd); has_cache: the output also

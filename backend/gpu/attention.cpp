@@ -27,7 +27,6 @@ struct BlocksRope {
   k::AttentionRopeArgs args{};
   std::vector<BufferRef> binds;  // its bindings, scratch (3) filled in by blocked()
   SpecConstants spec;
-  uint32_t handoff = 0;  // the bindings the dispatch before hands over without a barrier
 };
 
 // Blocked32 in chunks of rows: bindings q, k, v, sinks, out, dynamic words. With pos_word
@@ -58,7 +57,7 @@ Status blocked(Runtime& rt, const ops::AttentionDims& d, k::AttentionArgs args, 
       std::memcpy(&rope->args, &args, sizeof(args));  // the same fields first
       rope->binds[3] = bt;
       SB_RETURN_IF_ERROR(rt.dispatch("attention_blocks_rope", rope->binds, &rope->args, sizeof(rope->args),
-                                     pairs * nsplit * 128, rope->spec, rope->handoff));
+                                     pairs * nsplit * 128, rope->spec));
     } else {
       SB_RETURN_IF_ERROR(
           rt.dispatch("attention_blocks", {b[0], b[1], b[2], bt, b[5]}, &args, sizeof(args), pairs * nsplit * 128, spec));
@@ -130,14 +129,7 @@ Status rope_attention_row(KernelContext& ctx, const fb::RopeNodeT& rn, const fb:
   br.args.inv_d = r.args.inv_d;
   br.args.rope_flags = r.args.has_norm | r.args.has_k_norm << 1 | r.args.w_dtype << 8 | r.args.kw_dtype << 16;
   br.args.x_heads = static_cast<uint32_t>(r.d.h);
-  // Straight after the q/k/v projection that counts its tiles of columns (one row): no
-  // barrier; each workgroup waits for the tiles of the heads it reads.
-  const RowHandoff* h = handed_to(ctx, r.bx);
-  const bool wait = h && h->tile && h->count == 1 && (d.hd + h->tile - 1) / h->tile + 1 <= 32;
-  br.args.wait_tile = wait ? h->tile : 0;
-  br.binds = {r.bx, r.bk, r.bv, r.bx, r.pos.words, r.bc, r.bs, r.bqw, r.bkw, wait ? h->done : rt.error_word(),
-              rt.error_word()};
-  if (wait) br.handoff = handoff_mask(br.binds, {h->out, h->done});
+  br.binds = {r.bx, r.bk, r.bv, r.bx, r.pos.words, r.bc, r.bs, r.bqw, r.bkw};
   br.spec = rope_qkv_spec(r);
   SB_RETURN_IF_ERROR(blocked(rt, d, args, {r.bx, r.bk, r.bv, bs, bo, r.pos.words}, &br));
   SB_RETURN_IF_ERROR(rope_qkv_keep(ctx, rn, r));

@@ -220,24 +220,14 @@ Status norm_then_qmm(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>
     // waits for its row's count.
     const RowHandoff* h = handed_to(ctx, bx);
     if (!h && nn.residual) h = handed_to(ctx, br);
-    if (h && h->tile) h = nullptr;  // counted by columns: not this kernel's wait
     args.wait_tiles = h ? h->count : 0;
     bindings.push_back(h ? h->done : rt.error_word());  // the error word: a stand-in, not read
     if (h) handed = handoff_mask(bindings, {h->out, h->done});
-    // One row: each tile counts itself once stored, so the attention after it need not wait
-    // for the whole dispatch (attention_blocks_rope).
-    args.count_tiles = q.pairs == 1 && rt.cross_dispatch_handoff() ? 1u : 0u;
-    BufferRef counts = rt.error_word();  // a stand-in, not touched without count_tiles
-    if (args.count_tiles) {
-      SB_ASSIGN_OR_RETURN(counts, rt.scratch(static_cast<size_t>(q.args.tiles) * 4, 0));
-    }
-    bindings.push_back(counts);
   }
   const char* kernel = dot4 ? "qmm_row_norm_2k_dot4" : "qmm_row_norm_2k";
   SB_RETURN_IF_ERROR(rt.dispatch(kernel, bindings, &args, sizeof(args),
                                  256 * static_cast<uint64_t>(q.pairs) * q.args.tiles, row_spec(rt, q.all_4bit, q.args),
                                  handed));
-  if (args.count_tiles) row_handoff(ctx) = {bo, bindings.back(), 1, rt.dispatches(), q.args.per_wg};
   if (nn.residual) SB_RETURN_IF_ERROR(ctx.out(nn.sum.get(), std::move(sum)));
   if (store_out) SB_RETURN_IF_ERROR(ctx.out(nn.out.get(), std::move(normed)));
   return ctx.out(qn->out.get(), std::move(out));

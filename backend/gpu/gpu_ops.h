@@ -43,13 +43,10 @@ Result<BufferRef> dynamic_words(KernelContext& ctx);
 // down + combine kernel for the next layer's norm + q/k/v): `done` [row] reaches `count` once
 // row `row` of `out` is stored; `at` is GpuRuntime::dispatches() just after the producer, so
 // the record serves the very next dispatch only (a later one may get the memory reused).
-// With tile > 0 the output is one row counted by columns instead: done[t] reaches `count` once
-// columns [t tile, (t + 1) tile) are stored (decode's norm + q/k/v kernel for the attention).
 struct RowHandoff {
   BufferRef out, done;
   uint32_t count = 0;
   uint64_t at = 0;
-  uint32_t tile = 0;
 };
 RowHandoff& row_handoff(KernelContext& ctx);
 // The record if `b` is the output the dispatch just before counted (else nullptr).
