@@ -251,12 +251,15 @@ void block(uint r, uint b, uint kh, uint lo, uint hi) {
     [[unroll]] for (uint e0 = 0u; e0 < kMaxHd; e0 += 32u) {
       if (e0 < hd) {
         float kx[8];
-        [[unroll]] for (uint l = 0u; l < 8u; ++l) kx[l] = e0 + g8 + l < hd ? SB_LOAD(k, ADT, kb + e0 + g8 + l) : 0.0;
 #ifdef ATTENTION_BLOCKS_ROPE
-        if (j == g_jnew) {
+        // The new key from shared memory: its cache row is being written by another workgroup.
+        [[dont_flatten]] if (j == g_jnew) {
           [[unroll]] for (uint l = 0u; l < 8u; ++l) kx[l] = e0 + g8 + l < hd ? s_knew[e0 + g8 + l] : 0.0;
-        }
+        } else
 #endif
+        {
+          [[unroll]] for (uint l = 0u; l < 8u; ++l) kx[l] = e0 + g8 + l < hd ? SB_LOAD(k, ADT, kb + e0 + g8 + l) : 0.0;
+        }
         [[unroll]] for (uint l = 0u; l < 8u; ++l) {
           if (e0 + g8 + l < hd) p[l] = p[l] + s_q[e0 + g8 + l] * kx[l];
         }
@@ -292,10 +295,19 @@ void block(uint r, uint b, uint kh, uint lo, uint hi) {
   for (uint c = t; c < hd; c += kT) {
     // Key order; the block's values loaded at once (clamped, never past the visible keys).
     float vx[kBlock];
-    [[unroll]] for (uint l = 0u; l < kBlock; ++l) vx[l] = SB_LOAD(v, ADT, key_at(kh, clamp(b0 + l, j0, j1 - 1u)) + c);
 #ifdef ATTENTION_BLOCKS_ROPE
-    if (g_jnew >= b0 && g_jnew < b0 + kBlock) vx[g_jnew - b0] = SB_LOAD(q, ADT, g_vnew + c);
+    // The new key's block (uniform): its value from x, never from the cache row being written.
+    [[dont_flatten]] if (g_jnew >= b0 && g_jnew < b0 + kBlock) {
+      [[unroll]] for (uint l = 0u; l < kBlock; ++l) {
+        uint jj = clamp(b0 + l, j0, j1 - 1u);
+        [[dont_flatten]] if (jj == g_jnew) vx[l] = SB_LOAD(q, ADT, g_vnew + c);
+        else vx[l] = SB_LOAD(v, ADT, key_at(kh, jj) + c);
+      }
+    } else
 #endif
+    {
+      [[unroll]] for (uint l = 0u; l < kBlock; ++l) vx[l] = SB_LOAD(v, ADT, key_at(kh, clamp(b0 + l, j0, j1 - 1u)) + c);
+    }
     precise float acc = 0.0;
     [[unroll]] for (uint l = 0u; l < kBlock; ++l) {
       if (b0 + l >= j0 && b0 + l < j1) acc = acc + s_e[l] * vx[l];

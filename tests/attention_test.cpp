@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <random>
 
 #include "gather_qmm.h"
@@ -60,9 +61,8 @@ Tensor random(DType t, const Shape& shape, std::mt19937& rng, double scale) {
 }
 
 void check(const Case& c) {
-  SCOPED_TRACE(::testing::Message() << dtype_name(c.dt) << " m=" << c.m << " pos=" << c.pos << " hq=" << c.hq
-                                    << " hk=" << c.hk << " hd=" << c.hd << " window=" << c.window
-                                    << " sinks=" << c.sinks);
+  SCOPED_TRACE(::testing::Message() << dtype_name(c.dt) << " m=" << c.m << " pos=" << c.pos << " hq=" << c.hq << " hk="
+                                    << c.hk << " hd=" << c.hd << " window=" << c.window << " sinks=" << c.sinks);
   ProgramBuilder b;
   TensorRef q = b.input("q", c.dt, {c.m, c.hq, c.hd});
   TensorRef kc = b.input("k", c.dt, {c.hk, c.cache, c.hd});
@@ -228,6 +228,76 @@ TEST(Attention, TiledPrefillKeepsTheBlockedBits) {
   check_blocked({DType::kBF16, 2100, 0, 64, 64, 32, 2100, 64, false}, 6e-2);
 }
 
+// A decode step's Rope (q/k/v form) and the attention of its queries at a position read on the
+// device: the GPU computes the rope inside the attention's blocks kernel (attention_blocks_rope)
+// where the rope's queries feed only the attention; the same bits as the two ops (the reference's
+// queries are an output too, so it runs them apart) and as the CPU, caches included.
+void check_rope_attention(DType dt, int64_t prompt, int64_t hq, int64_t hk, int64_t hd, int64_t half, int64_t cache,
+                          int64_t window, bool with_sinks, bool norm) {
+  SCOPED_TRACE(::testing::Message() << "rope + attention " << dtype_name(dt) << " prompt=" << prompt << " hq=" << hq
+                                    << " hk=" << hk << " hd=" << hd << " half=" << half << " cache=" << cache
+                                    << " window=" << window << " sinks=" << with_sinks << " norm=" << norm);
+  const int64_t heads = hq + 2 * hk;
+  ProgramBuilder b;
+  TensorRef xp = b.input("xp", dt, {prompt, heads, hd}), x = b.input("x", dt, {1, heads, hd});
+  TensorRef cos_t = b.input("cos", DType::kF32, {cache, half}), sin_t = b.input("sin", DType::kF32, {cache, half});
+  TensorRef qw = norm ? b.input("qw", dt, {hd}) : TensorRef{},
+            kw = norm ? b.input("kw", DType::kF32, {hd}) : TensorRef{};
+  TensorRef sinks = with_sinks ? b.input("sinks", dt, {hq}) : TensorRef{};
+  TensorRef kc = b.mutable_buffer("kc", dt, {cache, hk, hd}), vc = b.mutable_buffer("vc", dt, {cache, hk, hd});
+  TensorRef rk = b.mutable_buffer("rk", dt, {cache, hk, hd}), rv = b.mutable_buffer("rv", dt, {cache, hk, hd});
+  b.rope_qkv(xp, cos_t, sin_t, 0, hq, hk, kc, vc, qw, kw, 1e-5f);  // the prompt, into both caches
+  b.rope_qkv(xp, cos_t, sin_t, 0, hq, hk, rk, rv, qw, kw, 1e-5f);
+  const IntOrValue p = b.input_value("p");
+  const float scale = as_dtype(1.0 / std::sqrt(static_cast<double>(hd)), dt);
+  TensorRef q = b.rope_qkv(x, cos_t, sin_t, p, hq, hk, kc, vc, qw, kw, 1e-5f);
+  b.output("fused", b.attention(q, kc, vc, p, scale, window, sinks, true));
+  TensorRef qr = b.rope_qkv(x, cos_t, sin_t, p, hq, hk, rk, rv, qw, kw, 1e-5f);
+  b.output("queries", qr);
+  b.output("reference", b.attention(qr, rk, rv, p, scale, window, sinks, true));
+  std::mt19937 rng(static_cast<uint32_t>(prompt * 7 + hq * 5 + hk * 3 + hd + half + window + norm));
+  Inputs in{{"xp", random(dt, {prompt, heads, hd}, rng, 1.0)},
+            {"x", random(dt, {1, heads, hd}, rng, 1.0)},
+            {"cos", random(DType::kF32, {cache, half}, rng, 0.7)},
+            {"sin", random(DType::kF32, {cache, half}, rng, 0.7)}};
+  if (norm) {
+    in["qw"] = random(dt, {hd}, rng, 1.0);
+    in["kw"] = random(DType::kF32, {hd}, rng, 1.0);
+  }
+  if (with_sinks) in["sinks"] = random(dt, {hq}, rng, 1.0);
+  std::map<std::string, Tensor> first;
+  optest::detail::for_each_device(b, in, [&](const Program&, Session& s, const std::string& dev) {
+    ASSERT_TRUE(s.set_input_value("p", prompt).is_ok());
+    Status st = s.execute();
+    ASSERT_TRUE(st.is_ok()) << dev << ": " << st.to_string();
+    for (const auto& [a, r] : {std::pair<std::string, std::string>{"fused", "reference"}, {"kc", "rk"}, {"vc", "rv"}}) {
+      auto x_a = a == "fused" ? s.output(a) : s.mutable_buffer(a);
+      auto x_r = r == "reference" ? s.output(r) : s.mutable_buffer(r);
+      ASSERT_TRUE(x_a.is_ok() && x_r.is_ok()) << dev << ": " << a;
+      EXPECT_EQ(std::memcmp(x_a->data(), x_r->data(), x_r->nbytes()), 0)
+          << dev << ": '" << a << "' differs from '" << r << "'";
+      auto [it, fresh] = first.emplace(a, *x_a);
+      if (!fresh) {
+        EXPECT_EQ(std::memcmp(x_a->data(), it->second.data(), x_a->nbytes()), 0)
+            << dev << ": '" << a << "' differs from the CPU";
+      }
+    }
+  });
+}
+
+TEST(Attention, DecodeRopeInTheBlocksKernelKeepsTheSeparateOpsBits) {
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16})
+    for (bool norm : {false, true}) {
+      check_rope_attention(dt, 9, 4, 2, 16, 8, 12, 0, false, norm);     // grouped heads
+      check_rope_attention(dt, 64, 8, 2, 128, 64, 80, 0, false, norm);  // the new key first in its block
+      check_rope_attention(dt, 40, 16, 2, 64, 16, 48, 3, true, norm);   // window inside a block, sinks
+    }
+  check_rope_attention(DType::kBF16, 100, 4, 4, 32, 16, 128, 40, true, true);  // window across blocks
+  // More blocks than a row's 64 splits: the new key's block is not its split's first.
+  check_rope_attention(DType::kBF16, 2100, 4, 1, 32, 16, 2200, 0, false, true);
+  check_rope_attention(DType::kF32, 2112, 2, 1, 32, 8, 2200, 0, true, false);
+}
+
 // Past the GPU's 64 MiB of block scratch a prefill runs in chunks of rows; a row's bits stay.
 TEST(Attention, BlockedOrderChunkedPrefillKeepsEachRowsBits) {
   check_blocked({DType::kBF16, 40, 4040, 16, 2, 256, 4096, 0, false}, 6e-2);
@@ -301,7 +371,6 @@ TEST(Attention, RulesNameTheField) {
   b3.output("o", b3.attention(q3, k3, k3, 0, 0.5f, 0, {}, true));
   EXPECT_TRUE(b3.status().is_ok()) << b3.status().to_string();
 }
-
 
 // The CPU's SIMD paths (dot32 four keys at a time, the value rows' axpy) give the portable
 // path's bits: f32 and bf16 caches, heads of 40 (masked tails) and 128, a window.

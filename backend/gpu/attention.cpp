@@ -59,8 +59,8 @@ Status blocked(Runtime& rt, const ops::AttentionDims& d, k::AttentionArgs args, 
       SB_RETURN_IF_ERROR(rt.dispatch("attention_blocks_rope", rope->binds, &rope->args, sizeof(rope->args),
                                      pairs * nsplit * 128, rope->spec));
     } else {
-      SB_RETURN_IF_ERROR(
-          rt.dispatch("attention_blocks", {b[0], b[1], b[2], bt, b[5]}, &args, sizeof(args), pairs * nsplit * 128, spec));
+      SB_RETURN_IF_ERROR(rt.dispatch("attention_blocks", {b[0], b[1], b[2], bt, b[5]}, &args, sizeof(args),
+                                     pairs * nsplit * 128, spec));
     }
     SB_RETURN_IF_ERROR(rt.dispatch("attention_merge", {b[3], bt, b[4], b[5]}, &args, sizeof(args), pairs * 128, spec));
   }
@@ -107,8 +107,7 @@ Status rope_attention_row(KernelContext& ctx, const fb::RopeNodeT& rn, const fb:
                           bool* done) {
   *done = false;
   Runtime& rt = rt_of(ctx);
-  if (r.d.m != 1 || !an.seq_major || an.order != fb::AttentionOrder::Blocked32 || r.pos.word == 0)
-    return Status::ok();
+  if (r.d.m != 1 || !an.seq_major || an.order != fb::AttentionOrder::Blocked32 || r.pos.word == 0) return Status::ok();
   Tensor sinks;
   BufferRef bs = r.bx;  // never read without sinks
   if (an.sinks) {

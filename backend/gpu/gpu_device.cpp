@@ -289,9 +289,7 @@ Result<BufferRef> node_table(KernelContext& ctx, const void* node, const std::ve
   return static_cast<GpuDevice&>(ctx.device()).node_table(node, words);
 }
 
-Result<BufferRef> dynamic_words(KernelContext& ctx) {
-  return static_cast<GpuDevice&>(ctx.device()).dynamic_values();
-}
+Result<BufferRef> dynamic_words(KernelContext& ctx) { return static_cast<GpuDevice&>(ctx.device()).dynamic_values(); }
 
 Result<DynamicArg> dynamic_arg(KernelContext& ctx, const fb::IntOrVidT* v) {
   SB_ASSIGN_OR_RETURN(KernelContext::DynamicValue d, ctx.resolve_dynamic(v));

@@ -23,9 +23,10 @@ k::MatmulArgs matmul_args(int64_t rows, int64_t cols, int64_t kdim, DType a, DTy
 }
 
 // Matmul / BatchMatmul: 16 x 16 output tiles per workgroup (matmul_tile) when rows and
-// columns both fill tiles (prefill), else one output word per 32-lane workgroup (decode
-// GEMVs: the lanes split k). 16-bit outputs of odd width share words across rows, which
-// only the per-output kernel handles.
+// columns both fill tiles (prefill), else one output word per workgroup (decode GEMVs: 32
+// lanes split k for each of the word's outputs; matmul_rows16 has 64, both outputs side by
+// side). 16-bit outputs of odd width share words across rows, which only the per-output
+// kernels handle.
 // `done` (decode's router logits): the GEMV kernel counts its workgroups there
 // (matmul_rows16_count) and *counted gets their number; 0 where another kernel ran.
 Status dispatch_matmul(Runtime& rt, const k::MatmulArgs& args, DType dtype, const std::vector<BufferRef>& binds,

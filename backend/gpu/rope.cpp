@@ -47,9 +47,9 @@ Result<RopeQkv> rope_qkv_bind(KernelContext& ctx, const fb::RopeNodeT& n) {
   SB_ASSIGN_OR_RETURN(r.kc, inplace_on_device(ctx, n.cache.get()));
   SB_ASSIGN_OR_RETURN(r.vc, inplace_on_device(ctx, n.v_cache.get()));
   SB_ASSIGN_OR_RETURN(r.pos, dynamic_arg(ctx, n.pos.get()));
-  SB_ASSIGN_OR_RETURN(r.d, ops::rope_qkv_dims(r.x, r.cos, r.sin, r.pos.value, n.norm_weight ? &r.qw : nullptr,
-                                              n.k_norm_weight ? &r.kw : nullptr, r.kc.dev, r.vc.dev, n.q_heads,
-                                              n.k_heads));
+  SB_ASSIGN_OR_RETURN(r.d,
+                      ops::rope_qkv_dims(r.x, r.cos, r.sin, r.pos.value, n.norm_weight ? &r.qw : nullptr,
+                                         n.k_norm_weight ? &r.kw : nullptr, r.kc.dev, r.vc.dev, n.q_heads, n.k_heads));
   const ops::RopeDims& d = r.d;
   ctx.guard_dynamic(n.pos.get(), 0, std::min({d.table_rows, r.kc.dev.dim(0), r.vc.dev.dim(0)}) - d.m);
   SB_CHECK_OR_RETURN(dtype_size(r.x.dtype()) != 2 || d.hd % 2 == 0, StatusCode::kUnimplemented,
