@@ -1,7 +1,8 @@
 // Recorded decode steps (SessionOptions::gpu_replay): on a device that records, the third
-// decode step on is a replay of the second's work, and every step's logits are the bits of
-// the CPU and of the same device without replay. Replays never overwrite what a caller
-// holds, and inputs they cannot serve (another position range, a reset) run normally.
+// decode step on is a replay of the second's work (every decode step of later prompts, a reset
+// between them or not), and every step's logits are the bits of the CPU and of the same device
+// without replay. Replays and resets never overwrite what a caller holds, and inputs a
+// recording cannot serve (another position range) run normally.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -94,9 +95,13 @@ TEST(Replay, DecodeStepsReplayWithTheBitsOfEveryRun) {
       for (bool replay : {true, false}) {
         auto s = open(p, dev, replay);
         if (!s) continue;
-        // Twice on one session: the second sequence starts at position 0 (fresh states) and
-        // replays the first one's recording.
-        for (int pass = 0; pass < 2; ++pass) {
+        // Three times on one session: the second sequence starts at position 0 (fresh states)
+        // and replays the first one's recording; so does the third, after a reset (the buffers
+        // zeroed in place keep the recording).
+        for (int pass = 0; pass < 3; ++pass) {
+          if (pass == 2) {
+            ASSERT_TRUE(s->reset().is_ok());
+          }
           const std::vector<Step> got = generate(*s, 12);
           ASSERT_EQ(got.size(), want.size());
           for (size_t i = 0; i < got.size(); ++i) {
@@ -162,6 +167,30 @@ TEST(Replay, HeldTensorsAreNeverOverwritten) {
   });
 }
 
+// A reset zeroes the caches in place (keeping the recording) only where nobody holds them: a
+// cache the caller took keeps its contents, and the session's fresh one is zero.
+TEST(Replay, AResetZeroesTheCachesInPlace) {
+  after_replays(4, [](Session& s, const std::vector<Step>&) {
+    const void* before = s.mutable_buffer("layers.0.k_cache").value().data();
+    ASSERT_TRUE(s.reset().is_ok());
+    const Tensor cache = s.mutable_buffer("layers.0.k_cache").value();
+    EXPECT_EQ(cache.data(), before);
+    for (double v : cache.to_doubles()) ASSERT_EQ(v, 0.0);
+  });
+}
+
+TEST(Replay, AResetLeavesAHeldCacheAlone) {
+  after_replays(4, [](Session& s, const std::vector<Step>&) {
+    Tensor cache = s.mutable_buffer("layers.0.k_cache").value();
+    const Tensor copy = cache.clone();
+    ASSERT_TRUE(s.reset().is_ok());
+    EXPECT_TRUE(same_bits(cache, copy));
+    const Tensor fresh = s.mutable_buffer("layers.0.k_cache").value();
+    EXPECT_NE(fresh.data(), cache.data());
+    for (double v : fresh.to_doubles()) ASSERT_EQ(v, 0.0);
+  });
+}
+
 // A step that cannot replay (two new tokens: other shapes) writes the caches in place: the
 // recording's hold on them is no reason to copy them.
 TEST(Replay, StepsBesideARecordingUpdateTheCachesInPlace) {
@@ -218,14 +247,15 @@ TEST(Replay, PositionsOutsideTheRecordingAndResetRunNormally) {
     Step last = run(*s, {1}, max_seq - 1);
     ASSERT_TRUE(last.status.is_ok()) << last.status.to_string();
     EXPECT_TRUE(last.replayed);
-    // After a reset the same prompt gives the same bits as the first time.
+    // After a reset the same prompt gives the same bits as the first time, its decode steps
+    // replaying the recording from the first (the reset zeroed the caches in place).
     ASSERT_TRUE(s->reset().is_ok());
     std::vector<Step> again = generate(*s, 5);
     ASSERT_EQ(again.size(), first.size());
     for (size_t i = 0; i < again.size(); ++i) {
       ASSERT_TRUE(again[i].status.is_ok());
       EXPECT_TRUE(same_bits(again[i].logits, first[i].logits)) << "step " << i;
-      EXPECT_EQ(again[i].replayed, i >= 3) << "step " << i;
+      EXPECT_EQ(again[i].replayed, i >= 1) << "step " << i;
     }
   }
 }
@@ -248,16 +278,19 @@ TEST(Replay, PromptsAfterResetAreNotRecorded) {
 }
 
 // models::generate as `bench model` runs it: prompts of 70 tokens after resets (their
-// temporaries reused within the prefill), then decode steps, which replay from the third on.
+// temporaries reused within the prefill), then decode steps, which replay from the third on —
+// and from the first in a later generation.
 TEST(Replay, GenerateReplaysItsDecodeStepsAfterLongPrompts) {
   on_gpu_sessions([](Session& s) {
     std::vector<int32_t> prompt(70);
     for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 7 + 3) % 50);
-    for (int run = 0; run < 3; ++run) {
+    for (int run = 0; run < 4; ++run) {
       auto g = models::generate(s, prompt, run < 2 ? 1 : 10, false);
       ASSERT_TRUE(g.is_ok()) << g.status().to_string();
-      if (run == 2) {
-        EXPECT_EQ(g->decode_replays, 7);
+      // The first generation records its second decode step; the next (after generate's reset)
+      // replays from its first.
+      if (run >= 2) {
+        EXPECT_EQ(g->decode_replays, run == 2 ? 7 : 9);
       }
     }
   });

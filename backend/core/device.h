@@ -108,6 +108,11 @@ class Device {
   virtual Result<Tensor> stage_input(const Tensor& t) { return t; }
   // A zero-filled tensor where this device's kernels read it (a reset's mutable buffers).
   virtual Result<Tensor> zeros(DType dtype, const Shape& shape) { return Tensor::zeros(dtype, shape); }
+  // Zeroes one of those in place, by queued work (a reset that keeps recorded work valid);
+  // kUnimplemented where the device does not (then a reset takes new zeros()).
+  virtual Status zero_in_place(const Tensor& t) {
+    return make_error(StatusCode::kUnimplemented, "device '%s' does not zero buffers in place", name().c_str());
+  }
 };
 
 // Opening a device by name: device_registry.h.

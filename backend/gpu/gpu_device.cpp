@@ -54,13 +54,16 @@ class GpuDevice final : public Device {
   // copied through the mapping before each prompt).
   Result<Tensor> zeros(DType dtype, const Shape& shape) override {
     SB_ASSIGN_OR_RETURN(Tensor t, rt_->alloc(dtype, shape));
+    SB_RETURN_IF_ERROR(zero_in_place(t));
+    return t;
+  }
+  Status zero_in_place(const Tensor& t) override {
     SB_ASSIGN_OR_RETURN(uint32_t words,
-                        u32_count(static_cast<int64_t>(words_of(dtype, t.numel())), "a mutable buffer"));
-    if (words == 0) return t;
+                        u32_count(static_cast<int64_t>(words_of(t.dtype(), t.numel())), "a mutable buffer"));
+    if (words == 0) return Status::ok();
     SB_ASSIGN_OR_RETURN(BufferRef b, rt_->bind(t, false));
     k::FillArgs args{words, 0, 0, 0};
-    SB_RETURN_IF_ERROR(rt_->dispatch("fill", {b}, &args, sizeof(args), words));
-    return t;
+    return rt_->dispatch("fill", {b}, &args, sizeof(args), words);
   }
   // The dynamic-value words' binding, holding at least `words` (zeros until written). Grown
   // only before an execution, when no queued or recorded work reads them yet.
