@@ -656,6 +656,15 @@ TEST(BatchMatmul, GroupedHeadsTransposedAndNot) {
   check_batch_matmul(kBF16, {2, 2, 40}, {1, 40, 5}, false, kBF16Matmul);
 }
 
+// Long rows with b transposed take matmul_rows16 in batches too: 16-bit outputs two to a word,
+// the pair split across rows and batches where widths are odd; grouped heads share b.
+TEST(BatchMatmul, LongRowsPairOutputsAcrossRowsAndBatches) {
+  check_batch_matmul(kBF16, {4, 1, 1024}, {2, 3, 1024}, true, kBF16Matmul);  // 2 heads a group, odd width
+  check_batch_matmul(kBF16, {2, 3, 1040}, {2, 5, 1040}, true, kBF16Matmul);
+  check_batch_matmul(kF16, {3, 1, 1024}, {1, 4, 1024}, true, kF16Matmul);  // one shared b, even width
+  check_batch_matmul(kF32, {2, 2, 1028}, {1, 3, 1028}, true, kF32Matmul);
+}
+
 TEST(BatchMatmul, BatchNotAMultipleFails) {
   ProgramBuilder b;
   b.output("y", b.batch_matmul(b.input("a", kF32, {3, 1, 4}), b.input("b", kF32, {Dim::dynamic(0, 8), 2, 4})));

@@ -140,7 +140,7 @@ Status Interpreter::reset() {
   last_shapes_.clear();
   // A recording survives where every mutable buffer is zeroed where it is (nobody but the
   // recorded work holds one): the next prompt's decode steps replay it without the two steps
-  // that run the chains (~4.5 ms of host each for a 48-layer model; bench/RESULTS.md).
+  // that run the chains, each costly in host time (bench/RESULTS.md).
   bool in_place = recording_ != nullptr;
   for (const auto& mb : prog_.ir->mutable_buffers) {
     const Tensor& t = tensors_[mb->tid->idx()];
