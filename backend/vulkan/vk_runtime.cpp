@@ -598,7 +598,8 @@ Status VulkanRuntime::record_dispatch(const char* kernel, const std::vector<gpu:
   // Hand full slices to the GPU while recording goes on, so the two overlap. Barriers order
   // dispatches across command buffers too: their scopes follow the queue's submission order.
   // A recording stays one command buffer: a replay then submits one.
-  if (++slice_dispatches_ >= kSliceDispatches && !capturing_) {
+  const uint32_t limit = slice_ < 4 ? std::min(kSliceDispatches, kFirstSlice << slice_) : kSliceDispatches;
+  if (++slice_dispatches_ >= limit && !capturing_) {
     SB_RETURN_IF_ERROR(submit_slice());
     ++slice_;
     SB_RETURN_IF_ERROR(begin_slice());

@@ -63,8 +63,9 @@ class VulkanRuntime final : public gpu::MappedRuntime {
   std::shared_ptr<Context> ctx_;
   std::string description_;
   bool recording_ = false;
-  // An execute is recorded in slices of kSliceDispatches, each submitted when full.
-  static constexpr uint32_t kSliceDispatches = 128;
+  // An execute is recorded in slices, each submitted when full: the first of kFirstSlice
+  // dispatches (the GPU starts early), each next one twice the last, up to kSliceDispatches.
+  static constexpr uint32_t kFirstSlice = 8, kSliceDispatches = 128;
   // Timestamp queries are reset in chunks of this many, as they are used.
   static constexpr uint32_t kQueryChunk = 256;
   size_t slice_ = 0;
