@@ -58,6 +58,10 @@ class GpuDevice final : public Device {
     return t;
   }
   Status zero_in_place(const Tensor& t) override {
+    // Only where kernels bind t itself (not a copy bind() would make of it).
+    SB_ASSIGN_OR_RETURN(Tensor dev, rt_->device_tensor(t));
+    if (dev.data() != t.data())
+      return make_error(StatusCode::kUnimplemented, "a buffer outside this device's memory is not zeroed in place");
     SB_ASSIGN_OR_RETURN(uint32_t words,
                         u32_count(static_cast<int64_t>(words_of(t.dtype(), t.numel())), "a mutable buffer"));
     if (words == 0) return Status::ok();

@@ -151,7 +151,11 @@ Status Interpreter::reset() {
     if (in_place) {
       Status st = device_->zero_in_place(tensors_[t]);
       if (st.is_ok()) continue;
-      if (st.code() != StatusCode::kUnimplemented) return st;
+      if (st.code() != StatusCode::kUnimplemented) {
+        recording_.reset();  // half zeroed: nothing may replay over it
+        (void)device_->sync();
+        return st;
+      }
       in_place = false;
     }
     recording_.reset();  // the mutable buffers it wrote are replaced
@@ -162,7 +166,11 @@ Status Interpreter::reset() {
     written_[t] = 1;
   }
   // A GPU zeroes them with queued work: done before the host can read them.
-  if (!prog_.ir->mutable_buffers.empty()) SB_RETURN_IF_ERROR_AT(device_->sync(), "zeroing the mutable buffers");
+  if (!prog_.ir->mutable_buffers.empty()) {
+    Status st = device_->sync();
+    if (!st.is_ok()) recording_.reset();
+    SB_RETURN_IF_ERROR_AT(st, "zeroing the mutable buffers");
+  }
   if (prog_.ir->init_chain >= 0) {
     clear_transient();
     SB_RETURN_IF_ERROR(device_->set_dynamic_values(dynamic_words()));
