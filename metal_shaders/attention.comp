@@ -1,5 +1,4 @@
 // Kernel variants of this file, one line each (metal_shaders/README.md, "Variants"):
-// SB_KERNEL(attention, ATTENTION, "rrrrbw", AttentionArgs, SB_ATTENTION_ARGS, 128, 0)
 // SB_KERNEL(attention_blocks, ATTENTION_BLOCKS, "rrrwr", AttentionArgs, SB_ATTENTION_ARGS, 128, 0)
 // SB_KERNEL(attention_merge, ATTENTION_MERGE, "rrwr", AttentionArgs, SB_ATTENTION_ARGS, 128, 0)
 // attention_blocks of one decode row that first computes Rope's q/k/v form itself: x (q, k and v
@@ -8,29 +7,26 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
-// Attention over a KV cache (schema AttentionNode) in the orders of docs/numerics.md; twin of
-// cpu_fallback/attention.cpp.
-// ATTENTION (order Decomposed). Thread -> output: workgroup w computes query row i = w / hq of
-// head h = w % hq. Invocation t scores keys t, t + 128, ... (each a dot32 of its own: 32
-// partials over the head dims, then the halving tree), keeps the row's scores, then exps,
-// then probabilities (in shared memory up to 4096 keys, else in `scratch`); thread 0 alone
-// adds the exps in key order; then t
-// computes output columns t, t + 128, ...: 32 partials over the keys (key j feeds partial
-// j % 32), the halving tree, one rounding. Every step rounds to the dtype as the
-// decomposed ops (BatchMatmul, Mul, Add, Softmax, BatchMatmul) store their results.
+// Attention over a KV cache (schema AttentionNode) in order Blocked32 (docs/numerics.md); twin
+// of cpu_fallback/attention.cpp (order Decomposed: attention_decomposed.comp).
 // ATTENTION_BLOCKS (order Blocked32). Thread -> output: workgroup w is split s = w % nsplit of
 // pair r = w / nsplit (row row0 + r / hq, head r % hq) and takes key blocks b = s, s + nsplit,
 // ... in turn; per block thread t holds partials 8 (t % 4) .. +7 of key t / 4's dot32, threads
 // 0..31 finish key t's score and exp, thread t sums o_b columns t, t + 128; thread 0 writes
 // (m_b, l_b). Blocks without a visible key write nothing. A block's values do not depend on
-// the split that computes it.
+// the split that computes it. A split's first block's keys and values are read into registers
+// with the query (one round trip of loads instead of three), each later block's once the block
+// before it is done.
 // ATTENTION_BLOCKS_ROPE: ATTENTION_BLOCKS for one query row at position `at` whose q, k and v
 // are Rope's q/k/v form input x: each workgroup normalizes and rotates its query head as
 // rope_qkv would (threads 0..31 the norm's partials); a workgroup whose blocks hold key `at`
 // does the same for the new key (threads 32..63) and takes key `at` from shared memory and its
 // value from x (the cache may not hold them yet); the group's first query head's workgroup
-// appends them to the caches. The same bits as rope_qkv, then ATTENTION_BLOCKS.
-// ATTENTION_MERGE (order Blocked32). Thread -> output: workgroup w is pair w. Up to kMerge
+// appends them to the caches. The same bits as rope_qkv, then ATTENTION_BLOCKS. The norm
+// weights and the position's table entries are read with x and the first block's keys.
+// ATTENTION_MERGE (order Blocked32). Thread -> output: workgroup w is pair w. Up to kAll
+// blocks (head dims <= 128), every partial of the row is copied into shared memory in one round
+// of loads first, then the steps below read them there. Up to kMerge
 // blocks, the merge's exps come first: thread 0 walks the running max, thread t computes the
 // factors a, c of blocks t, t + 128, ... into shared memory; then thread t merges output words
 // t, t + 128, ... (one or two columns a word) in block order. Past kMerge blocks each thread
@@ -49,139 +45,6 @@ const uint kMaxHd = 256u;  // the host refuses larger heads
 
 #include "attention_common.glsl"
 
-// Halving tree 16, 8, 4, 2, 1 over 32 partials.
-#define SB_TREE32(p)                                                   \
-  [[unroll]] for (uint h2 = 16u; h2 >= 1u; h2 >>= 1u) {                \
-    [[unroll]] for (uint l = 0u; l < h2; ++l) p[l] = p[l] + p[l + h2]; \
-  }
-
-#ifdef ATTENTION
-layout(std430, binding = 0) readonly buffer Q { uint q[]; };
-layout(std430, binding = 1) readonly buffer K { uint k[]; };
-layout(std430, binding = 2) readonly buffer V { uint v[]; };
-layout(std430, binding = 3) readonly buffer S { uint sinks[]; };
-layout(std430, binding = 4) buffer Scratch { float scratch[]; };
-layout(std430, binding = 5) writeonly buffer O { uint o[]; };
-
-const uint kRowMax = 4096u;  // rows of up to this many scores stay in shared memory
-shared float s_q[kMaxHd];
-shared float s_out[kMaxHd];
-shared float s_red[kT];
-shared float s_row[kRowMax];
-shared float s_rcp;
-
-// The row's scores, then exps, then probabilities: in shared memory when they fit, else in
-// this workgroup's part of `scratch` (the same values either way).
-bool g_shared;
-uint g_base;
-float row_get(uint j) { return g_shared ? s_row[j] : scratch[g_base + j]; }
-void row_set(uint j, float v) {
-  if (g_shared) s_row[j] = v;
-  else scratch[g_base + j] = v;
-}
-void row_barrier() {
-  if (!g_shared) memoryBarrierBuffer();
-  barrier();
-}
-
-// dot32 of the staged q with key row kb (element e to partial e % 32, ascending e), then the
-// halving tree.
-float score(uint kb, uint hd) {
-  precise float p[32];
-  [[unroll]] for (uint l = 0u; l < 32u; ++l) p[l] = 0.0;
-  for (uint e0 = 0u; e0 < hd; e0 += 32u) {
-    [[unroll]] for (uint l = 0u; l < 32u; ++l) {
-      if (e0 + l < hd) p[l] = p[l] + s_q[e0 + l] * SB_LOAD(k, ADT, kb + e0 + l);
-    }
-  }
-  SB_TREE32(p)
-  return p[0];
-}
-
-// e_0 + e_1 + ... + e_{n-1}, left to right, eight loads issued ahead of their adds.
-float sum_in_order(uint n) {
-  precise float s = 0.0;
-  uint j = 0u;
-  for (; j + 8u <= n; j += 8u) {
-    float v[8];
-    [[unroll]] for (uint l = 0u; l < 8u; ++l) v[l] = row_get(j + l);
-    [[unroll]] for (uint l = 0u; l < 8u; ++l) s = s + v[l];
-  }
-  for (; j < n; ++j) s = s + row_get(j);
-  return s;
-}
-
-void main() {
-  uint t = gl_LocalInvocationID.x;
-  uint w = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
-  if (w >= args.m * args.hq) return;  // uniform over the workgroup
-  uint i = w / args.hq, h = w % args.hq, kh = h / (args.hq / args.hk), hd = HD;
-  uint at = args.pos + i, cols = args.len + args.has_sinks;
-  g_shared = cols <= kRowMax;
-  g_base = w * (args.len + 1u);
-  for (uint c = t; c < hd; c += kT) s_q[c] = SB_LOAD(q, ADT, w * hd + c);
-  barrier();
-
-  // Scores: s_j = round(round(dot32(q, k_j)) * scale), masked keys + mask_value, rounded.
-  for (uint j = t; j < args.len; j += kT) {
-    precise float x = rnd(score((kh * args.cache + j) * hd, hd));
-    x = rnd(x * args.scale);
-    bool masked = j > at || (args.window > 0u && j + args.window <= at);
-    if (masked) x = rnd(x + args.mask_value);
-    row_set(j, x);
-  }
-  if (t == 0u && args.has_sinks != 0u) {
-    precise float sv = SB_LOAD(sinks, ADT, h) + 0.0;
-    row_set(args.len, rnd(sv));
-  }
-  row_barrier();
-
-  // Softmax: the running max is order-free; the exps are added in key order by one thread.
-  float mx = row_get(0u);
-  for (uint j = t; j < cols; j += kT) mx = sb_max(mx, row_get(j));
-  s_red[t] = mx;
-  barrier();
-  if (t == 0u) {
-    float m = s_red[0];
-    for (uint l = 1u; l < kT; ++l) m = sb_max(m, s_red[l]);
-    s_red[0] = m;
-  }
-  barrier();
-  float m = s_red[0];
-  for (uint j = t; j < cols; j += kT) {
-    precise float d = row_get(j) - m;
-    row_set(j, sb_exp(d));
-  }
-  row_barrier();
-  if (t == 0u) s_rcp = sb_rcp(sum_in_order(cols));
-  barrier();
-  for (uint j = t; j < args.len; j += kT) {
-    precise float pj = row_get(j) * s_rcp;
-    row_set(j, rnd(pj));
-  }
-  row_barrier();
-
-  // Output columns: dot32 over the keys of p and v[:, c].
-  for (uint c = t; c < hd; c += kT) {
-    precise float a[32];
-    [[unroll]] for (uint l = 0u; l < 32u; ++l) a[l] = 0.0;
-    uint vb = kh * args.cache * hd + c;
-    for (uint j0 = 0u; j0 < args.len; j0 += 32u) {
-      [[unroll]] for (uint l = 0u; l < 32u; ++l) {
-        if (j0 + l < args.len) a[l] = a[l] + row_get(j0 + l) * SB_LOAD(v, ADT, vb + (j0 + l) * hd);
-      }
-    }
-    SB_TREE32(a)
-    s_out[c] = rnd(a[0]);
-  }
-  barrier();
-  uint per = sb_per_word(ADT), words = hd / per;
-  for (uint wd = t; wd < words; wd += kT) {
-    uint c = wd * per;
-    o[w * words + wd] = per == 1u ? floatBitsToUint(s_out[c]) : sb_encode_word(s_out[c], s_out[c + 1u], ADT);
-  }
-}
-#endif  // ATTENTION
 
 #if defined(ATTENTION_BLOCKS) || defined(ATTENTION_MERGE)
 
@@ -226,9 +89,12 @@ shared float s_rinv[2];
 float xin(uint i) { return s_x[i]; }
 #include "norm_common.glsl"
 #include "rope_common.glsl"
-uint g_jnew = 0xffffffffu;  // the new key's position where this workgroup's blocks hold it
-uint g_vnew = 0u;           // its value's first element in x
+float knew_at(uint e) { return s_knew[e]; }
+#else
+float knew_at(uint e) { return 0.0; }  // (never called: no new key)
 #endif
+uint g_jnew = 0xffffffffu;  // ATTENTION_BLOCKS_ROPE: the new key's position where this split's blocks hold it
+uint g_vnew = 0u;           // its value's first element in x
 
 shared float s_q[kMaxHd];
 shared float s_part[kBlock * 33u];  // key kk's 32 partials at kk * 33 (padded against bank clashes)
@@ -236,8 +102,46 @@ shared float s_s[kBlock];
 shared float s_mx[kBlock];  // the block max's halving tree
 shared float s_e[kBlock];
 
-// Key block b of pair r (head kh of query row i; s_q holds the query).
-void block(uint r, uint b, uint kh, uint lo, uint hi) {
+// A key block's global reads for this thread, issued before the work that needs them (one round
+// trip with the query's): key t / 4's dims e0 + 8 (t % 4) + [0, 8) of each chunk e0 of 32 (kx
+// [e0 / 4 + l]), and column t + kT u's values of the block's keys (vx[u][l], clamped to the visible
+// keys). The new key's cache row, which another workgroup writes, is never read: its key comes
+// from s_knew later and its value from x.
+struct BlockRegs {
+  float kx[kMaxHd / 4u];
+  float vx[kMaxHd / kT][kBlock];
+};
+
+void block_load(uint b, uint kh, uint lo, uint hi, out BlockRegs g) {
+  uint t = gl_LocalInvocationID.x, hd = HD, b0 = b * kBlock;
+  uint j0 = max(lo, b0), j1 = min(hi, b0 + kBlock);
+  uint kk = t >> 2u, g8 = (t & 3u) * 8u, j = b0 + kk, kb = key_at(kh, j);
+  bool live = j >= j0 && j < j1 && j != g_jnew;
+  [[unroll]] for (uint e0 = 0u; e0 < kMaxHd; e0 += 32u) {
+    [[unroll]] for (uint l = 0u; l < 8u; ++l) {
+      g.kx[e0 / 4u + l] = 0.0;
+      if (live && e0 + g8 + l < hd) g.kx[e0 / 4u + l] = SB_LOAD(k, ADT, kb + e0 + g8 + l);
+    }
+  }
+  bool fresh = g_jnew >= b0 && g_jnew < b0 + kBlock;  // uniform: the new key's block
+  [[unroll]] for (uint u = 0u; u < kMaxHd / kT; ++u) {
+    uint c = t + kT * u;
+    [[unroll]] for (uint l = 0u; l < kBlock; ++l) g.vx[u][l] = 0.0;
+    if (c >= hd) continue;
+    [[dont_flatten]] if (fresh) {
+      [[unroll]] for (uint l = 0u; l < kBlock; ++l) {
+        uint jj = clamp(b0 + l, j0, j1 - 1u);
+        [[dont_flatten]] if (jj == g_jnew) g.vx[u][l] = SB_LOAD(q, ADT, g_vnew + c);
+        else g.vx[u][l] = SB_LOAD(v, ADT, key_at(kh, jj) + c);
+      }
+    } else {
+      [[unroll]] for (uint l = 0u; l < kBlock; ++l) g.vx[u][l] = SB_LOAD(v, ADT, key_at(kh, clamp(b0 + l, j0, j1 - 1u)) + c);
+    }
+  }
+}
+
+// Key block b of pair r (head kh of query row i; s_q holds the query, g the block's reads).
+void block(uint r, uint b, uint kh, uint lo, uint hi, BlockRegs g) {
   uint t = gl_LocalInvocationID.x, hd = HD, b0 = b * kBlock;
   uint j0 = max(lo, b0), j1 = min(hi, b0 + kBlock);
 
@@ -246,22 +150,12 @@ void block(uint r, uint b, uint kh, uint lo, uint hi) {
   if (j >= j0 && j < j1) {
     precise float p[8];
     [[unroll]] for (uint l = 0u; l < 8u; ++l) p[l] = 0.0;
-    uint kb = key_at(kh, j);
-    // Unrolled over the head's chunks of 32 dims so the loads are issued ahead of the adds.
+    bool knew = j == g_jnew;
     [[unroll]] for (uint e0 = 0u; e0 < kMaxHd; e0 += 32u) {
       if (e0 < hd) {
-        float kx[8];
-#ifdef ATTENTION_BLOCKS_ROPE
-        // The new key from shared memory: its cache row is being written by another workgroup.
-        [[dont_flatten]] if (j == g_jnew) {
-          [[unroll]] for (uint l = 0u; l < 8u; ++l) kx[l] = e0 + g8 + l < hd ? s_knew[e0 + g8 + l] : 0.0;
-        } else
-#endif
-        {
-          [[unroll]] for (uint l = 0u; l < 8u; ++l) kx[l] = e0 + g8 + l < hd ? SB_LOAD(k, ADT, kb + e0 + g8 + l) : 0.0;
-        }
         [[unroll]] for (uint l = 0u; l < 8u; ++l) {
-          if (e0 + g8 + l < hd) p[l] = p[l] + s_q[e0 + g8 + l] * kx[l];
+          float kx = knew && e0 + g8 + l < hd ? knew_at(e0 + g8 + l) : g.kx[e0 / 4u + l];
+          if (e0 + g8 + l < hd) p[l] = p[l] + s_q[e0 + g8 + l] * kx;
         }
       }
     }
@@ -292,25 +186,12 @@ void block(uint r, uint b, uint kh, uint lo, uint hi) {
   }
   barrier();
   uint obase = ob_at(r, b);
-  for (uint c = t; c < hd; c += kT) {
-    // Key order; the block's values loaded at once (clamped, never past the visible keys).
-    float vx[kBlock];
-#ifdef ATTENTION_BLOCKS_ROPE
-    // The new key's block (uniform): its value from x, never from the cache row being written.
-    [[dont_flatten]] if (g_jnew >= b0 && g_jnew < b0 + kBlock) {
-      [[unroll]] for (uint l = 0u; l < kBlock; ++l) {
-        uint jj = clamp(b0 + l, j0, j1 - 1u);
-        [[dont_flatten]] if (jj == g_jnew) vx[l] = SB_LOAD(q, ADT, g_vnew + c);
-        else vx[l] = SB_LOAD(v, ADT, key_at(kh, jj) + c);
-      }
-    } else
-#endif
-    {
-      [[unroll]] for (uint l = 0u; l < kBlock; ++l) vx[l] = SB_LOAD(v, ADT, key_at(kh, clamp(b0 + l, j0, j1 - 1u)) + c);
-    }
+  [[unroll]] for (uint u = 0u; u < kMaxHd / kT; ++u) {
+    uint c = t + kT * u;
+    if (c >= hd) continue;
     precise float acc = 0.0;
     [[unroll]] for (uint l = 0u; l < kBlock; ++l) {
-      if (b0 + l >= j0 && b0 + l < j1) acc = acc + s_e[l] * vx[l];
+      if (b0 + l >= j0 && b0 + l < j1) acc = acc + s_e[l] * g.vx[u][l];
     }
     scratch[obase + c] = acc;
   }
@@ -329,17 +210,40 @@ void block(uint r, uint b, uint kh, uint lo, uint hi) {
 
 #ifdef ATTENTION_BLOCKS_ROPE
 // Rope's q/k/v form for query head h of the row at position `at` (x row 0) -> s_q; where this
-// split's blocks hold key `at`, the new key -> s_knew (g_jnew, g_vnew set), and the group's
-// first query head appends the key and the value to the caches.
-void rope_heads(uint split, uint h, uint kh, uint at) {
+// split's blocks hold key `at` (g_jnew set), the new key -> s_knew, and the group's first query
+// head appends the key and the value to the caches. Block b0's reads (g) are issued after x's
+// and with the norm weights' and the tables' (one round trip), where b0 < args.nb.
+void rope_heads(uint h, uint kh, uint at, uint b0, uint lo, uint hi, out BlockRegs g) {
   uint t = gl_LocalInvocationID.x, hd = HD, per = sb_per_word(ADT);
   uint xh = args.x_heads, kbase = (xh - 2u * args.hk + kh) * hd, vbase = (xh - args.hk + kh) * hd;
-  uint bnew = at / kBlock;
-  bool fresh = bnew >= split && (bnew - split) % args.nsplit == 0u;  // uniform
+  bool fresh = g_jnew != 0xffffffffu;  // uniform
   bool qn = (args.rope_flags & 1u) != 0u, kn = (args.rope_flags & 2u) != 0u;
-  for (uint c = t; c < hd; c += kT) {
-    s_x[c] = SB_LOAD(q, ADT, h * hd + c);
-    if (fresh) s_x[kMaxHd + c] = SB_LOAD(q, ADT, kbase + c);
+  const uint kE = kMaxHd / kT;  // elements a thread: c = t + kT u
+  float xq[kE], xk[kE], wq[kE], wk[kE], cs[kE], sn[kE];
+  [[unroll]] for (uint u = 0u; u < kE; ++u) {
+    uint c = t + kT * u;
+    xq[u] = xk[u] = wq[u] = wk[u] = cs[u] = sn[u] = 0.0;
+    if (c >= hd) continue;
+    xq[u] = SB_LOAD(q, ADT, h * hd + c);
+    if (fresh) xk[u] = SB_LOAD(q, ADT, kbase + c);
+  }
+  [[unroll]] for (uint u = 0u; u < kE; ++u) {
+    uint c = t + kT * u, half_dims = args.half_dims;
+    if (c >= hd) continue;
+    if (qn) wq[u] = SB_LOAD(w, W_DT, c);
+    if (fresh && kn) wk[u] = SB_LOAD(kw, KW_DT, c);
+    if (c < 2u * half_dims) {
+      uint f = c < half_dims ? c : c - half_dims;
+      cs[u] = rnd(cos_t[at * half_dims + f]);
+      sn[u] = rnd(sin_t[at * half_dims + f]);
+    }
+  }
+  if (b0 < args.nb) block_load(b0, kh, lo, hi, g);
+  [[unroll]] for (uint u = 0u; u < kE; ++u) {
+    uint c = t + kT * u;
+    if (c >= hd) continue;
+    s_x[c] = xq[u];
+    if (fresh) s_x[kMaxHd + c] = xk[u];
   }
   barrier();
   if (t < 32u && qn) s_rp[t] = head_partial(0u, t);
@@ -351,18 +255,18 @@ void rope_heads(uint split, uint h, uint kh, uint at) {
     if (t == 0u ? qn : fresh && kn) s_rinv[t / 32u] = sb_tree32_rsqrt(part, args.inv_d, args.eps);
   }
   barrier();
-  for (uint c = t; c < hd; c += kT) {
-    if (qn) s_x[c] = head_normalized(s_x[c], s_rinv[0], SB_LOAD(w, W_DT, c));
-    if (fresh && kn) s_x[kMaxHd + c] = head_normalized(s_x[kMaxHd + c], s_rinv[1], SB_LOAD(kw, KW_DT, c));
+  [[unroll]] for (uint u = 0u; u < kE; ++u) {
+    uint c = t + kT * u;
+    if (c >= hd) continue;
+    if (qn) s_x[c] = head_normalized(s_x[c], s_rinv[0], wq[u]);
+    if (fresh && kn) s_x[kMaxHd + c] = head_normalized(s_x[kMaxHd + c], s_rinv[1], wk[u]);
   }
   barrier();
-  for (uint c = t; c < hd; c += kT) {
-    s_q[c] = rnd(element_at(0u, c, at));
-    if (fresh) s_knew[c] = rnd(element_at(kMaxHd, c, at));
-  }
-  if (fresh) {
-    g_jnew = at;
-    g_vnew = vbase;
+  [[unroll]] for (uint u = 0u; u < kE; ++u) {
+    uint c = t + kT * u;
+    if (c >= hd) continue;
+    s_q[c] = rnd(element_rot(0u, c, cs[u], sn[u]));
+    if (fresh) s_knew[c] = rnd(element_rot(kMaxHd, c, cs[u], sn[u]));
   }
   barrier();
   if (fresh && h % (args.hq / args.hk) == 0u) {  // the caches' rows at `at`, as rope_qkv writes them
@@ -385,14 +289,33 @@ void main() {
   uint lo, hi;
   visible(r, lo, hi);
   if (split * kBlock >= hi) return;  // uniform: no visible block for this split
+  // This split's first block with a visible key (its reads issued with the query's).
+  uint b = split;
+  while (b < args.nb && b * kBlock < hi && b * kBlock + kBlock <= lo) b += args.nsplit;
+  BlockRegs g;
 #ifdef ATTENTION_BLOCKS_ROPE
-  rope_heads(split, h, kh, hi - 1u);
+  uint at = hi - 1u, bnew = at / kBlock;
+  if (bnew >= split && (bnew - split) % args.nsplit == 0u) {  // uniform: this split holds the new key
+    g_jnew = at;
+    g_vnew = (args.x_heads - args.hk + kh) * hd;
+  }
+  rope_heads(h, kh, at, b * kBlock < hi ? b : args.nb, lo, hi, g);
 #else
-  for (uint c = t; c < hd; c += kT) s_q[c] = SB_LOAD(q, ADT, (i * args.hq + h) * hd + c);
+  float qv[kMaxHd / kT];
+  [[unroll]] for (uint u = 0u; u < kMaxHd / kT; ++u) {
+    uint c = t + kT * u;
+    qv[u] = c < hd ? SB_LOAD(q, ADT, (i * args.hq + h) * hd + c) : 0.0;
+  }
+  if (b < args.nb && b * kBlock < hi) block_load(b, kh, lo, hi, g);
+  [[unroll]] for (uint u = 0u; u < kMaxHd / kT; ++u) {
+    if (t + kT * u < hd) s_q[t + kT * u] = qv[u];
+  }
   barrier();
 #endif
-  for (uint b = split; b < args.nb && b * kBlock < hi; b += args.nsplit) {
-    if (b * kBlock + kBlock > lo) block(r, b, kh, lo, hi);
+  for (; b < args.nb && b * kBlock < hi; b += args.nsplit) {
+    block(r, b, kh, lo, hi, g);
+    uint bn = b + args.nsplit;
+    if (bn < args.nb && bn * kBlock < hi) block_load(bn, kh, lo, hi, g);
   }
 }
 #endif  // ATTENTION_BLOCKS
@@ -408,6 +331,72 @@ const uint kMerge = 1024u;
 shared float s_m[kMerge];  // the state's max after block b (first .. last)
 shared float s_a[kMerge];  // exp(m before - m after) of block b
 shared float s_c[kMerge];  // exp(m_b - m after) of block b
+// The state after the last block: the sink (a block of one key with l = 1 and no values), then
+// output word wd of row out_row (pair index i * hq + h) = round(o * rcp(l)).
+void merge_finish(float m, float l_in, float o0_in, float o1_in, uint out_row, uint wd) {
+  uint per = sb_per_word(ADT), words = HD / per;
+  precise float l = l_in, o0 = o0_in, o1 = o1_in;
+  if (args.has_sinks != 0u) {
+    precise float sv = SB_LOAD(sinks, ADT, out_row % args.hq) + 0.0;
+    sv = rnd(sv);
+    float mn = sb_max(m, sv);
+    precise float da = m - mn, dc = sv - mn;
+    float a = sb_exp(da);
+    l = l * a + sb_exp(dc);
+    o0 = o0 * a;
+    o1 = o1 * a;
+  }
+  float rc = sb_rcp(l);
+  precise float y0 = o0 * rc, y1 = o1 * rc;
+  o[out_row * words + wd] = per == 1u ? floatBitsToUint(rnd(y0)) : sb_encode_word(y0, y1, ADT);
+}
+
+// Rows of up to kAll blocks (head dims <= kT): every partial of the row staged at once.
+const uint kAll = 32u;
+shared float s_ob[kAll * kT];  // o_b of blocks first .. last, [block][dim]
+shared float s_ml[2u * kAll];  // (m_b, l_b) of blocks first .. last
+
+// The staged path's steps for a row of count <= kAll blocks, its partials first copied into
+// shared memory in one round of loads (their scratch ranges are contiguous: ml_at, ob_at).
+void merge_all(uint r, uint first, uint count, uint out_row) {
+  uint t = gl_LocalInvocationID.x, hd = HD, n = count * hd, ob0 = ob_at(r, first);
+  float ov[kAll];
+  [[unroll]] for (uint u = 0u; u < kAll; ++u) ov[u] = scratch[ob0 + min(t + kT * u, n - 1u)];
+  float ml = scratch[ml_at(r, first) + min(t, 2u * count - 1u)];
+  [[unroll]] for (uint u = 0u; u < kAll; ++u) {
+    if (t + kT * u < n) s_ob[t + kT * u] = ov[u];
+  }
+  if (t < 2u * count) s_ml[t] = ml;
+  barrier();
+  if (t == 0u) {
+    float m = s_ml[0];
+    s_m[0] = m;
+    for (uint b = 1u; b < count; ++b) {
+      m = sb_max(m, s_ml[2u * b]);
+      s_m[b] = m;
+    }
+  }
+  barrier();
+  if (t >= 1u && t < count) {
+    precise float da = s_m[t - 1u] - s_m[t], dc = s_ml[2u * t] - s_m[t];
+    s_a[t] = sb_exp(da);
+    s_c[t] = sb_exp(dc);
+  }
+  barrier();
+  uint per = sb_per_word(ADT), words = hd / per;
+  if (t >= words) return;
+  uint c = t * per;
+  precise float m = s_ml[0], l = s_ml[1];
+  precise float o0 = s_ob[c], o1 = per == 2u ? s_ob[c + 1u] : 0.0;
+  for (uint b = 1u; b < count; ++b) {
+    float a = s_a[b], cc = s_c[b];
+    m = s_m[b];
+    l = l * a + s_ml[2u * b + 1u] * cc;
+    o0 = o0 * a + s_ob[b * hd + c] * cc;
+    if (per == 2u) o1 = o1 * a + s_ob[b * hd + c + 1u] * cc;
+  }
+  merge_finish(m, l, o0, o1, out_row, t);
+}
 
 void main() {
   uint t = gl_LocalInvocationID.x;
@@ -417,6 +406,10 @@ void main() {
   uint lo, hi;
   visible(r, lo, hi);
   uint first = lo / kBlock, last = (hi - 1u) / kBlock, count = last - first + 1u;
+  if (count <= kAll && hd <= kT) {  // uniform
+    merge_all(r, first, count, i * args.hq + h);
+    return;
+  }
   bool staged = count <= kMerge;
   if (staged) {
     if (t == 0u) {
@@ -487,19 +480,7 @@ void main() {
       o0 = o0 * a + scratch[ob_at(r, b) + c] * cc;
       if (per == 2u) o1 = o1 * a + scratch[ob_at(r, b) + c + 1u] * cc;
     }
-    if (args.has_sinks != 0u) {  // a block of one key with l = 1 and no values
-      precise float sv = SB_LOAD(sinks, ADT, h) + 0.0;
-      sv = rnd(sv);
-      float mn = sb_max(m, sv);
-      precise float da = m - mn, dc = sv - mn;
-      float a = sb_exp(da);
-      l = l * a + sb_exp(dc);
-      o0 = o0 * a;
-      o1 = o1 * a;
-    }
-    float rc = sb_rcp(l);
-    precise float y0 = o0 * rc, y1 = o1 * rc;
-    o[(i * args.hq + h) * words + wd] = per == 1u ? floatBitsToUint(rnd(y0)) : sb_encode_word(y0, y1, ADT);
+    merge_finish(m, l, o0, o1, i * args.hq + h, wd);
   }
 }
 #endif  // ATTENTION_MERGE

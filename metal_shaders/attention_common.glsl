@@ -16,3 +16,9 @@ uint key_at(uint kh, uint j) {
 // The first key a query at position `at` sees: 0, or at + 1 - window with a sliding window
 // (op_shapes.h visible_keys; the last is `at`).
 uint first_visible(uint at) { return args.window > 0u && at + 1u > args.window ? at + 1u - args.window : 0u; }
+
+// Halving tree 16, 8, 4, 2, 1 over 32 partials.
+#define SB_TREE32(p)                                                   \
+  [[unroll]] for (uint h2 = 16u; h2 >= 1u; h2 >>= 1u) {                \
+    [[unroll]] for (uint l = 0u; l < h2; ++l) p[l] = p[l] + p[l + h2]; \
+  }

@@ -4,13 +4,12 @@
 // xin(i) (element i of the rows read), `args` with half_dims, inv_d and eps, and the f32 tables
 // cos_t, sin_t [S, half].
 
-// Element e of the head row whose elements start at base, at position p: a rotated pair member,
-// or x itself past the rotated dims.
-float element_at(uint base, uint e, uint p) {
+// Element e of the head row whose elements start at base, rotated by c and s (the position's
+// table entries for e's pair, rounded to the dtype), or x itself past the rotated dims.
+float element_rot(uint base, uint e, float c, float s) {
   uint half_dims = args.half_dims;
   if (e >= 2u * half_dims) return xin(base + e);
-  uint f = e < half_dims ? e : e - half_dims, t = p * half_dims + f;
-  float c = rnd(cos_t[t]), s = rnd(sin_t[t]);
+  uint f = e < half_dims ? e : e - half_dims;
   float x1 = xin(base + f), x2 = xin(base + half_dims + f);
   precise float v;
   if (e < half_dims) {
@@ -21,6 +20,14 @@ float element_at(uint base, uint e, uint p) {
     v = rnd(a) + rnd(b);
   }
   return v;
+}
+
+// Element e of the head row whose elements start at base, at position p.
+float element_at(uint base, uint e, uint p) {
+  uint half_dims = args.half_dims;
+  if (e >= 2u * half_dims) return xin(base + e);
+  uint f = e < half_dims ? e : e - half_dims, t = p * half_dims + f;
+  return element_rot(base, e, rnd(cos_t[t]), rnd(sin_t[t]));
 }
 
 #ifdef SB_ROPE_STAGED

@@ -1,7 +1,7 @@
 // Attention over a KV cache on the GPU (metal_shaders/attention.comp). Order Blocked32: one
 // workgroup per (row, head, key block of 32), then one per (row, head) merging the blocks (a
-// prefill of head dims 32k <= 128 goes to attention_tiles.cpp instead). Order Decomposed: one
-// workgroup per (row, head).
+// prefill of head dims 32k <= 128 goes to attention_tiles.cpp instead). Order Decomposed:
+// attention_decomposed.cpp.
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
@@ -13,7 +13,6 @@ namespace switchboard::gpu {
 namespace {
 
 constexpr int64_t kMaxHeadDim = 256;  // attention.comp's shared arrays
-constexpr int64_t kRowMax = 4096;     // attention.comp's kRowMax
 
 // Scratch a Blocked32 dispatch pair may hold; longer prefills go in chunks of rows (a row's
 // bits do not depend on its chunk).
@@ -180,14 +179,7 @@ Status attention(KernelContext& ctx, const fb::OpNodeUnion& op) {
     SB_RETURN_IF_ERROR(blocked(rt, d, args, {bq, bk, bv, bs, bo, pos.words}));
     return ctx.out(n->out.get(), std::move(out));
   }
-  SB_RETURN_IF_ERROR(u32_count(d.m * d.hq * (d.len + 1), "attention scores").status());
-  // Rows of more than kRowMax scores live in a scratch buffer instead of shared memory.
-  const bool in_shared = d.len + (n->sinks ? 1 : 0) <= kRowMax;
-  SB_ASSIGN_OR_RETURN(Tensor scratch, rt.alloc(DType::kF32, {in_shared ? 1 : d.m * d.hq * (d.len + 1)}));
-  SB_ASSIGN_OR_RETURN(BufferRef bt, rt.bind(scratch, false));
-  if (d.m * d.hq > 0)
-    SB_RETURN_IF_ERROR(rt.dispatch("attention", {bq, bk, bv, bs, bt, bo}, &args, sizeof(args),
-                                   static_cast<uint64_t>(d.m * d.hq) * 128, dtype_spec({q.dtype()}, {d.hd})));
+  SB_RETURN_IF_ERROR(attention_decomposed(rt, d, args, {bq, bk, bv, bs, bo}));
   return ctx.out(n->out.get(), std::move(out));
 }
 

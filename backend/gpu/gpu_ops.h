@@ -110,6 +110,9 @@ void register_attention(KernelRegistry& r);
 bool use_attention_tiles(const ops::AttentionDims& d, const kernels::AttentionArgs& args);
 Status attention_tiles(Runtime& rt, const ops::AttentionDims& d, kernels::AttentionArgs args,
                        const std::vector<BufferRef>& b);
+// Order Decomposed (attention_decomposed.cpp): bindings q, k, v, sinks (q without), out.
+Status attention_decomposed(Runtime& rt, const ops::AttentionDims& d, const kernels::AttentionArgs& args,
+                            const std::vector<BufferRef>& b);
 void register_rope(KernelRegistry& r);
 void register_linear_attention(KernelRegistry& r);
 void register_reduce(KernelRegistry& r);
