@@ -36,7 +36,7 @@ bool keys16(const ops::AttentionDims& d, DType dt, const BufferRef& k) {
 
 // Blocked32 in chunks of rows: bindings q, k, v, sinks, out, dynamic words. With pos_word
 // set, every block of the cache has a scratch slot and the blocks past the position are skipped.
-// With `rope`, the blocks kernel is attention_blocks_rope (one row).
+// With `rope`, the blocks kernel is attention_blocks_rope or its rope16 form (one row).
 Status blocked(Runtime& rt, const ops::AttentionDims& d, k::AttentionArgs args, const std::vector<BufferRef>& b,
                BlocksRope* rope = nullptr) {
   if (d.m == 0 || d.hq == 0) return Status::ok();
