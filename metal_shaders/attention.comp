@@ -256,14 +256,13 @@ void rope_heads(uint h, uint kh, uint at, uint b0, uint lo, uint hi, out BlockRe
     if (fresh) xk[u] = SB_LOAD(q, ADT, kbase + c);
   }
   [[unroll]] for (uint u = 0u; u < kE; ++u) {
-    uint c = t + kT * u, half_dims = args.half_dims;
+    uint c = t + kT * u;
     if (c >= hd) continue;
     if (qn) wq[u] = SB_LOAD(w, W_DT, c);
     if (fresh && kn) wk[u] = SB_LOAD(kw, KW_DT, c);
-    if (c < 2u * half_dims) {
-      uint f = c < half_dims ? c : c - half_dims;
-      cs[u] = rnd(cos_t[at * half_dims + f]);
-      sn[u] = rnd(sin_t[at * half_dims + f]);
+    if (c < 2u * args.half_dims) {
+      cs[u] = rnd(cos_t[table_at(c, at)]);
+      sn[u] = rnd(sin_t[table_at(c, at)]);
     }
   }
   if (b0 < args.nb) block_load(b0, kh, lo, hi, g);
@@ -379,6 +378,14 @@ void merge_finish(float m, float l_in, float o0_in, float o1_in, uint out_row, u
   o[out_row * words + wd] = per == 1u ? floatBitsToUint(rnd(y0)) : sb_encode_word(y0, y1, ADT);
 }
 
+// Block b's merge factors (b >= 1, counted from the row's first block; s_m holds the running
+// maxima): a = exp(m before - m after), c = exp(m_b - m after).
+void merge_factors(uint b, float mb) {
+  precise float da = s_m[b - 1u] - s_m[b], dc = mb - s_m[b];
+  s_a[b] = sb_exp(da);
+  s_c[b] = sb_exp(dc);
+}
+
 // Rows of up to kAll blocks (head dims <= kT): every partial of the row staged at once.
 const uint kAll = 32u;
 shared float s_ob[kAll * kT];  // o_b of blocks first .. last, [block][dim]
@@ -405,11 +412,7 @@ void merge_all(uint r, uint first, uint count, uint out_row) {
     }
   }
   barrier();
-  if (t >= 1u && t < count) {
-    precise float da = s_m[t - 1u] - s_m[t], dc = s_ml[2u * t] - s_m[t];
-    s_a[t] = sb_exp(da);
-    s_c[t] = sb_exp(dc);
-  }
+  if (t >= 1u && t < count) merge_factors(t, s_ml[2u * t]);
   barrier();
   uint per = sb_per_word(ADT), words = hd / per;
   if (t >= words) return;
@@ -458,11 +461,7 @@ void main() {
       }
     }
     barrier();
-    for (uint b = t + 1u; b < count; b += kT) {
-      precise float da = s_m[b - 1u] - s_m[b], dc = scratch[ml_at(r, first + b)] - s_m[b];
-      s_a[b] = sb_exp(da);
-      s_c[b] = sb_exp(dc);
-    }
+    for (uint b = t + 1u; b < count; b += kT) merge_factors(b, scratch[ml_at(r, first + b)]);
     barrier();
   }
   uint per = sb_per_word(ADT), words = hd / per;

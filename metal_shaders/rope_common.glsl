@@ -22,11 +22,16 @@ float element_rot(uint base, uint e, float c, float s) {
   return v;
 }
 
+// The cos/sin table entry of rotated element e (< 2 half_dims) at position p.
+uint table_at(uint e, uint p) {
+  uint half_dims = args.half_dims;
+  return p * half_dims + (e < half_dims ? e : e - half_dims);
+}
+
 // Element e of the head row whose elements start at base, at position p.
 float element_at(uint base, uint e, uint p) {
-  uint half_dims = args.half_dims;
-  if (e >= 2u * half_dims) return xin(base + e);
-  uint f = e < half_dims ? e : e - half_dims, t = p * half_dims + f;
+  if (e >= 2u * args.half_dims) return xin(base + e);
+  uint t = table_at(e, p);
   return element_rot(base, e, rnd(cos_t[t]), rnd(sin_t[t]));
 }
 
