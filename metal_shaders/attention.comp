@@ -4,9 +4,6 @@
 // attention_blocks of one decode row that first computes Rope's q/k/v form itself: x (q, k and v
 // heads), the caches (the new key and value appended), scratch, dyn, cos, sin, the norm weights.
 // SB_KERNEL(attention_blocks_rope, ATTENTION_BLOCKS_ROPE, "rbbwrrrrr", AttentionRopeArgs, SB_ATTENTION_ROPE_ARGS, 128, 0)
-// attention_blocks_rope for 16-bit key caches of head dims 32k <= 128 in whole 16-byte units at a
-// 16-byte aligned binding: each key's 8 dims of a chunk read as one 16-byte unit.
-// SB_KERNEL(attention_blocks_rope16, ATTENTION_BLOCKS_ROPE16, "rbbwrrrrr", AttentionRopeArgs, SB_ATTENTION_ROPE_ARGS, 128, 0)
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
@@ -37,10 +34,6 @@
 #include "common.glsl"
 
 layout(local_size_x = 128) in;
-#ifdef ATTENTION_BLOCKS_ROPE16
-#define ATTENTION_BLOCKS_ROPE
-#define SB_KEYS16
-#endif
 #ifdef ATTENTION_BLOCKS_ROPE
 #define ATTENTION_BLOCKS
 layout(push_constant) uniform Args { SB_ATTENTION_ROPE_ARGS } args;
@@ -71,13 +64,8 @@ uint ob_at(uint r, uint b) { return args.rows * args.hq * args.nb * 2u + (r * ar
 
 #ifdef ATTENTION_BLOCKS
 layout(std430, binding = 0) readonly buffer Q { uint q[]; };  // ATTENTION_BLOCKS_ROPE: Rope's x
-#if defined(SB_KEYS16)
-layout(std430, binding = 1) buffer K { uvec4 k4[]; };
-#define KWORD(w) k4[(w) >> 2u][(w) & 3u]
-layout(std430, binding = 2) buffer V { uint v[]; };
-#elif defined(ATTENTION_BLOCKS_ROPE)
+#ifdef ATTENTION_BLOCKS_ROPE
 layout(std430, binding = 1) buffer K { uint k[]; };
-#define KWORD(w) k[w]
 layout(std430, binding = 2) buffer V { uint v[]; };
 #else
 layout(std430, binding = 1) readonly buffer K { uint k[]; };
@@ -120,11 +108,7 @@ shared float s_e[kBlock];
 // keys). The new key's cache row, which another workgroup writes, is never read: its key comes
 // from s_knew later and its value from x.
 struct BlockRegs {
-#ifdef SB_KEYS16
-  uvec4 kr[4];  // SB_KEYS16: chunk e0 / 32's 8 dims of the key, as stored
-#else
   float kx[kMaxHd / 4u];
-#endif
   float vx[kMaxHd / kT][kBlock];
 };
 
@@ -133,19 +117,12 @@ void block_load(uint b, uint kh, uint lo, uint hi, out BlockRegs g) {
   uint j0 = max(lo, b0), j1 = min(hi, b0 + kBlock);
   uint kk = t >> 2u, g8 = (t & 3u) * 8u, j = b0 + kk, kb = key_at(kh, j);
   bool live = j >= j0 && j < j1 && j != g_jnew;
-#ifdef SB_KEYS16
-  [[unroll]] for (uint c4 = 0u; c4 < 4u; ++c4) {
-    g.kr[c4] = uvec4(0u);
-    if (live && 32u * c4 < hd) g.kr[c4] = k4[(kb + 32u * c4 + g8) >> 3u];
-  }
-#else
   [[unroll]] for (uint e0 = 0u; e0 < kMaxHd; e0 += 32u) {
     [[unroll]] for (uint l = 0u; l < 8u; ++l) {
       g.kx[e0 / 4u + l] = 0.0;
       if (live && e0 + g8 + l < hd) g.kx[e0 / 4u + l] = SB_LOAD(k, ADT, kb + e0 + g8 + l);
     }
   }
-#endif
   bool fresh = g_jnew >= b0 && g_jnew < b0 + kBlock;  // uniform: the new key's block
   [[unroll]] for (uint u = 0u; u < kMaxHd / kT; ++u) {
     uint c = t + kT * u;
@@ -177,12 +154,7 @@ void block(uint r, uint b, uint kh, uint lo, uint hi, BlockRegs g) {
     [[unroll]] for (uint e0 = 0u; e0 < kMaxHd; e0 += 32u) {
       if (e0 < hd) {
         [[unroll]] for (uint l = 0u; l < 8u; ++l) {
-#ifdef SB_KEYS16
-          float kl = sb_decode(g.kr[(e0 >> 5u) & 3u][l >> 1u], ADT, l);
-#else
-          float kl = g.kx[e0 / 4u + l];
-#endif
-          float kx = knew && e0 + g8 + l < hd ? knew_at(e0 + g8 + l) : kl;
+          float kx = knew && e0 + g8 + l < hd ? knew_at(e0 + g8 + l) : g.kx[e0 / 4u + l];
           if (e0 + g8 + l < hd) p[l] = p[l] + s_q[e0 + g8 + l] * kx;
         }
       }
@@ -300,7 +272,7 @@ void rope_heads(uint h, uint kh, uint at, uint b0, uint lo, uint hi, out BlockRe
     uint kw0 = key_at(kh, at) / per, vw0 = vbase / per;
     for (uint wd = t; wd < hd / per; wd += kT) {
       uint c = wd * per;
-      KWORD(kw0 + wd) = sb_encode_word(s_knew[c], per == 2u ? s_knew[c + 1u] : 0.0, ADT);
+      k[kw0 + wd] = sb_encode_word(s_knew[c], per == 2u ? s_knew[c + 1u] : 0.0, ADT);
       v[kw0 + wd] = q[vw0 + wd];
     }
   }

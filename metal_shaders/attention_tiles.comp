@@ -71,35 +71,60 @@ void stage_queries() {
   }
 }
 
-// Element d of key (or value) row j of this cache head.
-float kv_at(bool values, uint j, uint d) {
-  if (j >= args.cache) return 0.0;
-  uint e = key_at(g_kh, j) + d;
-  return values ? SB_LOAD(v, ADT, e) : SB_LOAD(k, ADT, e);
+// Staging task u of this thread (T = t + 256 u, lane l = T % 32, R = T / 32): dims d and d + 1 of
+// key kk. Keys: kk = (l % 8) + 8 (R % 4), d = 2 (R / 4) + 32 (l / 8), so a subgroup's stores fall
+// on 32 different banks; values: kk = T / 64, d = 2 (T % 64), so a subgroup loads one row's
+// consecutive words and stores them contiguously.
+void stage_task(bool values, uint u, out uint kk, out uint d) {
+  uint tk = gl_LocalInvocationID.x + 256u * u, l = tk & 31u, r = tk >> 5u;
+  kk = values ? tk >> 6u : (l & 7u) + 8u * (r & 3u);
+  d = values ? 2u * (tk & 63u) : 2u * (r >> 2u) + 32u * (l >> 3u);
 }
 
-// Block b0's keys or values into s_kv, dims d and d + 1 of one key a thread and step, task
-// T = t + 256 u, lane l = T % 32, R = T / 32. Keys: key (l % 8) + 8 (R % 4), d = 2 (R / 4) +
-// 32 (l / 8), so a subgroup's stores fall on 32 different banks; values: key T / 64,
-// d = 2 (T % 64), so a subgroup loads one row's consecutive words and stores them contiguously.
-void stage_block(bool values, uint b0) {
-  uint t = gl_LocalInvocationID.x, hd = HD, hd4 = hd / 4u;
+// A block's staging reads for this thread, as stored: task u's word (16-bit: both dims) in w0[u],
+// f32's second dim in w1[u]; 0 (+0.0) past the cache or hd. (Keys loaded a whole block ahead in
+// registers measured slower: the kernel sits at 128 registers, bench/RESULTS.md.)
+struct Staged {
+  uint w0[8];
+  uint w1[8];
+};
+
+void stage_load(bool values, uint b0, out Staged g) {
+  bool is16 = sb_is16(ADT);
   [[unroll]] for (uint u = 0u; u < 8u; ++u) {
-    uint tk = t + 256u * u, l = tk & 31u, r = tk >> 5u;
+    uint kk, d;
+    stage_task(values, u, kk, d);
+    g.w0[u] = 0u;
+    g.w1[u] = 0u;
+    if (d >= HD || b0 + kk >= args.cache) continue;
+    uint e = key_at(g_kh, b0 + kk) + d;  // even: rows of 32k dims
     if (values) {
-      uint kk = tk >> 6u, d = 2u * (tk & 63u);
-      if (d < hd) {
-        vec2 x = vec2(kv_at(true, b0 + kk, d), kv_at(true, b0 + kk, d + 1u));
-        if ((d & 3u) == 0u) {
-          s_kv[kk * hd4 + d / 4u].xy = x;
-        } else {
-          s_kv[kk * hd4 + d / 4u].zw = x;
-        }
+      g.w0[u] = is16 ? v[e >> 1u] : v[e];
+      if (!is16) g.w1[u] = v[e + 1u];
+    } else {
+      g.w0[u] = is16 ? k[e >> 1u] : k[e];
+      if (!is16) g.w1[u] = k[e + 1u];
+    }
+  }
+}
+
+// The staged reads into s_kv: keys at [p * 32 + key] (component c: dim p + 32 c, zeros past hd),
+// values at [key * hd / 4 + d / 4].
+void stage_store(bool values, Staged g) {
+  uint hd4 = HD / 4u;
+  bool is16 = sb_is16(ADT);
+  [[unroll]] for (uint u = 0u; u < 8u; ++u) {
+    uint kk, d;
+    stage_task(values, u, kk, d);
+    float x0 = sb_decode(g.w0[u], ADT, 0u), x1 = is16 ? sb_decode(g.w0[u], ADT, 1u) : uintBitsToFloat(g.w1[u]);
+    if (values) {
+      if (d >= HD) continue;
+      if ((d & 3u) == 0u) {
+        s_kv[kk * hd4 + d / 4u].xy = vec2(x0, x1);
+      } else {
+        s_kv[kk * hd4 + d / 4u].zw = vec2(x0, x1);
       }
-    } else {  // zeros past hd (they meet the queries' zeros)
-      uint kk = (l & 7u) + 8u * (r & 3u), d = 2u * (r >> 2u) + 32u * (l >> 3u);
-      float x0 = d < hd ? kv_at(false, b0 + kk, d) : 0.0;
-      float x1 = d < hd ? kv_at(false, b0 + kk, d + 1u) : 0.0;
+    } else {
       s_kv[(d & 31u) * 32u + kk][d >> 5u] = x0;
       s_kv[((d + 1u) & 31u) * 32u + kk][(d + 1u) >> 5u] = x1;
     }
@@ -200,8 +225,11 @@ void main() {
   }
 
   for (uint b0 = lo_a / kBlock * kBlock; b0 < hi_b; b0 += kBlock) {
+    // The block's keys are read before the barrier (their latency overlaps the wait).
+    Staged ks, vs;
+    stage_load(false, b0, ks);
     barrier();  // the last block's values are read (and, the first time, the queries written)
-    stage_block(false, b0);
+    stage_store(false, ks);
     barrier();
     scores();
     barrier();
@@ -222,7 +250,8 @@ void main() {
       s_pm[t] = pm;
       if (t % per == 0u) s_rng[ev] = e_rng;
     }
-    stage_block(true, b0);
+    stage_load(true, b0, vs);
+    stage_store(true, vs);
     barrier();
     // m_b = max of vector ev's partial maxes (order-free); e_j = exp(s_j - m_b) for this
     // thread's keys.

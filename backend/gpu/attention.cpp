@@ -28,15 +28,9 @@ struct BlocksRope {
   SpecConstants spec;
 };
 
-// Whether attention_blocks_rope16 takes this key cache: 16-bit rows of whole 32-dim chunks, at
-// most 4 of them, bound at a 16-byte offset as whole 16-byte units (its keys read 16 bytes at a time).
-bool keys16(const ops::AttentionDims& d, DType dt, const BufferRef& k) {
-  return dtype_size(dt) == 2 && d.hd % 32 == 0 && d.hd <= 128 && k.offset % 16 == 0 && k.range % 16 == 0;
-}
-
 // Blocked32 in chunks of rows: bindings q, k, v, sinks, out, dynamic words. With pos_word
 // set, every block of the cache has a scratch slot and the blocks past the position are skipped.
-// With `rope`, the blocks kernel is attention_blocks_rope or its rope16 form (one row).
+// With `rope`, the blocks kernel is attention_blocks_rope (one row).
 Status blocked(Runtime& rt, const ops::AttentionDims& d, k::AttentionArgs args, const std::vector<BufferRef>& b,
                BlocksRope* rope = nullptr) {
   if (d.m == 0 || d.hq == 0) return Status::ok();
@@ -61,9 +55,8 @@ Status blocked(Runtime& rt, const ops::AttentionDims& d, k::AttentionArgs args, 
       static_assert(offsetof(k::AttentionRopeArgs, half_dims) == sizeof(k::AttentionArgs));
       std::memcpy(&rope->args, &args, sizeof(args));  // the same fields first
       rope->binds[3] = bt;
-      SB_RETURN_IF_ERROR(rt.dispatch(keys16(d, static_cast<DType>(args.dtype), b[1]) ? "attention_blocks_rope16"
-                                                                                    : "attention_blocks_rope",
-                                     rope->binds, &rope->args, sizeof(rope->args), pairs * nsplit * 128, rope->spec));
+      SB_RETURN_IF_ERROR(rt.dispatch("attention_blocks_rope", rope->binds, &rope->args, sizeof(rope->args),
+                                     pairs * nsplit * 128, rope->spec));
     } else {
       SB_RETURN_IF_ERROR(rt.dispatch("attention_blocks", {b[0], b[1], b[2], bt, b[5]}, &args, sizeof(args),
                                      pairs * nsplit * 128, spec));
