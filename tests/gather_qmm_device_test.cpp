@@ -225,9 +225,9 @@ TEST(GatherQmmDevices, MixedBitsWithPrunedExpertSortedPairs) {
   run(c);
 }
 
-// Sorted pairs, 64 and more, or 64 and more rows without rhs: the tiled schedule (work
-// list of runs of <= 32 pairs of one expert for qmm_tile, <= 64 for qmm_mma; 64 output
-// columns per workgroup). Runs shorter and longer than a tile and than its half,
+// Sorted pairs, 64 and more (qmm_tile: 4 and more per expert on average, qmm_mma: 1), or 64
+// and more rows without rhs (qmm_mma: 16): the tiled schedule (work list of runs of <= 32
+// pairs of one expert for qmm_tile, <= 64 for qmm_mma; 64 output columns per workgroup). Runs shorter and longer than a tile and than its half,
 // partial column blocks, chunks of one and two blocks, every width, x rows by lhs or
 // by pair, zero / tiny / huge activation blocks.
 TEST(GatherQmmDevices, TiledScheduleForSortedPairs) {
@@ -317,12 +317,26 @@ TEST(GatherQmmDevices, TiledScheduleForSortedPairs) {
   Case dense_lhs = dense;  // rows picked by lhs, no rhs
   dense_lhs.x_dtype = DType::kBF16;
   for (int i = 0; i < 70; ++i) dense_lhs.lhs.push_back((i * 37) % 100);
+  Case dense_short = dense;  // a short prompt's 24 rows: the MMA tiles where they run, qmm_row elsewhere
+  dense_short.tokens = 24;
+  Case sparse;  // 78 sorted pairs over 64 experts (one unused): the MMA tiles where they run
+  sparse.experts = 64;
+  sparse.bits.assign(64, 4);
+  sparse.n = 66;
+  sparse.k = 128;
+  sparse.tokens = 40;
+  {
+    std::vector<int> runs(64, 1);
+    runs[0] = 9, runs[5] = 0, runs[63] = 8;
+    sorted_pairs(sparse, runs, true);
+  }
   Case dense_wide = dense;  // enough columns for the MMA kernels' 64-pair tiles without rhs (3 x 86 workgroups)
   dense_wide.n = 86 * 64;
   dense_wide.k = 64;
   dense_wide.tokens = 130;
   for (const Case* c :
-       {&mixed, &odd, &odd4, &by_pair, &special, &extreme, &many_experts, &dense, &dense_lhs, &dense_wide}) {
+       {&mixed, &odd, &odd4, &by_pair, &special, &extreme, &many_experts, &dense, &dense_lhs, &dense_short, &sparse,
+        &dense_wide}) {
     SCOPED_TRACE("k " + std::to_string(c->k) + ", n " + std::to_string(c->n) + ", pairs " +
                  std::to_string(c->rhs.size()));
     run(*c);
@@ -587,24 +601,26 @@ struct FfnCase {
 };
 
 TEST(GatherQmmDevices, MoeFfnSortedAndDecode) {
-  const int64_t d = 256, experts = 8, k = 2;
+  const int64_t d = 256, k = 2;
   const FfnCase cases[] = {{DType::kBF16, GluKind::kSwiGLU, 96, 32, true},
                            {DType::kF32, GluKind::kGEGLU, 128, 64, false},
                            {DType::kF16, GluKind::kClampedSwiGLU, 128, 128, false}};
   // Sorted: 48 tokens (96 pairs) and 256 (512: experts with more pairs than half an MMA
   // tile and than a whole one): the tiled schedule; 7 (14 pairs, < 4 per expert): the
-  // row kernels. Unsorted (decode): 1 and 3 tokens.
+  // row kernels; 40 over 64 experts (80 pairs, 1.25 a expert): tiled on the MMA kernels, rows
+  // elsewhere. Unsorted (decode): 1 and 3 tokens.
   struct Run {
     int64_t m;
     bool sorted;
     FfnCase fc;
   };
   std::vector<Run> runs;
-  for (const auto& [m, sorted] : {std::pair<int64_t, bool>{48, true}, {256, true}, {7, true}, {1, false}, {3, false}})
+  for (const auto& [m, sorted] : {std::pair<int64_t, bool>{48, true}, {256, true}, {7, true}, {40, true}, {1, false}, {3, false}})
     for (const FfnCase& fc : cases) runs.push_back({m, sorted, fc});
   for (const auto& [m, sorted, fc] : runs) {
     SCOPED_TRACE(std::string(dtype_name(fc.dt)) + " glu " + std::to_string(static_cast<int>(fc.kind)) + " f " +
                  std::to_string(fc.f) + " tokens " + std::to_string(m) + (sorted ? " sorted" : " unsorted"));
+    const int64_t experts = m == 40 ? 64 : 8;
     std::mt19937 rng(static_cast<uint32_t>(fc.f));
     std::normal_distribution<double> normal(0.0, 1.0);
     auto values = [&](int64_t n, double scale) {

@@ -30,6 +30,7 @@ Result<QmmSetup> qmm_setup(KernelContext& ctx, const fb::GatherQmmNodeT* n, cons
     info[static_cast<size_t>(plan.experts + e)] = static_cast<uint32_t>(plan.word_offset[static_cast<size_t>(e)]);
   }
   q.all_4bit = plan.all_4bit;
+  q.mma = rt_of(ctx).int8_mma();
   const int64_t rows = plan.rows, kdim = plan.k, pairs = plan.pairs;
   SB_RETURN_IF_ERROR(u32_count(plan.words, "GatherQmm weights").status());
   SB_RETURN_IF_ERROR(u32_count(pairs * plan.nout, "GatherQmm").status());

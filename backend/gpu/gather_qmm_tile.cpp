@@ -14,6 +14,11 @@ namespace {
 // empty and lose to qmm (the crossover: bench/RESULTS.md).
 constexpr int64_t kQmmTileMinPairs = 64;
 constexpr int64_t kQmmTilePairsPerExpert = 4;
+// On the int8 MMA kernels the tiles beat the row kernels sooner (a short prompt): rows without
+// rhs from 16 on, sorted pairs from one per expert on average (bench/RESULTS.md, the
+// thirtieth session: 8-layer Qwen3-30B prompts of 16 / 32 / 48 tokens +13% / +56% / +98%).
+constexpr int64_t kMmaDenseMinRows = 16;
+constexpr int64_t kMmaPairsPerExpert = 1;
 // Pairs without rhs (dense projections) take the MMA kernels' 64-pair tiles when that still
 // makes this many workgroups, else 32-pair ones: fewer than about two per SM of an H100 or
 // H200 leave SMs idle (bench/RESULTS.md, the twenty-fifth session).
@@ -22,8 +27,10 @@ constexpr uint64_t kMmaWideTileMinWorkgroups = 256;
 }  // namespace
 
 bool qmm_tiled(const QmmSetup& q) {
-  return q.pairs >= kQmmTileMinPairs &&
-         (q.rhs.defined() ? q.sorted != 0 && q.pairs >= kQmmTilePairsPerExpert * q.experts : true) &&
+  const bool mma_dense = q.mma && !q.rhs.defined();
+  const int64_t per_expert = q.mma ? kMmaPairsPerExpert : kQmmTilePairsPerExpert;
+  return q.pairs >= (mma_dense ? kMmaDenseMinRows : kQmmTileMinPairs) &&
+         (q.rhs.defined() ? q.sorted != 0 && q.pairs >= per_expert * q.experts : true) &&
          (q.x.dtype() == DType::kF32 || q.nout % 2 == 0);
 }
 

@@ -19,6 +19,7 @@ struct QmmSetup {
   k::QmmArgs args{};
   int64_t rows = 0, kdim = 0, experts = 0, nout = 0, pairs = 0, groups = 0, sorted = 0;
   bool all_4bit = false;  // every expert 4-bit (none pruned): qmm_mma4 may run
+  bool mma = false;       // the device has int8 cooperative matrices (the qmm_mma kernels)
 };
 
 // `x_shape`: x is never stored (a fused producer made its Q8 blocks); its shape and
