@@ -297,12 +297,17 @@ TEST(GatherQmmDevices, TiledScheduleForSortedPairs) {
   extreme.tokens = 2;
   extreme.extreme = true;
   sorted_pairs(extreme, {40, 30, 20}, true);
-  Case many_experts;  // 300 experts: the work list scans the pairs once per 256 experts, 2,048 at a time
-  many_experts.experts = 300;
-  many_experts.bits.assign(300, 4);
-  many_experts.n = 6;
-  many_experts.k = 64;
-  many_experts.tokens = 20;
+  auto four_bit = [](int64_t experts, int64_t n, int64_t k, int64_t tokens) {  // every expert 4-bit
+    Case c;
+    c.experts = experts;
+    c.bits.assign(static_cast<size_t>(experts), 4);
+    c.n = n;
+    c.k = k;
+    c.tokens = tokens;
+    return c;
+  };
+  // 300 experts: the work list scans the pairs once per 256 experts, 2,048 at a time
+  Case many_experts = four_bit(300, 6, 64, 20);
   {
     std::vector<int> runs(300, 0);
     runs[1] = 600, runs[255] = 33, runs[256] = 300, runs[299] = 1267;  // 2,200 pairs: two passes of 2,048
@@ -319,12 +324,7 @@ TEST(GatherQmmDevices, TiledScheduleForSortedPairs) {
   for (int i = 0; i < 70; ++i) dense_lhs.lhs.push_back((i * 37) % 100);
   Case dense_short = dense;  // a short prompt's 24 rows: the MMA tiles where they run, qmm_row elsewhere
   dense_short.tokens = 24;
-  Case sparse;  // 78 sorted pairs over 64 experts (one unused): the MMA tiles where they run
-  sparse.experts = 64;
-  sparse.bits.assign(64, 4);
-  sparse.n = 66;
-  sparse.k = 128;
-  sparse.tokens = 40;
+  Case sparse = four_bit(64, 66, 128, 40);  // 78 sorted pairs over 64 experts (one unused): the MMA tiles where they run
   {
     std::vector<int> runs(64, 1);
     runs[0] = 9, runs[5] = 0, runs[63] = 8;
