@@ -89,8 +89,8 @@
   uint tokens; uint experts; uint k; uint kind; \
   uint dtype; uint renormalize; uint n_group; uint topk_group; \
   float routed_scaling_factor; uint has_bias; uint has_scale; uint wait_count;
-// permute.comp ARGSORT: stable ascending order of n i32 keys.
-#define SB_ARGSORT_ARGS uint n; uint pad0; uint pad1; uint pad2;
+// permute.comp ARGSORT: stable ascending order of n i32 keys; ARGSORT_MOE: div >= 1 divides the indices.
+#define SB_ARGSORT_ARGS uint n; uint div; uint pad1; uint pad2;
 #define SB_ERR_ROUTER 16u  // fewer selectable experts than k
 
 // gather_mm.comp: out [pairs, n] = dot32(x[lhs[p]], w[rhs[p], n]) over k.

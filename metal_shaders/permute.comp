@@ -3,6 +3,9 @@
 // SB_KERNEL(gather_rows16, GATHER_ROWS16, "rrwb", PermuteArgs, SB_PERMUTE_ARGS, 256, 0)
 // SB_KERNEL(invert_permutation, INVERT, "rbb", PermuteArgs, SB_PERMUTE_ARGS, 256, 0)
 // SB_KERNEL(argsort, ARGSORT, "rw", ArgsortArgs, SB_ARGSORT_ARGS, 256, 0)
+// argsort that also writes each rank's key and its index divided by args.div (the sorted MoE's
+// pairs: order, experts, tokens): keys, order, sorted keys, quotients.
+// SB_KERNEL(argsort_moe, ARGSORT_MOE, "rwww", ArgsortArgs, SB_ARGSORT_ARGS, 256, 0)
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
@@ -11,6 +14,9 @@
 #include "common.glsl"
 
 layout(local_size_x = 256) in;
+#ifdef ARGSORT_MOE
+#define ARGSORT
+#endif
 #ifndef ARGSORT
 layout(push_constant) uniform Args { SB_PERMUTE_ARGS } args;
 #endif
@@ -93,8 +99,13 @@ void main() {
 // with a lower index; out[rank] = i. Thread -> output: workgroup g ranks keys
 // [16g, 16g + 16); thread t counts key 16g + t % 16 against the (t / 16)-th sixteenth of
 // all keys (so n keys keep 16n threads busy), the counts summed in shared memory.
+// ARGSORT_MOE: also sorted[rank] = keys[i] and quot[rank] = i / div (div >= 1).
 layout(std430, binding = 0) readonly buffer K { int keys[]; };
 layout(std430, binding = 1) writeonly buffer O { int order[]; };
+#ifdef ARGSORT_MOE
+layout(std430, binding = 2) writeonly buffer S { int sorted[]; };
+layout(std430, binding = 3) writeonly buffer Q { int quot[]; };
+#endif
 layout(push_constant) uniform Args { SB_ARGSORT_ARGS } args;
 shared uint s_rank[16];
 
@@ -103,8 +114,9 @@ void main() {
   uint i = (sb_linear_id() >> 8u) * 16u + (t & 15u), part = t >> 4u;
   if (t < 16u) s_rank[t] = 0u;
   barrier();
+  int v = 0;
   if (i < args.n) {
-    int v = keys[i];
+    v = keys[i];
     uint span = (args.n + 15u) / 16u, rank = 0u;
     uint lo = part * span, hi = min(args.n, (part + 1u) * span);
     for (uint j0 = lo; j0 < hi; j0 += 8u) {  // 8 loads issued together (at clamped indices)
@@ -118,6 +130,12 @@ void main() {
     atomicAdd(s_rank[t & 15u], rank);
   }
   barrier();
-  if (t < 16u && i < args.n) order[s_rank[t]] = int(i);
+  if (t < 16u && i < args.n) {
+    order[s_rank[t]] = int(i);
+#ifdef ARGSORT_MOE
+    sorted[s_rank[t]] = v;
+    quot[s_rank[t]] = int(i / args.div);
+#endif
+  }
 }
 #endif

@@ -168,6 +168,24 @@ Fusion norm_qmm_fusion(const std::vector<std::unique_ptr<fb::InstructionT>>& ins
   return Fusion{private_temp(nn->out.get(), i + 1) ? norm_qmm_private : norm_qmm, 2};
 }
 
+// The sorted MoE's pairs (builder_moe.cpp): Argsort of flat indices F, GatherRows of F by the
+// order, Full of one i32 k >= 1 that only the FloorDiv reads, FloorDiv of the order by it.
+Fusion moe_order_fusion(const std::vector<std::unique_ptr<fb::InstructionT>>& ins, size_t i,
+                        const PrivateTemp& private_temp) {
+  const auto* as = ins[i]->op.AsArgsortNode();
+  const auto* gr = ins[i + 1]->op.AsGatherRowsNode();
+  const auto* fl = ins[i + 2]->op.AsFullNode();
+  const auto* bn = ins[i + 3]->op.AsBinaryNode();
+  if (!gr || !fl || !bn) return {};
+  const uint32_t order = as->out->idx();
+  const bool one = fl->shape.size() == 1 && fl->shape[0] && !fl->shape[0]->is_vid && fl->shape[0]->literal == 1;
+  const bool k_ok = fl->dtype == fb::DType::I32 && fl->value >= 1.0 && fl->value < 2147483648.0;
+  if (gr->x->idx() != as->x->idx() || gr->indices->idx() != order || bn->op != fb::BinaryOp::FloorDiv ||
+      bn->a->idx() != order || bn->b->idx() != fl->out->idx() || !one || !k_ok || !private_temp(fl->out.get(), i + 3))
+    return {};
+  return Fusion{moe_order, 4};
+}
+
 // Decode's gate and up projections with their Glu: GatherQmm, GatherQmm (either order),
 // Glu of their two outputs, which nothing after the Glu reads. Same x, indices and widths.
 Fusion GpuDevice::fuse(const std::vector<std::unique_ptr<fb::InstructionT>>& ins, size_t i,
@@ -188,6 +206,8 @@ Fusion GpuDevice::fuse(const std::vector<std::unique_ptr<fb::InstructionT>>& ins
       ins[i + 1]->op.type == fb::OpNode::RouterNode &&
       ins[i + 1]->op.AsRouterNode()->logits->idx() == ins[i]->op.AsMatmulNode()->out->idx())
     return Fusion{matmul_router, 2};
+  if (i + 4 <= ins.size() && ins[i]->op.type == fb::OpNode::ArgsortNode)
+    return moe_order_fusion(ins, i, private_temp);
   if (i + 2 <= ins.size() && ins[i]->op.type == fb::OpNode::ScatterRowsNode &&
       ins[i + 1]->op.type == fb::OpNode::CombineNode) {
     const auto* sc = ins[i]->op.AsScatterRowsNode();

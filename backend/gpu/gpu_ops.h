@@ -190,5 +190,8 @@ Status norm_qmm_private(KernelContext& ctx, const std::unique_ptr<fb::Instructio
 // Matmul + the Router of its logits (router.cpp): where dispatches may hand off, the router
 // waits for the GEMV's workgroups instead of a barrier.
 Status matmul_router(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>* ins);
+// Argsort + GatherRows of its keys by its order + Full of a positive i32 k + FloorDiv of the
+// order by it (the sorted MoE's pairs: order, experts, tokens), one dispatch (permute.cpp).
+Status moe_order(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>* ins);
 
 }  // namespace switchboard::gpu

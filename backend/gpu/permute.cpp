@@ -4,18 +4,31 @@
 namespace switchboard::gpu {
 namespace {
 
-Status argsort(KernelContext& ctx, const fb::OpNodeUnion& op) {
-  const auto* n = op.AsArgsortNode();
+// Argsort's order, and with div (moe_order) the keys and the indices / div at each rank too:
+// outs are order, then sorted keys and quotients.
+Status argsort_run(KernelContext& ctx, const fb::ArgsortNodeT& n, uint32_t div, std::vector<Tensor>& outs) {
   Runtime& rt = rt_of(ctx);
   Tensor x;
-  SB_ASSIGN_OR_RETURN(BufferRef bx, bind_in(ctx, n->x.get(), &x));
-  SB_ASSIGN_OR_RETURN(Tensor out, rt.alloc(DType::kI32, x.shape()));
-  SB_ASSIGN_OR_RETURN(BufferRef bo, rt.bind(out, false));
+  SB_ASSIGN_OR_RETURN(BufferRef bx, bind_in(ctx, n.x.get(), &x));
+  std::vector<BufferRef> binds = {bx};
+  for (int o = 0; o < (div ? 3 : 1); ++o) {
+    SB_ASSIGN_OR_RETURN(Tensor out, rt.alloc(DType::kI32, x.shape()));
+    SB_ASSIGN_OR_RETURN(BufferRef bo, rt.bind(out, false));
+    binds.push_back(bo);
+    outs.push_back(std::move(out));
+  }
   k::ArgsortArgs args{};
   SB_ASSIGN_OR_RETURN(args.n, u32_count(x.numel(), "Argsort"));
+  args.div = div;
   // 16 threads per key (permute.comp), workgroups of 256 for 16 keys.
-  SB_RETURN_IF_ERROR(rt.dispatch("argsort", {bx, bo}, &args, sizeof(args), 256 * ((uint64_t{args.n} + 15) / 16)));
-  return ctx.out(n->out.get(), std::move(out));
+  return rt.dispatch(div ? "argsort_moe" : "argsort", binds, &args, sizeof(args), 256 * ((uint64_t{args.n} + 15) / 16));
+}
+
+Status argsort(KernelContext& ctx, const fb::OpNodeUnion& op) {
+  const auto* n = op.AsArgsortNode();
+  std::vector<Tensor> outs;
+  SB_RETURN_IF_ERROR(argsort_run(ctx, *n, 0, outs));
+  return ctx.out(n->out.get(), std::move(outs[0]));
 }
 
 // Rows of x as units of 1, 2 or 4 bytes (8-byte dtypes: two 4-byte units).
@@ -78,6 +91,18 @@ Status scatter_rows(KernelContext& ctx, const fb::OpNodeUnion& op) {
   const auto* n = op.AsScatterRowsNode();
   SB_ASSIGN_OR_RETURN(Scatter s, invert_scatter(ctx, n));
   return gather_rows_impl(ctx, s.x, s.bx, s.inv, s.x.dim(0), n->out.get());
+}
+
+// GpuDevice::fuse checked the four ops' slots, Full's shape [1], i32 and value (a k in
+// [1, 2^31)); Full's output is private and never written. The keys of Argsort are i32, so the
+// GatherRows and FloorDiv outputs are i32 [P] like the order.
+Status moe_order(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>* ins) {
+  const auto* as = ins[0]->op.AsArgsortNode();
+  std::vector<Tensor> outs;
+  SB_RETURN_IF_ERROR(argsort_run(ctx, *as, static_cast<uint32_t>(ins[2]->op.AsFullNode()->value), outs));
+  SB_RETURN_IF_ERROR(ctx.out(as->out.get(), std::move(outs[0])));
+  SB_RETURN_IF_ERROR(ctx.out(ins[1]->op.AsGatherRowsNode()->out.get(), std::move(outs[1])));
+  return ctx.out(ins[3]->op.AsBinaryNode()->out.get(), std::move(outs[2]));
 }
 
 void register_permute(KernelRegistry& r) {
