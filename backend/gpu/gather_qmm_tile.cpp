@@ -16,7 +16,7 @@ constexpr int64_t kQmmTileMinPairs = 64;
 constexpr int64_t kQmmTilePairsPerExpert = 4;
 // On the int8 MMA kernels the tiles beat the row kernels sooner (a short prompt): rows without
 // rhs from 16 on, sorted pairs from one per expert on average (bench/RESULTS.md, the
-// thirtieth session: 8-layer Qwen3-30B prompts of 16 / 32 / 48 tokens +13% / +56% / +98%).
+// thirtieth session).
 constexpr int64_t kMmaDenseMinRows = 16;
 constexpr int64_t kMmaPairsPerExpert = 1;
 // Pairs without rhs (dense projections) take the MMA kernels' 64-pair tiles when that still
