@@ -2,8 +2,12 @@
 // SB_KERNEL(attention_blocks, ATTENTION_BLOCKS, "rrrwr", AttentionArgs, SB_ATTENTION_ARGS, 128, 0)
 // SB_KERNEL(attention_merge, ATTENTION_MERGE, "rrwr", AttentionArgs, SB_ATTENTION_ARGS, 128, 0)
 // attention_blocks of one decode row that first computes Rope's q/k/v form itself: x (q, k and v
-// heads), the caches (the new key and value appended), scratch, dyn, cos, sin, the norm weights.
-// SB_KERNEL(attention_blocks_rope, ATTENTION_BLOCKS_ROPE, "rbbwrrrrr", AttentionRopeArgs, SB_ATTENTION_ROPE_ARGS, 128, 0)
+// heads), the caches (the new key and value appended), scratch, dyn, cos, sin, the norm weights,
+// the pairs' counters of splits done.
+// SB_KERNEL(attention_blocks_rope, ATTENTION_BLOCKS_ROPE, "rbbwrrrrrb", AttentionRopeArgs, SB_ATTENTION_ROPE_ARGS, 128, 0)
+// attention_merge recorded straight after attention_blocks_rope (no barrier): attention_merge's
+// bindings, then the blocks' counters and the error word.
+// SB_KERNEL(attention_merge_wait, ATTENTION_MERGE_WAIT, "rrwrrb", AttentionArgs, SB_ATTENTION_ARGS, 128, 0)
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
@@ -23,7 +27,8 @@
 // does the same for the new key (threads 32..63) and takes key `at` from shared memory and its
 // value from x (the cache may not hold them yet); the group's first query head's workgroup
 // appends them to the caches. The same bits as rope_qkv, then ATTENTION_BLOCKS. The norm
-// weights and the position's table entries are read with x and the first block's keys.
+// weights and the position's table entries are read with x and the first block's keys. Each
+// workgroup, its partials stored and made visible, counts itself in its pair's counter.
 // ATTENTION_MERGE (order Blocked32). Thread -> output: workgroup w is pair w. Up to kAll
 // blocks (head dims <= 128), every partial of the row is copied into shared memory in one round
 // of loads first, then the steps below read them there. Up to kMerge
@@ -31,7 +36,14 @@
 // factors a, c of blocks t, t + 128, ... into shared memory; then thread t merges output words
 // t, t + 128, ... (one or two columns a word) in block order. Past kMerge blocks each thread
 // walks the blocks itself (the same operations).
+// ATTENTION_MERGE_WAIT: ATTENTION_MERGE whose workgroup first waits (thread 0 polls, bounded)
+// until every split of its pair has counted itself: it may run beside attention_blocks_rope.
 #include "common.glsl"
+
+#ifdef ATTENTION_MERGE_WAIT
+#define ATTENTION_MERGE
+#define SB_MERGE_WAIT
+#endif
 
 layout(local_size_x = 128) in;
 #ifdef ATTENTION_BLOCKS_ROPE
@@ -71,10 +83,15 @@ layout(std430, binding = 2) buffer V { uint v[]; };
 layout(std430, binding = 1) readonly buffer K { uint k[]; };
 layout(std430, binding = 2) readonly buffer V { uint v[]; };
 #endif
+#ifdef ATTENTION_BLOCKS_ROPE  // read by attention_merge_wait as it is written
+layout(std430, binding = 3) coherent writeonly buffer Scratch { float scratch[]; };
+#else
 layout(std430, binding = 3) writeonly buffer Scratch { float scratch[]; };
+#endif
 layout(std430, binding = 4) readonly buffer Dyn { uint dyn[]; };
 uint first_pos() { return args.pos + dyn[args.pos_word]; }
 #ifdef ATTENTION_BLOCKS_ROPE
+layout(std430, binding = 9) coherent buffer Cn { uint counters[]; };  // per pair: splits done, zero at start
 layout(std430, binding = 5) readonly buffer C { float cos_t[]; };
 layout(std430, binding = 6) readonly buffer S { float sin_t[]; };
 layout(std430, binding = 7) readonly buffer W { uint w[]; };
@@ -279,11 +296,9 @@ void rope_heads(uint h, uint kh, uint at, uint b0, uint lo, uint hi, out BlockRe
 }
 #endif
 
-void main() {
-  uint t = gl_LocalInvocationID.x;
-  uint w = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
-  if (w >= args.rows * args.hq * args.nsplit) return;  // uniform over the workgroup
-  uint split = w % args.nsplit, r = w / args.nsplit, hd = HD;
+// Split `split` of pair r: its key blocks.
+void split_blocks(uint split, uint r) {
+  uint t = gl_LocalInvocationID.x, hd = HD;
   uint i = args.row0 + r / args.hq, h = r % args.hq, kh = h / (args.hq / args.hk);
   uint lo, hi;
   visible(r, lo, hi);
@@ -317,14 +332,47 @@ void main() {
     if (bn < args.nb && bn * kBlock < hi) block_load(bn, kh, lo, hi, g);
   }
 }
+
+void main() {
+  uint w = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
+  if (w >= args.rows * args.hq * args.nsplit) return;  // uniform over the workgroup
+  uint r = w / args.nsplit;
+  split_blocks(w % args.nsplit, r);
+#ifdef ATTENTION_BLOCKS_ROPE
+  memoryBarrierBuffer();  // this invocation's partials before the count (every split counts)
+  barrier();
+  if (gl_LocalInvocationID.x == 0u) atomicAdd(counters[r], 1u);
+#endif
+}
 #endif  // ATTENTION_BLOCKS
 
 #ifdef ATTENTION_MERGE
 layout(std430, binding = 0) readonly buffer S { uint sinks[]; };
+#ifdef SB_MERGE_WAIT
+layout(std430, binding = 1) coherent readonly buffer Scratch { float scratch[]; };
+#else
 layout(std430, binding = 1) readonly buffer Scratch { float scratch[]; };
+#endif
 layout(std430, binding = 2) writeonly buffer O { uint o[]; };
 layout(std430, binding = 3) readonly buffer Dyn { uint dyn[]; };
 uint first_pos() { return args.pos + dyn[args.pos_word]; }
+#ifdef SB_MERGE_WAIT
+layout(std430, binding = 4) coherent volatile readonly buffer Cn { uint counters[]; };  // polled
+layout(std430, binding = 5) buffer Er { uint err[]; };
+
+// Pair r's partials once its args.nsplit workgroups have counted: thread 0 polls, bounded
+// (SB_ERR_HANDOFF), then every invocation's later loads see what the count covers. The
+// blocks' workgroups were dispatched first and need no slot these hold, so they finish.
+void wait_for_pair(uint r) {
+  if (gl_LocalInvocationID.x == 0u) {
+    uint n = 0u;
+    while (counters[r] < args.nsplit && n < (1u << 22)) ++n;
+    if (n == (1u << 22)) atomicOr(err[0], SB_ERR_HANDOFF);
+  }
+  barrier();
+  memoryBarrierBuffer();
+}
+#endif
 
 const uint kMerge = 1024u;
 shared float s_m[kMerge];  // the state's max after block b (first .. last)
@@ -401,10 +449,9 @@ void merge_all(uint r, uint first, uint count, uint out_row) {
   merge_finish(m, l, o0, o1, out_row, t);
 }
 
-void main() {
+// Pair r's blocks merged into its output row.
+void merge_row(uint r) {
   uint t = gl_LocalInvocationID.x;
-  uint r = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
-  if (r >= args.rows * args.hq) return;  // uniform over the workgroup
   uint i = args.row0 + r / args.hq, h = r % args.hq, hd = HD;
   uint lo, hi;
   visible(r, lo, hi);
@@ -481,6 +528,15 @@ void main() {
     }
     merge_finish(m, l, o0, o1, i * args.hq + h, wd);
   }
+}
+
+void main() {
+  uint r = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
+  if (r >= args.rows * args.hq) return;  // uniform over the workgroup
+#ifdef SB_MERGE_WAIT
+  wait_for_pair(r);
+#endif
+  merge_row(r);
 }
 #endif  // ATTENTION_MERGE
 

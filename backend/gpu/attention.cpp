@@ -1,6 +1,8 @@
 // Attention over a KV cache on the GPU (metal_shaders/attention.comp). Order Blocked32: one
-// workgroup per (row, head, key block of 32), then one per (row, head) merging the blocks (a
-// prefill of head dims 32k <= 128 goes to attention_tiles.cpp instead). Order Decomposed:
+// workgroup per (row, head, key block of 32), then one per (row, head) merging the blocks (after
+// a decode row's attention_blocks_rope without a barrier where the runtime allows hand-offs: each
+// merge workgroup waits for its pair's count; a prefill of head dims 32k <= 128 goes to
+// attention_tiles.cpp instead). Order Decomposed:
 // attention_decomposed.cpp.
 #include <algorithm>
 #include <cstddef>
@@ -54,9 +56,18 @@ Status blocked(Runtime& rt, const ops::AttentionDims& d, k::AttentionArgs args, 
     if (rope) {
       static_assert(offsetof(k::AttentionRopeArgs, half_dims) == sizeof(k::AttentionArgs));
       std::memcpy(&rope->args, &args, sizeof(args));  // the same fields first
+      SB_ASSIGN_OR_RETURN(BufferRef counters, rt.scratch(pairs * 4, 0));  // splits done, per pair
       rope->binds[3] = bt;
+      rope->binds.resize(10);
+      rope->binds[9] = counters;
       SB_RETURN_IF_ERROR(rt.dispatch("attention_blocks_rope", rope->binds, &rope->args, sizeof(rope->args),
                                      pairs * nsplit * 128, rope->spec));
+      if (rt.cross_dispatch_handoff()) {  // the merge waits on the counts instead of a barrier
+        const std::vector<BufferRef> mb = {b[3], bt, b[4], b[5], counters, rt.error_word()};
+        SB_RETURN_IF_ERROR(rt.dispatch("attention_merge_wait", mb, &args, sizeof(args), pairs * 128, spec,
+                                       handoff_mask(mb, {bt, counters})));
+        continue;
+      }
     } else {
       SB_RETURN_IF_ERROR(rt.dispatch("attention_blocks", {b[0], b[1], b[2], bt, b[5]}, &args, sizeof(args),
                                      pairs * nsplit * 128, spec));
