@@ -31,7 +31,8 @@
 // workgroup, its partials stored and made visible, counts itself in its pair's counter.
 // ATTENTION_MERGE (order Blocked32). Thread -> output: workgroup w is pair w. Up to kAll
 // blocks (head dims <= 128), every partial of the row is copied into shared memory in one round
-// of loads first, then the steps below read them there. Up to kMerge
+// of loads first, then the steps below read them there (the running max as a doubling scan over
+// threads 0..count-1, the same maxima). Up to kMerge
 // blocks, the merge's exps come first: thread 0 walks the running max, thread t computes the
 // factors a, c of blocks t, t + 128, ... into shared memory; then thread t merges output words
 // t, t + 128, ... (one or two columns a word) in block order. Past kMerge blocks each thread
@@ -423,30 +424,47 @@ void merge_all(uint r, uint first, uint count, uint out_row) {
   }
   if (t < 2u * count) s_ml[t] = ml;
   barrier();
-  if (t == 0u) {
-    float m = s_ml[0];
-    s_m[0] = m;
-    for (uint b = 1u; b < count; ++b) {
-      m = sb_max(m, s_ml[2u * b]);
-      s_m[b] = m;
-    }
-  }
+  // The running maxima s_m[b] = max(m_b of blocks first .. b) as a doubling scan whose earlier
+  // range is always sb_max's first operand: the in-order walk's bits (the first NaN; +0 over -0).
+  if (t < count) s_m[t] = s_ml[2u * t];
   barrier();
+  for (uint off = 1u; off < count; off <<= 1u) {  // uniform
+    bool step = t < count && t >= off;
+    float v = step ? sb_max(s_m[t - off], s_m[t]) : 0.0;
+    barrier();
+    if (step) s_m[t] = v;
+    barrier();
+  }
   if (t >= 1u && t < count) merge_factors(t, s_ml[2u * t]);
   barrier();
   uint per = sb_per_word(ADT), words = hd / per;
   if (t >= words) return;
   uint c = t * per;
-  precise float m = s_ml[0], l = s_ml[1];
+  precise float l = s_ml[1];
   precise float o0 = s_ob[c], o1 = per == 2u ? s_ob[c + 1u] : 0.0;
-  for (uint b = 1u; b < count; ++b) {
+  uint b = 1u;
+  for (; b + 4u <= count; b += 4u) {  // four blocks' partials loaded, then taken in order
+    float a4[4], c4[4], l4[4], p4[4], q4[4];
+    [[unroll]] for (uint u = 0u; u < 4u; ++u) {
+      a4[u] = s_a[b + u];
+      c4[u] = s_c[b + u];
+      l4[u] = s_ml[2u * (b + u) + 1u];
+      p4[u] = s_ob[(b + u) * hd + c];
+      q4[u] = per == 2u ? s_ob[(b + u) * hd + c + 1u] : 0.0;
+    }
+    [[unroll]] for (uint u = 0u; u < 4u; ++u) {
+      l = l * a4[u] + l4[u] * c4[u];
+      o0 = o0 * a4[u] + p4[u] * c4[u];
+      if (per == 2u) o1 = o1 * a4[u] + q4[u] * c4[u];
+    }
+  }
+  for (; b < count; ++b) {
     float a = s_a[b], cc = s_c[b];
-    m = s_m[b];
     l = l * a + s_ml[2u * b + 1u] * cc;
     o0 = o0 * a + s_ob[b * hd + c] * cc;
     if (per == 2u) o1 = o1 * a + s_ob[b * hd + c + 1u] * cc;
   }
-  merge_finish(m, l, o0, o1, out_row, t);
+  merge_finish(s_m[count - 1u], l, o0, o1, out_row, t);
 }
 
 // Pair r's blocks merged into its output row.
