@@ -335,11 +335,18 @@ int main(int argc, char** argv) {
   std::string device = "vulkan";
   int reps = 16, iters = 20;
   std::string only;  // --case: run the cases whose name contains it
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--device")) device = argv[i + 1];
-    else if (!std::strcmp(argv[i], "--reps")) reps = std::max(1, std::atoi(argv[i + 1]));
-    else if (!std::strcmp(argv[i], "--iters")) iters = std::max(1, std::atoi(argv[i + 1]));
-    else if (!std::strcmp(argv[i], "--case")) only = argv[i + 1];
+  const char* usage = "usage: gpu_decode_bench [--device D] [--reps N] [--iters N] [--case NAME-PART]\n";
+  for (int i = 1; i < argc; i += 2) {
+    const bool valued = i + 1 < argc;
+    if (valued && !std::strcmp(argv[i], "--device")) device = argv[i + 1];
+    else if (valued && !std::strcmp(argv[i], "--reps")) reps = std::max(1, std::atoi(argv[i + 1]));
+    else if (valued && !std::strcmp(argv[i], "--iters")) iters = std::max(1, std::atoi(argv[i + 1]));
+    else if (valued && !std::strcmp(argv[i], "--case")) only = argv[i + 1];
+    else {  // --help, an unknown flag or one without its value: the usage, not a run of every case
+      const bool help = !std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h");
+      std::fputs(usage, help ? stdout : stderr);
+      return help ? 0 : 2;
+    }
   }
   return run(device, reps, iters, only);
 }
