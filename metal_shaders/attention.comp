@@ -364,15 +364,7 @@ layout(std430, binding = 5) buffer Er { uint err[]; };
 // Pair r's partials once its args.nsplit workgroups have counted: thread 0 polls, bounded
 // (SB_ERR_HANDOFF), then every invocation's later loads see what the count covers. The
 // blocks' workgroups were dispatched first and need no slot these hold, so they finish.
-void wait_for_pair(uint r) {
-  if (gl_LocalInvocationID.x == 0u) {
-    uint n = 0u;
-    while (counters[r] < args.nsplit && n < (1u << 22)) ++n;
-    if (n == (1u << 22)) atomicOr(err[0], SB_ERR_HANDOFF);
-  }
-  barrier();
-  memoryBarrierBuffer();
-}
+void wait_for_pair(uint r) SB_WAIT_COUNT(counters[r], args.nsplit, err)
 #endif
 
 const uint kMerge = 1024u;

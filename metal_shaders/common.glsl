@@ -20,6 +20,21 @@ spirv_execution_mode(extensions = ["SPV_KHR_float_controls"], capabilities = [44
 // A specialization constant C when the host set one (not ~0u), else the push-constant value ARG.
 #define SB_SPEC(C, ARG) (C != 0xffffffffu ? C : ARG)
 
+// A hand-off's wait (a count the dispatch recorded just before, with no barrier between, raises
+// as its workgroups finish): thread 0 polls COUNT (a coherent volatile word) until it reaches
+// TARGET, at most 2^22 reads (then SB_ERR_HANDOFF in ERR[0]); then every invocation's later
+// loads see what the count covers. Call in uniform control flow.
+#define SB_WAIT_COUNT(COUNT, TARGET, ERR)                                \
+  {                                                                      \
+    if (gl_LocalInvocationID.x == 0u) {                                  \
+      uint n_ = 0u;                                                      \
+      while ((COUNT) < (TARGET) && n_ < (1u << 22)) ++n_;                \
+      if (n_ == (1u << 22)) atomicOr(ERR[0], SB_ERR_HANDOFF);            \
+    }                                                                    \
+    barrier();                                                           \
+    memoryBarrierBuffer();                                               \
+  }
+
 bool sb_is16(uint dt) { return dt == SB_DT_F16 || dt == SB_DT_BF16; }
 uint sb_word(uint dt, uint i) { return sb_is16(dt) ? (i >> 1) : i; }
 

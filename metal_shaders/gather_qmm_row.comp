@@ -474,15 +474,7 @@ int wait_for_rhs(uint p) {
 // Row r of x (h) once its args.wait_tiles gate/up workgroups have stored it and counted
 // (qmm_row_glu_2k_dot4 recorded just before, no barrier between): thread 0 polls, bounded
 // (SB_ERR_HANDOFF), then every invocation's later loads see what the count covers.
-void wait_for_row(uint r) {
-  if (gl_LocalInvocationID.x == 0u) {
-    uint n = 0u;
-    while (done[r] < args.wait_tiles && n < (1u << 22)) ++n;
-    if (n == (1u << 22)) atomicOr(err[0], SB_ERR_HANDOFF);
-  }
-  barrier();
-  memoryBarrierBuffer();
-}
+void wait_for_row(uint r) SB_WAIT_COUNT(done[r], args.wait_tiles, err)
 #endif
 
 void main() {

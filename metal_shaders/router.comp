@@ -202,15 +202,7 @@ float slot_weight(uint j, float w) {
 // The logits once the matmul recorded just before (no barrier between) has counted all its
 // args.wait_count workgroups: thread 0 polls, bounded (SB_ERR_HANDOFF), as the row kernels
 // wait for the router; that matmul's workgroups were launched first and finish meanwhile.
-void wait_for_logits() {
-  if (gl_LocalInvocationID.x == 0u) {
-    uint n = 0u;
-    while (logits_done[0] < args.wait_count && n < (1u << 22)) ++n;
-    if (n == (1u << 22)) atomicOr(err[0], SB_ERR_HANDOFF);
-  }
-  barrier();
-  memoryBarrierBuffer();
-}
+void wait_for_logits() SB_WAIT_COUNT(logits_done[0], args.wait_count, err)
 
 void main() {
   uint t = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
