@@ -15,10 +15,15 @@ layout(constant_id = 0) const uint kSpecXDtype = 0xffffffffu;
 layout(constant_id = 1) const uint kSpecOutDtype = 0xffffffffu;
 layout(constant_id = 2) const uint kSpecScaleDtype = 0xffffffffu;
 layout(constant_id = 3) const uint kSpecGluKind = 0xffffffffu;
+// The group size too: with it constant a group's block loop unrolls, and the driver issues
+// the term's scale and bias loads with its code loads (in a loop it sank them past the
+// loop: a second memory round trip per task).
+layout(constant_id = 4) const uint kSpecGroupSize = 0xffffffffu;
 #define X_DTYPE SB_SPEC(kSpecXDtype, args.x_dtype)
 #define OUT_DTYPE SB_SPEC(kSpecOutDtype, args.out_dtype)
 #define SCALE_DTYPE SB_SPEC(kSpecScaleDtype, args.scale_dtype)
 #define GLU_KIND SB_SPEC(kSpecGluKind, args.glu_kind)
+#define GROUP_SIZE SB_SPEC(kSpecGroupSize, args.group_size)
 
 // x's codes are staged in the permuted order 0, 2, 4, 6 | 1, 3, 5, 7 of each 8: a code
 // word's even nibbles (masked) and odd nibbles (shifted, masked) are packed int8x4 that
@@ -37,14 +42,15 @@ int dot4_block(uvec4 cw, uint qb) {
 // are loaded two at a time before either is used, so their memory latencies overlap.
 #define SB_ROW_TERM(NAME, CODES, SCALES, BIASES, DOT, DOT4)                                          \
   float NAME(uint ex, uint n0, uint oi, uint g, uint wbase, uint bits) {                             \
-    uint per_group = args.group_size / 32u, end = (g + 1u) * per_group;                              \
+    uint per_group = GROUP_SIZE / 32u, j0 = g * per_group;                                           \
     uint sidx = (ex * args.n + n0 + oi) * args.groups + g;                                           \
     float sc = SB_LOAD(SCALES, SCALE_DTYPE, sidx);                                                   \
     float bc = SB_LOAD(BIASES, SCALE_DTYPE, sidx);                                                   \
     uint row4 = (wbase + oi * (args.k / 8u)) >> 2u;                                                  \
     precise float pg = 0.0, xg = 0.0;                                                                \
-    for (uint j = g * per_group; j < end; j += 2u) {                                                 \
-      bool two = j + 1u < end;                                                                       \
+    for (uint i = 0u; i < per_group; i += 2u) { /* a constant trip count where specialized */        \
+      uint j = j0 + i;                                                                               \
+      bool two = i + 1u < per_group;                                                                 \
       uvec4 c0 = CODES[row4 + j], c1 = two ? CODES[row4 + j + 1u] : uvec4(0u);                       \
       int iq0 = dot4_block(c0, j * 8u), iq1 = dot4_block(c1, j * 8u + 8u);                           \
       float d0 = s_d[j];                                                                             \

@@ -54,11 +54,11 @@ const char* qmm_row_kernel(const Runtime& rt, const QmmSetup& q, bool glu, bool 
 }
 
 // The specialization constants of the row kernel row_dot4 picks (gather_qmm_row_dot4.glsl:
-// only the *_dot4 twins declare them): x, out and scale dtypes and the Glu kind, so the
-// driver builds only the path this dispatch takes.
+// only the *_dot4 twins declare them): x, out and scale dtypes, the Glu kind and the group
+// size, so the driver builds only the path this dispatch takes.
 SpecConstants row_spec(const Runtime& rt, bool all_4bit, const k::QmmArgs& a, uint32_t glu_kind) {
   if (!row_dot4(rt, all_4bit)) return {};
-  return SpecConstants{{a.x_dtype, a.out_dtype, a.scale_dtype, glu_kind}, 4};
+  return SpecConstants{{a.x_dtype, a.out_dtype, a.scale_dtype, glu_kind, a.group_size}, 5};
 }
 
 // Decode's down projection with combine_weights in one dispatch (qmm_row_combine_2k):
