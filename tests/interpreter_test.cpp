@@ -1,6 +1,9 @@
 // Interpreter behaviour: round trip through files, If on a host condition,
 // dynamic shapes, mutable buffers, init chain, value inputs and outputs.
+#include <unistd.h>
+
 #include <filesystem>
+#include <string>
 
 #include "op_harness.h"
 #include "safetensors.h"
@@ -9,6 +12,12 @@
 namespace switchboard {
 namespace {
 using namespace switchboard::testing;
+
+// A temp path of this process's own: ctest runs this file's tests as parallel processes, and two
+// of them writing one file raced (a write failed in CI).
+std::filesystem::path temp_path(const std::string& name) {
+  return std::filesystem::path(::testing::TempDir()) / (name + "_" + std::to_string(::getpid()));
+}
 
 // y = x @ w^T + b, with x [M dynamic, 3].
 void build_linear(ProgramBuilder& b) {
@@ -20,7 +29,7 @@ void build_linear(ProgramBuilder& b) {
 
 TEST(Interpreter, RoundTripThroughFiles) {
   namespace fs = std::filesystem;
-  fs::path dir = fs::path(::testing::TempDir()) / "sb_roundtrip";
+  fs::path dir = temp_path("sb_roundtrip");
   fs::create_directories(dir);
   ProgramBuilder b;
   build_linear(b);
@@ -76,7 +85,7 @@ std::vector<uint8_t> build_branchy(std::vector<Dim> shape, int64_t cutoff) {
 }
 
 std::shared_ptr<const Program> load_with_two(const std::vector<uint8_t>& bytes) {
-  auto file = std::filesystem::path(::testing::TempDir()) / "sb_two.safetensors";
+  auto file = temp_path("sb_two.safetensors");
   EXPECT_TRUE(write_safetensors(file.string(), {{"two", f32({1}, {2.f})}}).is_ok());
   auto p = Program::from_bytes(bytes, "branchy", LoadOptions{{file.string()}});
   EXPECT_TRUE(p.is_ok()) << p.status().to_string();
@@ -208,7 +217,7 @@ TEST(Interpreter, InitChainFillsBuffersAtCreateAndReset) {
   b.emit_init([&] { b.assign(table, b.mul(base, base)); });
   b.assign(table, b.add(table, x));
   b.output("t", b.copy(table));
-  auto file = std::filesystem::path(::testing::TempDir()) / "sb_base.safetensors";
+  auto file = temp_path("sb_base.safetensors");
   SB_ASSERT_OK(write_safetensors(file.string(), {{"base", f32({2}, {3, 4})}}));
   auto program = Program::from_bytes(b.serialize().value(), "init", LoadOptions{{file.string()}}).value();
   EXPECT_GE(program->impl().ir->init_chain, 1);
