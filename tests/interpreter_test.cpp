@@ -1,9 +1,6 @@
 // Interpreter behaviour: round trip through files, If on a host condition,
 // dynamic shapes, mutable buffers, init chain, value inputs and outputs.
-#include <unistd.h>
-
 #include <filesystem>
-#include <string>
 
 #include "op_harness.h"
 #include "safetensors.h"
@@ -13,11 +10,9 @@ namespace switchboard {
 namespace {
 using namespace switchboard::testing;
 
-// A temp path of this process's own: ctest runs this file's tests as parallel processes, and two
-// of them writing one file raced (a write failed in CI).
-std::filesystem::path temp_path(const std::string& name) {
-  return std::filesystem::path(::testing::TempDir()) / (name + "_" + std::to_string(::getpid()));
-}
+// A temp path of this process's own (two tests writing one file from parallel ctest processes
+// raced: a write failed in CI).
+std::filesystem::path temp_path(const std::string& name) { return process_scratch("sb_interpreter_test", name); }
 
 // y = x @ w^T + b, with x [M dynamic, 3].
 void build_linear(ProgramBuilder& b) {

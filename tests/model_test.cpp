@@ -4,7 +4,6 @@
 // path's errors on bad checkpoints, and the tiny test model.
 #include <gtest/gtest.h>
 
-#include <unistd.h>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -25,12 +24,7 @@ using optest::test_devices;
 
 const fs::path kFixtures = fs::path(SB_SOURCE_DIR) / "tests" / "fixtures";
 
-fs::path scratch(const std::string& name) {
-  fs::path p = fs::temp_directory_path() / ("sb_model_test_" + std::to_string(::getpid())) / name;
-  fs::remove_all(p);
-  fs::create_directories(p.parent_path());
-  return p;
-}
+fs::path scratch(const std::string& name) { return testing::process_scratch("sb_model_test", name); }
 
 std::vector<int32_t> ints(const Tensor& t) {
   return std::vector<int32_t>(t.data_as<int32_t>(), t.data_as<int32_t>() + t.numel());

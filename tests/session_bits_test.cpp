@@ -3,7 +3,6 @@
 // and generic kernels, and second prompts.
 #include <gtest/gtest.h>
 
-#include <unistd.h>
 #include <cstring>
 #include <filesystem>
 
@@ -17,12 +16,7 @@ namespace {
 namespace fs = std::filesystem;
 using optest::test_devices;
 
-fs::path scratch(const std::string& name) {
-  fs::path p = fs::temp_directory_path() / ("sb_session_bits_test_" + std::to_string(::getpid())) / name;
-  fs::remove_all(p);
-  fs::create_directories(p.parent_path());
-  return p;
-}
+fs::path scratch(const std::string& name) { return testing::process_scratch("sb_session_bits_test", name); }
 
 // The tiny 4-bit model of `family` ("" for the default) exported to scratch(name) and loaded.
 Result<std::shared_ptr<const Program>> tiny_program(const std::string& name, const std::string& family) {

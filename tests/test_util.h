@@ -2,7 +2,9 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <filesystem>
 #include <map>
 #include <string>
 #include <vector>
@@ -20,6 +22,16 @@ namespace switchboard::testing {
     ::switchboard::Status sb_st_ = (expr);                  \
     ASSERT_TRUE(sb_st_.is_ok()) << sb_st_.to_string();     \
   } while (0)
+
+// DIR/name, DIR a temp folder of this process's own (prefix_pid), emptied of name and created:
+// ctest runs a file's tests as parallel processes, which must not share a path.
+inline std::filesystem::path process_scratch(const std::string& prefix, const std::string& name) {
+  namespace fs = std::filesystem;
+  fs::path p = fs::temp_directory_path() / (prefix + "_" + std::to_string(::getpid())) / name;
+  fs::remove_all(p);
+  fs::create_directories(p.parent_path());
+  return p;
+}
 
 inline Tensor f32(const Shape& shape, const std::vector<float>& v) {
   return Tensor::from_vector<float>(DType::kF32, shape, v).value();
