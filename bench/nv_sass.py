@@ -61,7 +61,7 @@ def main():
     ap.add_argument("--arch", default="SM90")
     args = ap.parse_args()
     names = names_by_size(args.stats) if args.stats else {}
-    nvdisasm = shutil.which("nvdisasm") or ("/usr/local/cuda/bin/nvdisasm" if os.path.exists("/usr/local/cuda/bin/nvdisasm") else None)
+    nvdisasm = shutil.which("nvdisasm", path=os.environ.get("PATH", "") + os.pathsep + "/usr/local/cuda/bin")
     os.makedirs(args.out_dir, exist_ok=True)
     seen = {}
     for path in sorted(glob.glob(os.path.join(args.cache_dir, "**", "*.bin"), recursive=True)):
