@@ -183,6 +183,7 @@ shared float s_out[kMaxPerWg];
 #define OUT_DTYPE args.out_dtype
 #define SCALE_DTYPE args.scale_dtype
 #define GLU_KIND args.glu_kind
+#define NORM_W_DTYPE args.w_dtype
 #define row_code(i) codes4[(i) >> 2u][(i)&3u]
 #define row_code_up(i) codes_up4[(i) >> 2u][(i)&3u]
 
@@ -286,8 +287,11 @@ SB_LOAD_UNIT(load_res_unit, res4)
 // out_i = round((s_i * r) * w_i). `store`: this workgroup stores the row's sum and out.
 void norm_unit(uint r, uint u, bool mine, bool store, inout float v[8]) {
   uint tid = gl_LocalInvocationID.x, e = r * args.k + u * 8u;
+  // Every weight word loaded before any is decoded (one round trip for the eight).
+  uint wraw[8];
+  [[unroll]] for (uint i = 0u; i < 8u; ++i) wraw[i] = norm_w[sb_word(NORM_W_DTYPE, u * 8u + i)];
   float wv[8];
-  [[unroll]] for (uint i = 0u; i < 8u; ++i) wv[i] = SB_LOAD(norm_w, args.w_dtype, u * 8u + i);
+  [[unroll]] for (uint i = 0u; i < 8u; ++i) wv[i] = sb_decode(wraw[i], NORM_W_DTYPE, u * 8u + i);
   if (args.has_residual != 0u) {
     float rv[8];
     load_res_unit(e, rv);

@@ -19,11 +19,15 @@ layout(constant_id = 3) const uint kSpecGluKind = 0xffffffffu;
 // the term's scale and bias loads with its code loads (in a loop it sank them past the
 // loop: a second memory round trip per task).
 layout(constant_id = 4) const uint kSpecGroupSize = 0xffffffffu;
+// qmm_row_norm_2k_dot4: the norm weights' dtype (their decode without branches, so their
+// loads go out together: one round trip, not eight).
+layout(constant_id = 5) const uint kSpecNormWDtype = 0xffffffffu;
 #define X_DTYPE SB_SPEC(kSpecXDtype, args.x_dtype)
 #define OUT_DTYPE SB_SPEC(kSpecOutDtype, args.out_dtype)
 #define SCALE_DTYPE SB_SPEC(kSpecScaleDtype, args.scale_dtype)
 #define GLU_KIND SB_SPEC(kSpecGluKind, args.glu_kind)
 #define GROUP_SIZE SB_SPEC(kSpecGroupSize, args.group_size)
+#define NORM_W_DTYPE SB_SPEC(kSpecNormWDtype, args.w_dtype)
 
 // x's codes are staged in the permuted order 0, 2, 4, 6 | 1, 3, 5, 7 of each 8: a code
 // word's even nibbles (masked) and odd nibbles (shifted, masked) are packed int8x4 that

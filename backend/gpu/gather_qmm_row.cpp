@@ -56,8 +56,10 @@ const char* qmm_row_kernel(const Runtime& rt, const QmmSetup& q, bool glu, bool 
 // The specialization constants of the row kernel row_dot4 picks (gather_qmm_row_dot4.glsl:
 // only the *_dot4 twins declare them): x, out and scale dtypes, the Glu kind and the group
 // size, so the driver builds only the path this dispatch takes.
-SpecConstants row_spec(const Runtime& rt, bool all_4bit, const k::QmmArgs& a, uint32_t glu_kind) {
+SpecConstants row_spec(const Runtime& rt, bool all_4bit, const k::QmmArgs& a, uint32_t glu_kind,
+                       uint32_t norm_w_dtype) {
   if (!row_dot4(rt, all_4bit)) return {};
+  if (norm_w_dtype != ~0u) return SpecConstants{{a.x_dtype, a.out_dtype, a.scale_dtype, glu_kind, a.group_size, norm_w_dtype}, 6};
   return SpecConstants{{a.x_dtype, a.out_dtype, a.scale_dtype, glu_kind, a.group_size}, 5};
 }
 
@@ -226,8 +228,8 @@ Status norm_then_qmm(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>
   }
   const char* kernel = dot4 ? "qmm_row_norm_2k_dot4" : "qmm_row_norm_2k";
   SB_RETURN_IF_ERROR(rt.dispatch(kernel, bindings, &args, sizeof(args),
-                                 256 * static_cast<uint64_t>(q.pairs) * q.args.tiles, row_spec(rt, q.all_4bit, q.args),
-                                 handed));
+                                 256 * static_cast<uint64_t>(q.pairs) * q.args.tiles,
+                                 row_spec(rt, q.all_4bit, q.args, 0, args.w_dtype), handed));
   if (nn.residual) SB_RETURN_IF_ERROR(ctx.out(nn.sum.get(), std::move(sum)));
   if (store_out) SB_RETURN_IF_ERROR(ctx.out(nn.out.get(), std::move(normed)));
   return ctx.out(qn->out.get(), std::move(out));

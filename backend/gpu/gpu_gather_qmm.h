@@ -72,7 +72,8 @@ Status gather_qmm_run(KernelContext& ctx, const fb::GatherQmmNodeT* n, QmmSetup&
 // outputs per workgroup and tiles per pair in q.args (gather_qmm_row.cpp).
 bool qmm_row_plan(QmmSetup& q, int64_t projections);
 const char* qmm_row_kernel(const Runtime& rt, const QmmSetup& q, bool glu, bool all_4bit);
-SpecConstants row_spec(const Runtime& rt, bool all_4bit, const k::QmmArgs& a, uint32_t glu_kind = 0);
+SpecConstants row_spec(const Runtime& rt, bool all_4bit, const k::QmmArgs& a, uint32_t glu_kind = 0,
+                       uint32_t norm_w_dtype = ~0u);
 // Decode's down projection with combine_weights in one dispatch (qmm_row_combine_2k).
 Status qmm_row_combine(KernelContext& ctx, const fb::GatherQmmNodeT* n, const QmmSetup& q, const CombineOperands& c,
                        const Tensor& y, BufferRef by);
