@@ -16,6 +16,7 @@
 #include "switchboard/builder.h"
 #include "switchboard/log.h"
 #include "switchboard/switchboard.h"
+#include "test_util.h"
 
 namespace switchboard {
 namespace {
@@ -142,9 +143,9 @@ TEST(LogHook, NullSinkSendsLinesToStderrAgain) {
   set_log_sink([&](LogLevel, std::string_view) { ++calls; });
   log::warn("to the sink");
   set_log_sink(nullptr);
-  testing::internal::CaptureStderr();
+  ::testing::internal::CaptureStderr();
   log::warn("to stderr");
-  const std::string err = testing::internal::GetCapturedStderr();
+  const std::string err = ::testing::internal::GetCapturedStderr();
   set_log_level(saved);
   EXPECT_EQ(calls, 1);
   EXPECT_NE(err.find("[switchboard warning] to stderr"), std::string::npos) << err;
@@ -240,6 +241,50 @@ TEST(SessionOptionsTest, GpuRepeatRecordsANamedKernelTwice) {
   set_log_level(LogLevel::kOff);
   EXPECT_EQ(dispatches[1], 2 * dispatches[0]);
   EXPECT_GE(dispatches[0], 1u);
+}
+
+// gpu_timeline (profiling): with kernels built by bench/gpu_timeline.sh, every workgroup's
+// thread 0 stamps its start and its end; the file holds them once the session's device closes,
+// and the results are unchanged.
+TEST(SessionOptionsTest, GpuTimelineStampsEachWorkgroup) {
+  if (!vulkan_under_test()) return;
+  namespace fs = std::filesystem;
+  const fs::path dir = testing::process_scratch("sb_timeline", "kernels"), file = testing::process_scratch("sb_timeline", "stamps");
+  const std::string build = "bash " SB_SOURCE_DIR "/bench/gpu_timeline.sh " + dir.string() + " unary > /dev/null";
+  ASSERT_EQ(std::system(build.c_str()), 0) << build;
+  unsigned kid = 0;
+  char name[64] = {};
+  FILE* ids = std::fopen((dir / "timeline_ids.txt").c_str(), "r");
+  ASSERT_NE(ids, nullptr);
+  ASSERT_EQ(std::fscanf(ids, "%u %63s", &kid, name), 2);
+  std::fclose(ids);
+  EXPECT_STREQ(name, "unary");
+  SessionOptions o;
+  o.spirv_dir = dir.string();
+  o.gpu_timeline = file.string();
+  {
+    std::unique_ptr<Session> s = vulkan_session(o);
+    if (!s) return;
+    expect_runs(*s);
+    expect_runs(*s);
+  }
+  std::vector<uint32_t> w(fs::exists(file) ? fs::file_size(file) / 4 : 0);
+  FILE* f = std::fopen(file.c_str(), "rb");
+  ASSERT_NE(f, nullptr) << file;
+  ASSERT_EQ(std::fread(w.data(), 4, w.size(), f), w.size());
+  std::fclose(f);
+  ASSERT_GE(w.size(), 8u);
+  ASSERT_EQ(w.size(), 8 + 8 * size_t{w[0]});
+  ASSERT_GE(w[0], 4u);  // two executions, each a start and an end of at least one workgroup
+  size_t phase[2] = {0, 0};
+  for (size_t i = 8; i < w.size(); i += 8) {
+    if ((w[i] & 0xFFFFu) != kid) continue;  // the probes' kernels were not rebuilt: only unary stamps
+    ++phase[w[i] >> 16];
+    EXPECT_LT(w[i + 1], w[i + 2]) << "workgroup within the dispatch's count";
+  }
+  EXPECT_GE(phase[0], 2u);
+  EXPECT_EQ(phase[0], phase[1]);
+  fs::remove_all(dir.parent_path());
 }
 
 TEST(ProcessSettings, CpuPathLimit) {

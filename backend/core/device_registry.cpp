@@ -44,7 +44,8 @@ void register_device(const std::string& name, const std::string& usage, DeviceFa
 DeviceOptions default_device_options() {
   const EnvDefaults& env = env_defaults();
   return {env.gpu_int8_mma,   env.gpu_int_dot, env.gpu_handoff,     env.gpu_specialize,
-          env.pipeline_stats, env.spirv_dir,   env.gpu_flush_bytes, env.gpu_repeat};
+          env.pipeline_stats, env.spirv_dir,   env.gpu_flush_bytes, env.gpu_repeat,
+          env.gpu_timeline};
 }
 
 Result<std::unique_ptr<Device>> open_device(const std::string& spec, bool cpu_fallback, const DeviceOptions& options) {

@@ -27,6 +27,9 @@ struct DeviceOptions {
   // Profiling: every dispatch of these kernels (comma-separated names) recorded twice, so a
   // benchmark reads what one more such dispatch costs inside its chain.
   std::string gpu_repeat;
+  // Profiling (bench/gpu_timeline.sh): each workgroup's start and end stamps, written by kernels
+  // built with them, saved to this file when the device closes.
+  std::string gpu_timeline;
 };
 // The environment's choices ($SWITCHBOARD_GPU_MMA, ... through env.h).
 DeviceOptions default_device_options();

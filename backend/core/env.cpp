@@ -35,6 +35,7 @@ EnvDefaults read_env() {
   e.pipeline_stats = flag_on(std::getenv("SWITCHBOARD_PIPELINE_STATS"));
   if (const char* v = std::getenv("SWITCHBOARD_SPIRV_DIR"); v && *v) e.spirv_dir = v;
   if (const char* v = std::getenv("SWITCHBOARD_GPU_REPEAT"); v && *v) e.gpu_repeat = v;
+  if (const char* v = std::getenv("SWITCHBOARD_GPU_TIMELINE"); v && *v) e.gpu_timeline = v;
   return e;
 }
 

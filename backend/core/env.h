@@ -32,6 +32,7 @@ struct EnvDefaults {
   bool pipeline_stats = false;                 // SWITCHBOARD_PIPELINE_STATS
   std::string spirv_dir;                       // SWITCHBOARD_SPIRV_DIR
   std::string gpu_repeat;                      // SWITCHBOARD_GPU_REPEAT
+  std::string gpu_timeline;                    // SWITCHBOARD_GPU_TIMELINE
 };
 
 // Read on first call, not at load time, so a process may still setenv() before it uses

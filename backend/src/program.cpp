@@ -179,6 +179,7 @@ DeviceOptions device_options(const SessionOptions& o) {
   d.gpu_flush_bytes = o.gpu_flush_bytes.value_or(d.gpu_flush_bytes);
   if (o.spirv_dir) d.spirv_dir = *o.spirv_dir;
   if (o.gpu_repeat) d.gpu_repeat = *o.gpu_repeat;
+  if (o.gpu_timeline) d.gpu_timeline = *o.gpu_timeline;
   return d;
 }
 

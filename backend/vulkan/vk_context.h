@@ -5,6 +5,7 @@
 #define VK_NO_PROTOTYPES
 #include <vulkan/vulkan.h>
 
+#include <cstdio>
 #include <map>
 #include <string>
 #include <vector>
@@ -78,10 +79,30 @@ struct Context {
   std::map<std::string, Pipeline> pipelines;
   std::string spirv_dir;  // DeviceOptions::spirv_dir: kernel development overrides
   bool specialize = true;  // DeviceOptions::gpu_specialize: off, pipelines keep their constants' defaults
+  // DeviceOptions::gpu_timeline: a mapped buffer at binding kTimelineBinding of every pipeline,
+  // where kernels built by bench/gpu_timeline.sh append their workgroups' stamps (word 0 counts
+  // the records of 8 words after the first 8); saved to timeline_path when the device closes.
+  static constexpr uint32_t kTimelineBinding = kernels::kMaxBindings;
+  std::string timeline_path;
+  VkBuffer timeline = VK_NULL_HANDLE;
+  VkDeviceMemory timeline_mem = VK_NULL_HANDLE;
+  uint32_t* timeline_words = nullptr;
+  uint64_t timeline_bytes = 0;
+
+  void save_timeline() {
+    const uint64_t cap = timeline_bytes / 32 - 1, n = timeline_words[0] < cap ? timeline_words[0] : cap;
+    if (FILE* f = std::fopen(timeline_path.c_str(), "wb")) {
+      std::fwrite(timeline_words, 4, 8 + 8 * n, f);
+      std::fclose(f);
+    }
+    vkDestroyBuffer(device, timeline, nullptr);
+    vkFreeMemory(device, timeline_mem, nullptr);
+  }
 
   ~Context() {
     if (device) {
       vkDeviceWaitIdle(device);
+      if (timeline) save_timeline();
       for (auto& [name, p] : pipelines) {
         vkDestroyPipeline(device, p.pipeline, nullptr);
         vkDestroyPipelineLayout(device, p.layout, nullptr);

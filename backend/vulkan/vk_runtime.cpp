@@ -260,6 +260,15 @@ Status create_device(Context& c, const std::string& description, const DeviceOpt
     dot.pNext = const_cast<void*>(di.pNext);
     di.pNext = &dot;
   }
+  VkPhysicalDeviceShaderClockFeaturesKHR clock{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_CLOCK_FEATURES_KHR};
+  clock.shaderSubgroupClock = clock.shaderDeviceClock = VK_TRUE;
+  if (!options.gpu_timeline.empty()) {
+    SB_CHECK_OR_RETURN(has_extension(exts, VK_KHR_SHADER_CLOCK_EXTENSION_NAME), StatusCode::kUnimplemented,
+                       "gpu_timeline: the device has no %s", VK_KHR_SHADER_CLOCK_EXTENSION_NAME);
+    ext_names.push_back(VK_KHR_SHADER_CLOCK_EXTENSION_NAME);
+    clock.pNext = const_cast<void*>(di.pNext);
+    di.pNext = &clock;
+  }
   di.enabledExtensionCount = static_cast<uint32_t>(ext_names.size());
   di.ppEnabledExtensionNames = ext_names.data();
   // 64-bit integers for the integer kernels (int64.glsl), where the device has them.
@@ -385,10 +394,10 @@ Result<Pipeline*> pipeline_for(Context& c, const char* name, const gpu::SpecCons
   Pipeline p;
   p.info = info;
   p.local_size = info->local_size_x;
-  std::vector<VkDescriptorSetLayoutBinding> binds(static_cast<size_t>(info->num_bindings));
-  for (int i = 0; i < info->num_bindings; ++i) {
+  std::vector<VkDescriptorSetLayoutBinding> binds(static_cast<size_t>(info->num_bindings) + (c.timeline ? 1 : 0));
+  for (size_t i = 0; i < binds.size(); ++i) {
     binds[i] = {};
-    binds[i].binding = static_cast<uint32_t>(i);
+    binds[i].binding = static_cast<int>(i) < info->num_bindings ? static_cast<uint32_t>(i) : Context::kTimelineBinding;
     binds[i].descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
     binds[i].descriptorCount = 1;
     binds[i].stageFlags = VK_SHADER_STAGE_COMPUTE_BIT;
@@ -464,6 +473,16 @@ Result<std::unique_ptr<VulkanRuntime>> VulkanRuntime::open(int index, const Devi
   // NVIDIA launches a queue's dispatches' workgroups in order; lavapipe (a CPU device) runs
   // one dispatch at a time. Elsewhere not known: every dependency takes a barrier, as it
   // does with DeviceOptions::gpu_handoff off.
+  if (!options.gpu_timeline.empty()) {  // 256 MiB of stamps: 8M records
+    SB_ASSIGN_OR_RETURN(gpu::Block b, VulkanBlocks(rt->ctx_).create(uint64_t{256} << 20));
+    c.timeline = reinterpret_cast<VkBuffer>(b.handle);
+    c.timeline_mem = reinterpret_cast<VkDeviceMemory>(b.memory);
+    c.timeline_words = reinterpret_cast<uint32_t*>(b.mapped);
+    c.timeline_bytes = b.size;
+    c.timeline_path = options.gpu_timeline;
+    std::fill(c.timeline_words, c.timeline_words + 8, 0u);
+    log::warn("vulkan: workgroup stamps (gpu_timeline) go to {} when the device closes", c.timeline_path);
+  }
   rt->set_flush_bytes(options.gpu_flush_bytes);
   rt->set_repeated(options.gpu_repeat);
   if (!options.gpu_repeat.empty())
@@ -567,12 +586,16 @@ Status VulkanRuntime::record_dispatch(const char* kernel, const std::vector<gpu:
   SB_RETURN_IF_ERROR(begin_if_needed());
   VkCommandBuffer cmd = c.cmds[slice_];
   // Fixed arrays: this runs thousands of times per decode step.
-  std::array<VkDescriptorBufferInfo, kernels::kMaxBindings> infos;
-  std::array<VkWriteDescriptorSet, kernels::kMaxBindings> writes;
-  for (size_t i = 0; i < bindings.size(); ++i) {
-    infos[i] = {reinterpret_cast<VkBuffer>(bindings[i].buffer), bindings[i].offset, bindings[i].range};
+  std::array<VkDescriptorBufferInfo, kernels::kMaxBindings + 1> infos;
+  std::array<VkWriteDescriptorSet, kernels::kMaxBindings + 1> writes;
+  const size_t nwrites = bindings.size() + (c.timeline ? 1 : 0);
+  for (size_t i = 0; i < nwrites; ++i) {
+    infos[i] = i < bindings.size()
+                   ? VkDescriptorBufferInfo{reinterpret_cast<VkBuffer>(bindings[i].buffer), bindings[i].offset,
+                                            bindings[i].range}
+                   : VkDescriptorBufferInfo{c.timeline, 0, VK_WHOLE_SIZE};
     writes[i] = {VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET};
-    writes[i].dstBinding = static_cast<uint32_t>(i);
+    writes[i].dstBinding = i < bindings.size() ? static_cast<uint32_t>(i) : Context::kTimelineBinding;
     writes[i].descriptorCount = 1;
     writes[i].descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
     writes[i].pBufferInfo = &infos[i];
@@ -584,8 +607,8 @@ Status VulkanRuntime::record_dispatch(const char* kernel, const std::vector<gpu:
   if (per_dispatch_timing_ || hazard(bindings, p->info->access, cross_dispatch_handoff_ ? handoff : 0)) barrier();
   if (p != bound_) c.vkCmdBindPipeline(cmd, VK_PIPELINE_BIND_POINT_COMPUTE, p->pipeline);
   bound_ = p;
-  c.vkCmdPushDescriptorSetKHR(cmd, VK_PIPELINE_BIND_POINT_COMPUTE, p->layout, 0,
-                              static_cast<uint32_t>(bindings.size()), writes.data());
+  c.vkCmdPushDescriptorSetKHR(cmd, VK_PIPELINE_BIND_POINT_COMPUTE, p->layout, 0, static_cast<uint32_t>(nwrites),
+                              writes.data());
   c.vkCmdPushConstants(cmd, p->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, static_cast<uint32_t>(args_size), args);
   c.vkCmdDispatch(cmd, static_cast<uint32_t>(gx), static_cast<uint32_t>(gy), 1);
   if (timed) {

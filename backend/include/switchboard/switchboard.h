@@ -129,12 +129,15 @@ struct SessionOptions {
   // needed. Any value gives the same bits.
   std::optional<uint64_t> gpu_flush_bytes;
   // Kernel development (Vulkan). Unset: $SWITCHBOARD_PIPELINE_STATS / $SWITCHBOARD_SPIRV_DIR /
-  // $SWITCHBOARD_GPU_REPEAT.
+  // $SWITCHBOARD_GPU_REPEAT / $SWITCHBOARD_GPU_TIMELINE.
   std::optional<bool> pipeline_stats;    // log each pipeline's registers and memory (info level)
   std::optional<std::string> spirv_dir;  // DIR/<kernel>.spv replaces a built-in kernel; "": none
   // "k1,k2": every dispatch of these kernels recorded twice (what one more costs in its chain;
   // the same results for kernels that do not count or accumulate across workgroups); "": none.
   std::optional<std::string> gpu_repeat;
+  // A file for each workgroup's start and end stamps (kernels built by bench/gpu_timeline.sh,
+  // through spirv_dir), written when the device closes; "": none.
+  std::optional<std::string> gpu_timeline;
 };
 
 class Session {
