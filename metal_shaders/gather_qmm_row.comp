@@ -10,8 +10,9 @@
 // SB_KERNEL(qmm_row_dot4, QMM_ROW_DOT4, "rrrrrrrwb", QmmArgs, SB_QMM_ARGS, 256, F_DOT)
 // SB_KERNEL(qmm_row_2k_dot4, QMM_ROW_2K_DOT4, "rrrrrrrwb", QmmArgs, SB_QMM_ARGS, 256, F_DOT)
 // SB_KERNEL(qmm_row_glu_dot4, QMM_ROW_GLU_DOT4, "rrrrrrrwbrrr", QmmGluArgs, SB_QMM_GLU_ARGS, 256, F_DOT)
-// qmm_row_glu's bindings, then the per-pair count of workgroups whose h is stored.
-// SB_KERNEL(qmm_row_glu_2k_dot4, QMM_ROW_GLU_2K_DOT4, "rrrrrrrwbrrrb", QmmGluArgs, SB_QMM_GLU_ARGS, 256, F_DOT)
+// qmm_row_glu's bindings, then the per-pair count of workgroups whose h is stored, then the
+// count of matmul_rows16_norm_count workgroups (x stored: its wait_x).
+// SB_KERNEL(qmm_row_glu_2k_dot4, QMM_ROW_GLU_2K_DOT4, "rrrrrrrwbrrrbr", QmmGluArgs, SB_QMM_GLU_ARGS, 256, F_DOT)
 // qmm_row_combine_2k's bindings, then qmm_row_glu_2k_dot4's counts (its wait_tiles).
 // SB_KERNEL(qmm_row_combine_2k_dot4, QMM_ROW_COMBINE_2K_DOT4, "rrrrrrrbbrrrbwr", QmmCombineArgs, SB_QMM_COMBINE_ARGS, 256, F_DOT)
 // qmm_row_2k's bindings with x the RmsNorm's input, then its residual, weight, out and sum
@@ -98,7 +99,7 @@
 
 layout(local_size_x = 256) in;
 
-#ifdef SB_ROW_AFTER  // x (h or the combined output), rhs and the router's weights may be written while this runs
+#if defined(SB_ROW_AFTER) || defined(SB_ROW_WAIT)  // x (h, the combined or the norm output), rhs and the router's weights may be written while this runs
 #define SB_HANDED coherent
 #else
 #define SB_HANDED
@@ -134,6 +135,7 @@ shared uint s_last;
 #elif defined(SB_ROW_WAIT)  // h: read by qmm_row_combine_2k_dot4 as it is written
 layout(std430, binding = 7) coherent writeonly buffer O { uint o[]; };
 layout(std430, binding = 12) coherent buffer Dn { uint done[]; };  // per pair: its workgroups whose h is stored
+layout(std430, binding = 13) coherent volatile readonly buffer Xd { uint x_done[]; };  // args.wait_x
 #else
 layout(std430, binding = 7) writeonly buffer O { uint o[]; };
 #endif
@@ -491,6 +493,7 @@ void main() {
 #ifdef SB_ROW_WAIT
   // x's row does not depend on the router: staged while it still runs.
   bool staged = args.wait_rhs != 0u && r >= 0 && uint(r) < args.rows;  // uniform
+  if (args.wait_x != 0u) SB_WAIT_COUNT(x_done[0], args.wait_x, err)  // x: the norm's output
   if (staged) stage_row(uint(r), tid);
   int ex = 0;
   if (args.has_rhs != 0u) ex = args.wait_rhs != 0u ? wait_for_rhs(p) : rhs[p];  // uniform

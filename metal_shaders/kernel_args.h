@@ -65,8 +65,11 @@
 // Glu (glu.comp's kinds) of the two results rounded to the output dtype.
 // wait_rhs (qmm_row_glu_2k_dot4): rhs is being written by the dispatch just before,
 // over -1s; each workgroup stages x, then waits for its pair's index (no barrier between),
-// and counts itself in done[pair] once its outputs are stored.
-#define SB_QMM_GLU_ARGS SB_QMM_ARGS uint glu_kind; float glu_alpha; float glu_limit; uint wait_rhs;
+// and counts itself in done[pair] once its outputs are stored. wait_x: x is the norm output
+// that matmul_rows16_norm_count (recorded before the router, no barrier) stores; each workgroup
+// first waits until that many of its workgroups have counted.
+#define SB_QMM_GLU_ARGS \
+  SB_QMM_ARGS uint glu_kind; float glu_alpha; float glu_limit; uint wait_rhs; uint wait_x; uint pad1; uint pad2; uint pad3;
 // QMM_ROW_NORM_2K: QMM_ROW_2K whose x is RmsNorm's input (order Tree32; has_residual: with
 // a residual; inv_d, eps, w_dtype as NormArgs); store_out: the first tile also stores the
 // normalized row (the sum is always stored with a residual). wait_tiles
@@ -121,6 +124,9 @@
   uint rows; uint cols; uint k; uint dtype; \
   uint b_dtype; uint transpose_b; uint has_bias; uint bias_dtype; \
   uint batch; uint group; uint pad0; uint pad1;
+// MATMUL_ROWS16_NORM_COUNT: a is RmsNorm (order Tree32) of x (+ the residual with
+// has_residual), inv_d, eps and w_dtype as NormArgs.
+#define SB_MATMUL_NORM_ARGS SB_MATMUL_ARGS uint has_residual; float inv_d; float eps; uint w_dtype;
 
 // norm.comp: x viewed as [rows, d] (SOFTMAX; RMS_NORM with weight [d], inv_d = f32(1/d)).
 #define SB_NORM_ROW_MAX 4096  // longest row the workgroup-per-row variants stage in shared memory
@@ -186,6 +192,7 @@ struct ReduceArgs { SB_REDUCE_ARGS };
 struct RegionArgs { SB_REGION_ARGS };
 struct TransposeArgs { SB_TRANSPOSE_ARGS };
 struct MatmulArgs { SB_MATMUL_ARGS };
+struct MatmulNormArgs { SB_MATMUL_NORM_ARGS };
 struct NormArgs { SB_NORM_ARGS };
 struct AttentionArgs { SB_ATTENTION_ARGS };
 struct AttentionRopeArgs { SB_ATTENTION_ROPE_ARGS };

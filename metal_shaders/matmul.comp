@@ -4,6 +4,9 @@
 // SB_KERNEL(matmul_tile, MATMUL_TILE, "rrrw", MatmulArgs, SB_MATMUL_ARGS, 256, 0)
 // matmul_rows16 that counts its finished workgroups in binding 4 (the router waits on it).
 // SB_KERNEL(matmul_rows16_count, MATMUL_ROWS16_COUNT, "rrrwb", MatmulArgs, SB_MATMUL_ARGS, 64, 0)
+// matmul_rows16_count whose a is RmsNorm's output (order Tree32), computed by each workgroup:
+// bindings x, b, bias, out, done, then the norm's residual, weight, out and sum.
+// SB_KERNEL(matmul_rows16_norm_count, MATMUL_ROWS16_NORM_COUNT, "rrrwbrrww", MatmulNormArgs, SB_MATMUL_NORM_ARGS, 64, 0)
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
@@ -14,6 +17,10 @@
 // 64 threads: lanes 32..63 hold the word's second element, both read through shared memory).
 #include "common.glsl"
 
+#ifdef MATMUL_ROWS16_NORM_COUNT
+#define MATMUL_ROWS16_COUNT
+#define SB_NORM
+#endif
 #ifdef MATMUL_TILE
 layout(local_size_x = 256) in;
 #elif defined(MATMUL_ROWS16) || defined(MATMUL_ROWS16_COUNT)
@@ -44,11 +51,26 @@ layout(std430, binding = 4) coherent buffer Dn { uint done[]; };
 #else
 layout(std430, binding = 3) writeonly buffer O { uint o[]; };
 #endif
+#ifdef SB_NORM
+// MATMUL_ROWS16_NORM_COUNT: a's row r is RmsNorm (order Tree32) of x's row r (+ the residual's
+// with has_residual): rms_norm_tree's steps in each workgroup; the row's first workgroup also
+// stores the norm's out and sum (read after the count by kernels recorded with no barrier).
+layout(std430, binding = 5) readonly buffer Nr { uvec4 res4[]; };
+layout(std430, binding = 6) readonly buffer Nw { uint norm_w[]; };
+layout(std430, binding = 7) coherent writeonly buffer No { uvec4 norm_out4[]; };
+layout(std430, binding = 8) coherent writeonly buffer Ns { uvec4 norm_sum4[]; };
+layout(push_constant) uniform Args { SB_MATMUL_NORM_ARGS } args;
+#else
 layout(push_constant) uniform Args { SB_MATMUL_ARGS } args;
+#endif
 #include "spec_constants.glsl"
 #define DT SB_SPEC(kSpecDt0, args.dtype)           // a and the output
 #define B_DT SB_SPEC(kSpecDt1, args.b_dtype)       // b
 #define BIAS_DT SB_SPEC(kSpecDt2, args.bias_dtype) // the bias
+#ifdef SB_NORM
+#define NORM_W_DT SB_SPEC(kSpecExtent, args.w_dtype) // the norm's weights (an extent's slot)
+#include "norm_common.glsl"
+#endif
 
 #ifdef MATMUL_TILE
 // Many rows and columns (prefill projections such as the router's): workgroup (batch, row
@@ -179,13 +201,145 @@ float dot32_rows16(uint t, uint r, uint c, uint boff, bool pair) {
   return part;
 }
 
+#ifdef SB_NORM
+// Row r of a, normalized, in s_aw as a's words (k <= kNormMax, whole 8-element units): thread t
+// takes units t, t + 64, ...; their x, residual and weights are loaded together, then the b
+// rows' words (their loads in flight through the norm's barriers), stored to s_bw after it.
+const uint kNormMax = 2048u, kNormUnits = kNormMax / 8u / 64u;
+shared float s_row[kNormMax];
+shared float s_npart[32];
+shared float s_inv;
+
+void load8(uint e, bool res, out float v[8]) {
+  if (sb_is16(DT)) {
+    uvec4 w = res ? res4[e >> 3u] : a4[e >> 3u];
+    [[unroll]] for (uint i = 0u; i < 8u; ++i) v[i] = sb_decode(w[i >> 1u], DT, i);
+  } else {
+    uvec4 p = res ? res4[e >> 2u] : a4[e >> 2u], q = res ? res4[(e >> 2u) + 1u] : a4[(e >> 2u) + 1u];
+    [[unroll]] for (uint i = 0u; i < 4u; ++i) {
+      v[i] = uintBitsToFloat(p[i]);
+      v[i + 4u] = uintBitsToFloat(q[i]);
+    }
+  }
+}
+
+void store8(uint e, float v[8], bool sum) {
+  if (sb_is16(DT)) {
+    uvec4 w;
+    [[unroll]] for (uint i = 0u; i < 4u; ++i) w[i] = sb_encode_word(v[2u * i], v[2u * i + 1u], DT);
+    if (sum) norm_sum4[e >> 3u] = w; else norm_out4[e >> 3u] = w;
+  } else {
+    uvec4 p, q;
+    [[unroll]] for (uint i = 0u; i < 4u; ++i) {
+      p[i] = floatBitsToUint(v[i]);
+      q[i] = floatBitsToUint(v[i + 4u]);
+    }
+    if (sum) {
+      norm_sum4[e >> 2u] = p;
+      norm_sum4[(e >> 2u) + 1u] = q;
+    } else {
+      norm_out4[e >> 2u] = p;
+      norm_out4[(e >> 2u) + 1u] = q;
+    }
+  }
+}
+
+void stage_norm_row(uint t, uint r, uint c, uint boff, bool pair, bool first) {
+  uint units = args.k / 8u, pb = sb_per_word(B_DT);
+  uint qb = (boff + c * args.k) / (4u * pb), row_b = args.k / (4u * pb), nb = args.k / (4u * pb);
+  float v[kNormUnits][8], rv[kNormUnits][8];
+  uint wraw[kNormUnits][8];
+  [[unroll]] for (uint j = 0u; j < kNormUnits; ++j) {
+    uint u = min(t + 64u * j, units - 1u), e = r * args.k + u * 8u;
+    load8(e, false, v[j]);
+    if (args.has_residual != 0u) load8(e, true, rv[j]);
+    [[unroll]] for (uint i = 0u; i < 8u; ++i) wraw[j][i] = norm_w[sb_word(NORM_W_DT, u * 8u + i)];
+  }
+  uvec4 vb[kUnits], vc[kUnits];
+  [[unroll]] for (uint j = 0u; j < kUnits; ++j) {
+    uint u = min(t + 64u * j, nb - 1u);
+    vb[j] = b4[qb + u];
+    vc[j] = pair ? b4[qb + row_b + u] : uvec4(0u);
+  }
+  [[unroll]] for (uint j = 0u; j < kNormUnits; ++j) {
+    uint u = t + 64u * j;
+    if (args.has_residual != 0u) {
+      [[unroll]] for (uint i = 0u; i < 8u; ++i) {
+        precise float a = v[j][i] + rv[j][i];
+        v[j][i] = sb_round_to(a, DT);
+      }
+    }
+    if (u < units) {
+      [[unroll]] for (uint i = 0u; i < 8u; ++i) s_row[u * 8u + i] = v[j][i];
+      if (first && args.has_residual != 0u) store8(r * args.k + u * 8u, v[j], true);
+    }
+  }
+  barrier();
+  if (t < 32u) {  // partial t: elements t, t + 32, ... in order
+    precise float p = 0.0;
+    for (uint i = t; i < args.k; i += 32u) p = p + s_row[i] * s_row[i];
+    s_npart[t] = p;
+  }
+  barrier();
+  if (t == 0u) s_inv = sb_tree32_rsqrt(s_npart, args.inv_d, args.eps);
+  barrier();
+  float inv = s_inv;
+  [[unroll]] for (uint j = 0u; j < kNormUnits; ++j) {
+    uint u = t + 64u * j;
+    float y[8];
+    [[unroll]] for (uint i = 0u; i < 8u; ++i) {
+      precise float m = (v[j][i] * inv) * sb_decode(wraw[j][i], NORM_W_DT, u * 8u + i);
+      y[i] = sb_round_to(m, DT);
+    }
+    if (u < units) {
+      if (sb_is16(DT)) {
+        [[unroll]] for (uint i = 0u; i < 4u; ++i) s_aw[u * 4u + i] = sb_encode_word(y[2u * i], y[2u * i + 1u], DT);
+      } else {
+        [[unroll]] for (uint i = 0u; i < 8u; ++i) s_aw[u * 8u + i] = floatBitsToUint(y[i]);
+      }
+      if (first) store8(r * args.k + u * 8u, y, false);
+    }
+  }
+  [[unroll]] for (uint j = 0u; j < kUnits; ++j) {
+    uint u = t + 64u * j;
+    [[unroll]] for (uint w = 0u; w < 4u; ++w) {
+      if (u < nb) {
+        s_bw[4u * u + w] = vb[j][w];
+        s_bw[kChunkWords + 4u * u + w] = vc[j][w];
+      }
+    }
+  }
+  memoryBarrierBuffer();  // the first workgroup's out and sum before its count
+  barrier();
+}
+
+// dot32_rows16 over a's and b's rows already in shared memory (one pass).
+float dot32_staged(uint t, bool pair) {
+  uint lane = t & 31u, slot = t >> 5u;
+  precise float part = 0.0;
+  if (slot == 0u || pair) {
+    for (uint i = lane; i < args.k; i += 32u) {
+      float av = sb_decode(s_aw[sb_word(DT, i)], DT, i);
+      float bv = sb_decode(s_bw[slot * kChunkWords + sb_word(B_DT, i)], B_DT, i);
+      part = part + av * bv;
+    }
+  }
+  return part;
+}
+#endif
+
 // Output e (slot 0) and, with `pair`, e + 1 of the same row (slot 1): partials, then each
 // slot's halving tree 16..1, then the bias.
 void outputs_rows16(uint e, bool pair, out float v0, out float v1) {
   uint t = gl_LocalInvocationID.x, lane = t & 31u;
   uint r = e / args.cols, c = e % args.cols;  // r: row over all batches
   uint boff = (r / args.rows / args.group) * args.cols * args.k;  // b's batch (grouped)
+#ifdef SB_NORM
+  stage_norm_row(t, r, c, boff, pair, c == 0u);
+  s_part[t] = dot32_staged(t, pair);
+#else
   s_part[t] = dot32_rows16(t, r, c, boff, pair);
+#endif
   barrier();
   for (uint s = 16u; s >= 1u; s >>= 1) {
     if (lane < s) {

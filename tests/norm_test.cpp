@@ -335,6 +335,97 @@ TEST(RmsNorm, Tree32FusedIntoTheNextProjection) {
   run_norm_qmm(router);
 }
 
+// Decode's MoE entry: RmsNorm (Tree32, with a residual) into the router logits' Matmul and the
+// Router, the experts of the norm's output, then the next RmsNorm of their output with the sum as
+// residual into a projection. Where dispatches hand off (NVIDIA, lavapipe) the GEMV's workgroups
+// normalize the row themselves (matmul_rows16_norm_count), the experts' gate/up waits for its
+// count before reading the norm's output and the next norm reads the sum it stored with no
+// barrier. The same program with the norm apart from the Matmul (an op between) gives the same
+// bits on every device, as the CPU; fused, the pair costs one dispatch less.
+void run_norm_router(DType dt, int64_t d, bool residual) {
+  SCOPED_TRACE(std::string(dtype_name(dt)) + " d=" + std::to_string(d) + (residual ? " residual" : ""));
+  const int64_t experts = 8, f = 64, n = 96, group = 64;
+  std::mt19937 rng(static_cast<uint32_t>(d));
+  Inputs in{{"x", random_tensor(dt, {1, d}, rng, std::uniform_real_distribution<double>(-3, 3))},
+            {"w", random_tensor(dt, {d}, rng, std::uniform_real_distribution<double>(0.5, 1.5))},
+            {"w2", random_tensor(dt, {d}, rng, std::uniform_real_distribution<double>(0.5, 1.5))},
+            {"b", random_tensor(dt, {experts, d}, rng, std::normal_distribution<double>(0, 0.05))}};
+  if (residual) in["r"] = random_tensor(dt, {1, d}, rng, std::uniform_real_distribution<double>(-2, 2));
+  auto quantized = [&](ProgramBuilder& b, const std::string& name, int64_t e, int64_t rows, int64_t k) {
+    if (!in.count(name + ".w")) {
+      std::vector<double> codes(static_cast<size_t>(e * rows * k / 8));
+      for (double& v : codes) v = rng();  // any bit pattern is a valid code stream
+      in[name + ".w"] = make(DType::kU32, {e, rows, k / 8}, codes);
+      in[name + ".s"] = random_tensor(kBF16, {e, rows, k / group}, rng, std::normal_distribution<double>(0, 0.02));
+      in[name + ".b"] = random_tensor(kBF16, {e, rows, k / group}, rng, std::normal_distribution<double>(0, 0.1));
+    }
+    return QuantizedExperts{b.input(name + ".w", DType::kU32, {e, rows, k / 8}),
+                            b.input(name + ".s", kBF16, {e, rows, k / group}),
+                            b.input(name + ".b", kBF16, {e, rows, k / group}),
+                            4,
+                            static_cast<int>(group),
+                            {}};
+  };
+  struct Refs {
+    TensorRef x, r, w, w2, b;
+    MoeExperts e;
+    QuantizedExperts proj;
+  };
+  auto inputs = [&](ProgramBuilder& b) {
+    MoeExperts e{quantized(b, "gate", experts, f, d), quantized(b, "up", experts, f, d),
+                 quantized(b, "down", experts, d, f)};
+    return Refs{b.input("x", dt, {1, d}), residual ? b.input("r", dt, {1, d}) : TensorRef{}, b.input("w", dt, {d}),
+                b.input("w2", dt, {d}), b.input("b", dt, {experts, d}), e, quantized(b, "proj", 1, n, d)};
+  };
+  auto layer = [&](ProgramBuilder& b, const Refs& in, const std::string& tag, bool apart) {
+    ProgramBuilder::AddNorm an = b.add_rms_norm(in.x, in.r, in.w, 1e-6f);
+    if (!residual) an.sum = in.x;  // the norm of x alone (Tree32); the next norm adds x back
+    if (apart) b.output("between" + tag, b.neg(in.x));
+    TensorRef logits = b.matmul(an.out, in.b, true);
+    RouterOut r = b.router(logits, RouterSpec{RouterKind::kSoftmaxTopK, 2});
+    TensorRef y = b.moe_experts(an.out, r.weights, r.indices, in.e);
+    ProgramBuilder::AddNorm next = b.add_rms_norm(y, an.sum, in.w2, 1e-6f);
+    b.output("z" + tag, b.gather_qmm(next.out, in.proj));
+    b.output("logits" + tag, logits);
+    b.output("indices" + tag, r.indices);
+    b.output("y" + tag, y);
+    if (residual) b.output("sum" + tag, an.sum);
+    b.output("h" + tag, an.out);
+    b.output("sum2" + tag, next.sum);
+  };
+  ProgramBuilder both;
+  const Refs refs = inputs(both);
+  layer(both, refs, "", false);
+  layer(both, refs, "_apart", true);
+  std::vector<std::pair<std::string, std::string>> same;
+  for (const char* o : {"z", "logits", "indices", "y", "sum", "h", "sum2"})
+    if (residual || std::string(o) != "sum") same.emplace_back(o, std::string(o) + "_apart");
+  check_same_bits(both, in, same);
+
+  std::map<std::string, int64_t> dispatches;  // per device: apart's less fused's
+  for (bool apart : {false, true}) {
+    ProgramBuilder one;
+    layer(one, inputs(one), "", apart);
+    detail::for_each_device(one, in, [&](const Program&, Session& s, const std::string& dev) {
+      const uint64_t before = s.device_dispatches();
+      const Status st = s.execute();
+      ASSERT_TRUE(st.is_ok()) << dev << ": " << st.to_string();
+      const auto ran = static_cast<int64_t>(s.device_dispatches() - before);
+      dispatches[dev] += apart ? ran : -ran;
+    });
+  }
+  for (const auto& [dev, extra] : dispatches) {
+    if (dev != "cpu") {
+      EXPECT_EQ(extra, 2) << dev << ": the apart form's neg and norm";
+    }
+  }
+}
+
+TEST(RmsNorm, Tree32FusedIntoTheRouterLogits) {
+  run_norm_router(kBF16, 1024, true);   // Qwen3-30B's decode step at a smaller width
+  run_norm_router(kF32, 2048, false);   // the widest row the kernel stages, f32, no residual
+}
+
 TEST(RmsNorm, Tree32RulesNameTheField) {
   ProgramBuilder b;
   TensorRef x = b.input("x", kF32, {2, 4});

@@ -150,20 +150,26 @@ Status gate_up_glu(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>* 
   // for its pair's expert (rhs), and counts itself per pair once its h is stored, so the
   // down projection need not wait for a barrier either (bench/RESULTS.md).
   const bool dot4_2k = row_dot4(rt, all_4bit) && row_2k(g);  // qmm_row_glu_2k_dot4: binding 12 = the counts
-  const bool wait = dot4_2k && g.args.has_rhs && !g.args.sorted && same_ref(g.br, moe_handoff(ctx).indices);
+  MoeHandoff& h = moe_handoff(ctx);
+  const bool wait = dot4_2k && g.args.has_rhs && !g.args.sorted && same_ref(g.br, h.indices);
+  // x the norm output the router's GEMV stores (norm_matmul_router): waited on too.
+  const bool wait_x = wait && h.norm_count && same_ref(g.bx, h.norm_out);
   args.wait_rhs = wait;
+  args.wait_x = wait_x ? h.norm_count : 0;
   std::vector<BufferRef> bindings = {g.bx, g.bw, g.bs, g.bb, g.bl, g.br, g.bi, bo, rt.error_word(), u.bw, u.bs, u.bb};
   if (wait) {
     SB_ASSIGN_OR_RETURN(BufferRef done, rt.scratch(static_cast<size_t>(g.pairs) * 4, 0));
     bindings.push_back(done);
-    MoeHandoff& h = moe_handoff(ctx);
     h.rows = bo, h.done = done, h.tiles = args.tiles;
   } else if (dot4_2k) {
     bindings.push_back(rt.error_word());  // a stand-in, not touched without wait_rhs
   }
-  SB_RETURN_IF_ERROR(rt.dispatch(
-      kernel, bindings, &args, sizeof(args), 256 * static_cast<uint64_t>(g.pairs) * args.tiles,
-      row_spec(rt, all_4bit, g.args, args.glu_kind), wait ? handoff_mask(bindings, {moe_handoff(ctx).indices}) : 0u));
+  if (dot4_2k) bindings.push_back(wait_x ? h.norm_done : rt.error_word());  // the error word: not read
+  const uint32_t handed = !wait ? 0u : wait_x ? handoff_mask(bindings, {h.indices, h.norm_out, h.norm_done})
+                                              : handoff_mask(bindings, {h.indices});
+  SB_RETURN_IF_ERROR(rt.dispatch(kernel, bindings, &args, sizeof(args),
+                                 256 * static_cast<uint64_t>(g.pairs) * args.tiles,
+                                 row_spec(rt, all_4bit, g.args, args.glu_kind), handed));
   return ctx.out(glu_node->out.get(), std::move(out));
 }
 
@@ -224,7 +230,12 @@ Status norm_then_qmm(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>
     if (!h && nn.residual) h = handed_to(ctx, br);
     args.wait_tiles = h ? h->count : 0;
     bindings.push_back(h ? h->done : rt.error_word());  // the error word: a stand-in, not read
-    if (h) handed = handoff_mask(bindings, {h->out, h->done});
+    // The other operand, where it is the sum the router's GEMV stored (norm_matmul_router), is
+    // older than the combined rows this waits for: every dispatch between waited on the one before.
+    const MoeHandoff& mh = moe_handoff(ctx);
+    const BufferRef other = h && same_ref(bx, h->out) ? br : bx;
+    const bool sum_handed = h && nn.residual && mh.norm_count && same_ref(other, mh.norm_sum);
+    if (h) handed = sum_handed ? handoff_mask(bindings, {h->out, h->done, other}) : handoff_mask(bindings, {h->out, h->done});
   }
   const char* kernel = dot4 ? "qmm_row_norm_2k_dot4" : "qmm_row_norm_2k";
   SB_RETURN_IF_ERROR(rt.dispatch(kernel, bindings, &args, sizeof(args),

@@ -190,6 +190,16 @@ Fusion moe_order_fusion(const std::vector<std::unique_ptr<fb::InstructionT>>& in
 // Glu of their two outputs, which nothing after the Glu reads. Same x, indices and widths.
 Fusion GpuDevice::fuse(const std::vector<std::unique_ptr<fb::InstructionT>>& ins, size_t i,
                        const PrivateTemp& private_temp) const {
+  if (i + 3 <= ins.size() && ins[i]->op.type == fb::OpNode::RmsNormNode) {
+    // The router's norm, its logits' Matmul (of the norm's output) and the Router.
+    const auto* nn = ins[i]->op.AsRmsNormNode();
+    const auto* mm = ins[i + 1]->op.AsMatmulNode();
+    const auto* rn = ins[i + 2]->op.AsRouterNode();
+    if (mm && rn && nn->order == fb::NormOrder::Tree32 && !nn->gate && mm->a->idx() == nn->out->idx() &&
+        mm->b->idx() != nn->out->idx() && (!mm->bias || mm->bias->idx() != nn->out->idx()) &&
+        rn->logits->idx() == mm->out->idx())
+      return Fusion{norm_matmul_router, 3};
+  }
   if (i + 2 <= ins.size() && ins[i]->op.type == fb::OpNode::RmsNormNode)
     return norm_qmm_fusion(ins, i, private_temp, fuse(ins, i + 1, private_temp));
   if (i + 2 <= ins.size() && ins[i]->op.type == fb::OpNode::RopeNode &&

@@ -95,10 +95,17 @@ k::QmmGluArgs glu_args(const k::QmmArgs& qa, const fb::GluNodeT* glu_node);
 // submission finishes, GpuRuntime::submissions()):
 // the router's indices (-1 until it writes each) and weights, and the gate/up's h with its
 // per-row counts of workgroups done (`tiles` per row when complete). The router records
-// it; gather_qmm_row.cpp's kernels wait on it.
+// it; gather_qmm_row.cpp's kernels wait on it. Where the router's logits came from
+// matmul_rows16_norm_count (norm_matmul_router): the norm's out and sum, stored by the GEMV's
+// first workgroup of the row, and its count of workgroups done (`norm_count` when complete).
 struct MoeHandoff {
   BufferRef indices, weights, rows, done;
   uint32_t tiles = 0;
+  BufferRef norm_out, norm_sum, norm_done;
+  uint32_t norm_count = 0;
+  // The GEMV's outputs held until the next such record: written with no barrier after them, their
+  // memory given to the next norm + q/k/v would cost that hand-off a barrier (a write hazard).
+  std::vector<Tensor> norm_keep;
 };
 MoeHandoff& moe_handoff(KernelContext& ctx);
 

@@ -79,7 +79,7 @@ static_assert(sizeof(UnaryArgs) == 16 && sizeof(CastArgs) == 16 && sizeof(FillAr
 static_assert(sizeof(GluArgs) == 32 && offsetof(GluArgs, alpha) == 12 && offsetof(GluArgs, limit) == 16);
 static_assert(sizeof(CombineArgs) == 32 && sizeof(Q8Args) == 16);
 static_assert(sizeof(QmmArgs) == 64 && offsetof(QmmArgs, out_dtype) == 32 && offsetof(QmmArgs, per_wg) == 48);
-static_assert(sizeof(QmmGluArgs) == 80 && offsetof(QmmGluArgs, glu_kind) == 64 && offsetof(QmmGluArgs, glu_limit) == 72);
+static_assert(sizeof(QmmGluArgs) == 96 && offsetof(QmmGluArgs, glu_kind) == 64 && offsetof(QmmGluArgs, glu_limit) == 72);
 static_assert(sizeof(QmmCombineArgs) == 96 && offsetof(QmmCombineArgs, slots) == 64 &&
               offsetof(QmmCombineArgs, gate_dtype) == 80);
 static_assert(sizeof(QmmNormArgs) == 96 && offsetof(QmmNormArgs, has_residual) == 64 &&
@@ -88,7 +88,7 @@ static_assert(sizeof(PermuteArgs) == 32 && offsetof(PermuteArgs, out_words) == 1
 static_assert(sizeof(ProbeArgs) == 16 && sizeof(StreamArgs) == 16 && sizeof(ArgsortArgs) == 16);
 static_assert(sizeof(GatherMmArgs) == 32 && sizeof(ReduceArgs) == 32 && sizeof(RegionArgs) == 48);
 static_assert(sizeof(TransposeArgs) == 80 && offsetof(TransposeArgs, rank) == 64);
-static_assert(sizeof(MatmulArgs) == 48 && sizeof(NormArgs) == 36 && offsetof(NormArgs, eps) == 16);
+static_assert(sizeof(MatmulArgs) == 48 && sizeof(MatmulNormArgs) == 64 && offsetof(MatmulNormArgs, has_residual) == 48 && sizeof(NormArgs) == 36 && offsetof(NormArgs, eps) == 16);
 static_assert(sizeof(AttentionArgs) == 72 && offsetof(AttentionArgs, scale) == 32 &&
               offsetof(AttentionArgs, row0) == 48 && offsetof(AttentionArgs, pos_word) == 68);
 static_assert(sizeof(AttentionRopeArgs) == 96 && offsetof(AttentionRopeArgs, pos_word) == 68 &&

@@ -153,6 +153,13 @@ Status rms_norm(KernelContext& ctx, const fb::OpNodeUnion& op);
 // Matmul; with `done`, a decode GEMV counts its workgroups there (*counted: how many; 0 when
 // another kernel ran) for a kernel recorded after it without a barrier (matmul.cpp).
 Status matmul_run(KernelContext& ctx, const fb::OpNodeUnion& op, const BufferRef* done, uint32_t* counted);
+// RmsNorm `norm` (order Tree32, no gate) and the decode GEMV `op` of its output in one counted
+// dispatch (matmul_rows16_norm_count) where the row suits it: false (nothing recorded) where not.
+// *out and *sum: where the norm's outputs were stored (sum: only with a residual).
+// *keep: the tensors it stored (normalized row, logits).
+Result<bool> norm_matmul_run(KernelContext& ctx, const fb::RmsNormNodeT& norm, const fb::OpNodeUnion& op,
+                             const BufferRef& done, uint32_t* counted, BufferRef* out, BufferRef* sum,
+                             std::vector<Tensor>* keep);
 
 // Rope's q/k/v form (rope.cpp) bound: x, the tables and norm weights, the caches' device
 // copies (bk, bv), the position and the kernel's arguments; rope_qkv_keep keeps the caches
@@ -190,6 +197,9 @@ Status norm_qmm_private(KernelContext& ctx, const std::unique_ptr<fb::Instructio
 // Matmul + the Router of its logits (router.cpp): where dispatches may hand off, the router
 // waits for the GEMV's workgroups instead of a barrier.
 Status matmul_router(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>* ins);
+// RmsNorm + that Matmul of its output + the Router (router.cpp): where dispatches hand off, the
+// GEMV's workgroups normalize the row themselves (one dispatch and one barrier fewer).
+Status norm_matmul_router(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>* ins);
 // Argsort + GatherRows of its keys by its order + Full of a positive i32 k + FloorDiv of the
 // order by it (the sorted MoE's pairs: order, experts, tokens), one dispatch (permute.cpp).
 Status moe_order(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>* ins);

@@ -1,4 +1,6 @@
 // Matmul and BatchMatmul on the GPU (metal_shaders/matmul.comp).
+#include <cstring>
+
 #include "gpu_ops.h"
 #include "op_shapes.h"
 
@@ -82,6 +84,71 @@ Status matmul_run(KernelContext& ctx, const fb::OpNodeUnion& op, const BufferRef
 }
 
 Status matmul(KernelContext& ctx, const fb::OpNodeUnion& op) { return matmul_run(ctx, op, nullptr, nullptr); }
+
+Result<bool> norm_matmul_run(KernelContext& ctx, const fb::RmsNormNodeT& nn, const fb::OpNodeUnion& op,
+                             const BufferRef& done, uint32_t* counted, BufferRef* out, BufferRef* sum,
+                             std::vector<Tensor>* keep) {
+  const auto* n = op.AsMatmulNode();
+  Runtime& rt = rt_of(ctx);
+  Tensor x, res, w, b, bias;
+  SB_ASSIGN_OR_RETURN(BufferRef bx, bind_in(ctx, nn.x.get(), &x));
+  SB_ASSIGN_OR_RETURN(BufferRef bw, bind_in(ctx, nn.weight.get(), &w));
+  BufferRef br = bx;  // never read without a residual
+  if (nn.residual) {
+    SB_ASSIGN_OR_RETURN(br, bind_in(ctx, nn.residual.get(), &res));
+  }
+  SB_ASSIGN_OR_RETURN(BufferRef bb, bind_in(ctx, n->b.get(), &b));
+  BufferRef bbias = bx;  // stand-in when absent
+  if (n->bias) {
+    SB_ASSIGN_OR_RETURN(bbias, bind_in(ctx, n->bias.get(), &bias));
+  }
+  auto dims = ops::matmul_dims(x, b, n->transpose_b, bias);
+  if (!dims.is_ok() || x.rank() < 1) return false;
+  const int64_t d = x.dim(x.rank() - 1), rows = dims->rows, cols = dims->cols;
+  const DType dt = x.dtype();
+  const bool unit16 = bx.offset % 16 == 0 && br.offset % 16 == 0 && bb.offset % 16 == 0;
+  // matmul_rows16's GEMV (one pass: k within a chunk) of a row the kernel stages whole.
+  const bool fits = dims->k == d && d >= kMatmulRows16MinK && d <= 2048 && d % 8 == 0 && w.numel() == d &&
+                    n->transpose_b && rows < 16 && dtype_is_float(dt) && (!nn.residual || res.shape() == x.shape()) &&
+                    d % (16 / dtype_size(b.dtype())) == 0 && unit16 &&
+                    words_of(dt, rows * cols) <= UINT32_MAX && (dt == DType::kF32 || cols % 2 == 0);
+  if (!fits) return false;
+  SB_RETURN_IF_ERROR(u32_count(std::max({x.numel(), b.numel(), rows * cols}), "Matmul").status());
+  SB_ASSIGN_OR_RETURN(Tensor normed, rt.alloc(dt, x.shape()));
+  SB_ASSIGN_OR_RETURN(BufferRef bn, rt.bind(normed, false));
+  Tensor summed;
+  BufferRef bs = bn;  // a stand-in, never written without a residual
+  if (nn.residual) {
+    SB_ASSIGN_OR_RETURN(summed, rt.alloc(dt, x.shape()));
+    SB_ASSIGN_OR_RETURN(bs, rt.bind(summed, false));
+  }
+  Shape shape = x.shape();
+  shape.back() = cols;
+  SB_ASSIGN_OR_RETURN(Tensor logits, rt.alloc(dt, shape));
+  SB_ASSIGN_OR_RETURN(BufferRef bo, rt.bind(logits, false));
+  k::MatmulNormArgs args{};
+  const k::MatmulArgs base = matmul_args(rows, cols, d, dt, b.dtype(), n->transpose_b);
+  std::memcpy(&args, &base, sizeof(base));  // the same fields first (gpu_kernel_table.h)
+  args.has_bias = bias.defined();
+  args.bias_dtype = bias.defined() ? static_cast<uint32_t>(bias.dtype()) : 0;
+  args.has_residual = nn.residual ? 1u : 0u;
+  args.inv_d = ops::inverse_count(d);
+  args.eps = nn.eps;
+  args.w_dtype = static_cast<uint32_t>(w.dtype());
+  const uint64_t words = words_of(dt, rows * cols);
+  const SpecConstants spec =
+      dtype_spec({dt, b.dtype(), static_cast<DType>(args.bias_dtype)}, {static_cast<int64_t>(args.w_dtype)});
+  SB_RETURN_IF_ERROR(rt.dispatch("matmul_rows16_norm_count", {bx, bb, bbias, bo, done, br, bw, bn, bs}, &args,
+                                 sizeof(args), 64 * words, spec));
+  *counted = static_cast<uint32_t>(words);
+  *out = bn;
+  *sum = nn.residual ? bs : BufferRef{};
+  *keep = {normed, logits};
+  if (nn.residual) SB_RETURN_IF_ERROR(ctx.out(nn.sum.get(), std::move(summed)));
+  SB_RETURN_IF_ERROR(ctx.out(nn.out.get(), std::move(normed)));
+  SB_RETURN_IF_ERROR(ctx.out(n->out.get(), std::move(logits)));
+  return true;
+}
 
 namespace {
 

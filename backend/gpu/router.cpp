@@ -81,6 +81,27 @@ Status matmul_router(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>
   return router_run(ctx, ins[1]->op, done, counted);
 }
 
+Status norm_matmul_router(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>* ins) {
+  Runtime& rt = rt_of(ctx);
+  if (rt.cross_dispatch_handoff()) {
+    SB_ASSIGN_OR_RETURN(BufferRef done, rt.scratch(4, 0));
+    uint32_t counted = 0;
+    BufferRef out, sum;
+    std::vector<Tensor> keep;
+    SB_ASSIGN_OR_RETURN(bool fused, norm_matmul_run(ctx, *ins[0]->op.AsRmsNormNode(), ins[1]->op, done, &counted,
+                                                    &out, &sum, &keep));
+    if (fused) {
+      SB_RETURN_IF_ERROR(router_run(ctx, ins[2]->op, done, counted));
+      MoeHandoff& h = moe_handoff(ctx);  // for the experts' gate/up (x) and the next norm (sum)
+      h.norm_out = out, h.norm_sum = sum, h.norm_done = done, h.norm_count = counted;
+      h.norm_keep = std::move(keep);
+      return Status::ok();
+    }
+  }
+  SB_RETURN_IF_ERROR(rms_norm(ctx, ins[0]->op));
+  return matmul_router(ctx, ins + 1);
+}
+
 void register_router(KernelRegistry& r) { r.add(fb::OpNode::RouterNode, router); }
 
 }  // namespace switchboard::gpu
