@@ -604,7 +604,8 @@ Status VulkanRuntime::record_dispatch(const char* kernel, const std::vector<gpu:
   // A dispatch waits for the earlier ones only where it touches what they write, or
   // writes what they read; independent neighbours (q/k/v projections) may overlap.
   // Bindings in `handoff` are waited for by the kernel itself (cross_dispatch_handoff).
-  if (per_dispatch_timing_ || hazard(bindings, p->info->access, cross_dispatch_handoff_ ? handoff : 0)) barrier();
+  if (per_dispatch_timing_ || hazard(kernel, bindings, p->info->access, cross_dispatch_handoff_ ? handoff : 0))
+    barrier();
   if (p != bound_) c.vkCmdBindPipeline(cmd, VK_PIPELINE_BIND_POINT_COMPUTE, p->pipeline);
   bound_ = p;
   c.vkCmdPushDescriptorSetKHR(cmd, VK_PIPELINE_BIND_POINT_COMPUTE, p->layout, 0, static_cast<uint32_t>(nwrites),
@@ -665,13 +666,19 @@ bool VulkanRuntime::status_word(const gpu::BufferRef& b) {
   return b.buffer == err_.buffer && b.offset == err_.offset;
 }
 
-bool VulkanRuntime::hazard(const std::vector<gpu::BufferRef>& bindings, const kernels::Access* access,
-                           uint32_t handoff) {
+// Which binding costs the barrier is logged at debug level (a hand-off that still takes one:
+// often memory reused from a buffer written since the last barrier).
+bool VulkanRuntime::hazard(const char* kernel, const std::vector<gpu::BufferRef>& bindings,
+                           const kernels::Access* access, uint32_t handoff) {
   for (size_t i = 0; i < bindings.size(); ++i) {
     const gpu::BufferRef& b = bindings[i];
     if (status_word(b) || (handoff >> i & 1u)) continue;
-    if (overlaps_any(b, writes_)) return true;
-    if (access[i] != kernels::Access::kRead && overlaps_any(b, reads_)) return true;
+    const bool after_write = overlaps_any(b, writes_);
+    if (after_write || (access[i] != kernels::Access::kRead && overlaps_any(b, reads_))) {
+      log::debug("vulkan: barrier before {}: binding {} {} since the last barrier", kernel, i,
+                 after_write ? "was written" : "is written, was read");
+      return true;
+    }
   }
   return false;
 }

@@ -56,7 +56,8 @@ class VulkanRuntime final : public gpu::MappedRuntime {
   void log_timestamps();
   void read_timestamps();
   void barrier(bool to_host = false);  // into the current slice
-  bool hazard(const std::vector<gpu::BufferRef>& bindings, const kernels::Access* access, uint32_t handoff);
+  bool hazard(const char* kernel, const std::vector<gpu::BufferRef>& bindings, const kernels::Access* access,
+              uint32_t handoff);
   void track(const std::vector<gpu::BufferRef>& bindings, const kernels::Access* access);
   bool status_word(const gpu::BufferRef& b);  // the SB_ERR_* word every kernel may atomicOr
 
