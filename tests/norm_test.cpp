@@ -222,6 +222,14 @@ TEST(RmsNorm, Tree32WithAndWithoutAResidual) {
       }
 }
 
+// One execution of s, which must succeed: the device dispatches it took.
+uint64_t dispatches_of_run(Session& s, const std::string& dev) {
+  const uint64_t before = s.device_dispatches();
+  const Status st = s.execute();
+  EXPECT_TRUE(st.is_ok()) << dev << ": " << st.to_string();
+  return s.device_dispatches() - before;
+}
+
 // RmsNorm (Tree32) straight into a GatherQmm of its output: the GPU normalizes the row inside
 // the projection's workgroups (qmm_row_norm_2k) where the rows suit it, else runs the two ops
 // (and always before a Matmul).
@@ -290,11 +298,9 @@ void run_norm_qmm(const NormQmmCase& c) {
   ProgramBuilder fused;
   pair(fused, inputs(fused), "", false);
   detail::for_each_device(fused, in, [&](const Program&, Session& s, const std::string& dev) {
-    const uint64_t before = s.device_dispatches();
-    const Status st = s.execute();
-    ASSERT_TRUE(st.is_ok()) << dev << ": " << st.to_string();
+    const uint64_t ran = dispatches_of_run(s, dev);
     if (dev != "cpu" && c.one_dispatch) {
-      EXPECT_EQ(s.device_dispatches() - before, 1u) << dev;
+      EXPECT_EQ(ran, 1u) << dev;
     }
   });
 }
@@ -407,10 +413,7 @@ void run_norm_router(DType dt, int64_t d, bool residual) {
     ProgramBuilder one;
     layer(one, inputs(one), "", apart);
     detail::for_each_device(one, in, [&](const Program&, Session& s, const std::string& dev) {
-      const uint64_t before = s.device_dispatches();
-      const Status st = s.execute();
-      ASSERT_TRUE(st.is_ok()) << dev << ": " << st.to_string();
-      const auto ran = static_cast<int64_t>(s.device_dispatches() - before);
+      const auto ran = static_cast<int64_t>(dispatches_of_run(s, dev));
       dispatches[dev] += apart ? ran : -ran;
     });
   }
