@@ -348,8 +348,9 @@ TEST(RmsNorm, Tree32FusedIntoTheNextProjection) {
 // count before reading the norm's output and the next norm reads the sum it stored with no
 // barrier. The same program with the norm apart from the Matmul (an op between) gives the same
 // bits on every device, as the CPU; fused, the pair costs one dispatch less.
-void run_norm_router(DType dt, int64_t d, bool residual) {
-  SCOPED_TRACE(std::string(dtype_name(dt)) + " d=" + std::to_string(d) + (residual ? " residual" : ""));
+void run_norm_router(DType dt, int64_t d, bool residual, bool shared = false) {
+  SCOPED_TRACE(std::string(dtype_name(dt)) + " d=" + std::to_string(d) + (residual ? " residual" : "") +
+               (shared ? " shared expert" : ""));
   const int64_t experts = 8, f = 64, n = 96, group = 64;
   std::mt19937 rng(static_cast<uint32_t>(d));
   Inputs in{{"x", random_tensor(dt, {1, d}, rng, std::uniform_real_distribution<double>(-3, 3))},
@@ -375,13 +376,16 @@ void run_norm_router(DType dt, int64_t d, bool residual) {
   struct Refs {
     TensorRef x, r, w, w2, b;
     MoeExperts e;
-    QuantizedExperts proj;
+    QuantizedExperts proj, shared;
   };
   auto inputs = [&](ProgramBuilder& b) {
     MoeExperts e{quantized(b, "gate", experts, f, d), quantized(b, "up", experts, f, d),
                  quantized(b, "down", experts, d, f)};
-    return Refs{b.input("x", dt, {1, d}), residual ? b.input("r", dt, {1, d}) : TensorRef{}, b.input("w", dt, {d}),
-                b.input("w2", dt, {d}), b.input("b", dt, {experts, d}), e, quantized(b, "proj", 1, n, d)};
+    // Rows of a dynamic count, as a decoder's: the experts then sit in an If's branches.
+    return Refs{b.input("x", dt, {Dim::dynamic(0, 4), d}),
+                residual ? b.input("r", dt, {Dim::dynamic(0, 4), d}) : TensorRef{}, b.input("w", dt, {d}),
+                b.input("w2", dt, {d}), b.input("b", dt, {experts, d}), e, quantized(b, "proj", 1, n, d),
+                shared ? quantized(b, "shared", 1, d, d) : QuantizedExperts{}};
   };
   auto layer = [&](ProgramBuilder& b, const Refs& in, const std::string& tag, bool apart) {
     ProgramBuilder::AddNorm an = b.add_rms_norm(in.x, in.r, in.w, 1e-6f);
@@ -389,7 +393,8 @@ void run_norm_router(DType dt, int64_t d, bool residual) {
     if (apart) b.output("between" + tag, b.neg(in.x));
     TensorRef logits = b.matmul(an.out, in.b, true);
     RouterOut r = b.router(logits, RouterSpec{RouterKind::kSoftmaxTopK, 2});
-    TensorRef y = b.moe_experts(an.out, r.weights, r.indices, in.e);
+    // A shared expert reads the norm's output outside the experts' branches: not fused.
+    TensorRef y = b.moe_experts(an.out, r.weights, r.indices, in.e, shared ? b.gather_qmm(an.out, in.shared) : TensorRef{});
     ProgramBuilder::AddNorm next = b.add_rms_norm(y, an.sum, in.w2, 1e-6f);
     b.output("z" + tag, b.gather_qmm(next.out, in.proj));
     b.output("logits" + tag, logits);
@@ -419,7 +424,7 @@ void run_norm_router(DType dt, int64_t d, bool residual) {
   }
   for (const auto& [dev, extra] : dispatches) {
     if (dev != "cpu") {
-      EXPECT_EQ(extra, 2) << dev << ": the apart form's neg and norm";
+      EXPECT_EQ(extra, shared ? 1 : 2) << dev << ": the apart form's neg (and norm, where fused)";
     }
   }
 }
@@ -427,6 +432,7 @@ void run_norm_router(DType dt, int64_t d, bool residual) {
 TEST(RmsNorm, Tree32FusedIntoTheRouterLogits) {
   run_norm_router(kBF16, 1024, true);   // Qwen3-30B's decode step at a smaller width
   run_norm_router(kF32, 2048, false);   // the widest row the kernel stages, f32, no residual
+  run_norm_router(kBF16, 1024, true, true);
 }
 
 TEST(RmsNorm, Tree32RulesNameTheField) {

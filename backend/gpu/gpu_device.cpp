@@ -10,6 +10,7 @@
 #include "env.h"
 #include "gpu_gather_qmm.h"
 #include "gpu_ops.h"
+#include "op_info.h"
 
 namespace switchboard::gpu {
 namespace {
@@ -168,6 +169,21 @@ Fusion norm_qmm_fusion(const std::vector<std::unique_ptr<fb::InstructionT>>& ins
   return Fusion{private_temp(nn->out.get(), i + 1) ? norm_qmm_private : norm_qmm, 2};
 }
 
+// Whether an instruction of the chain from ins[from] on reads slot `h` other than the experts'
+// GatherQmm by router indices (the one reader that waits for norm_matmul_router's GEMV), an If
+// (the experts' branches) or a SymSize (its shape): a shared expert's projections would each take
+// a barrier behind the router instead.
+bool read_unrouted(const std::vector<std::unique_ptr<fb::InstructionT>>& ins, size_t from, uint32_t h) {
+  bool read = false;
+  for (size_t j = from; j < ins.size() && !read; ++j) {
+    const auto* q = ins[j]->op.AsGatherQmmNode();
+    const fb::OpNode t = ins[j]->op.type;
+    if (t == fb::OpNode::IfNode || t == fb::OpNode::SymSizeNode || (q && q->rhs_indices)) continue;
+    for_each_slot(ins[j]->op, [&](const SlotRef& r) { read |= r.is_tensor && !r.is_write && r.idx && *r.idx == h; });
+  }
+  return read;
+}
+
 // The sorted MoE's pairs (builder_moe.cpp): Argsort of flat indices F, GatherRows of F by the
 // order, Full of one i32 k >= 1 that only the FloorDiv reads, FloorDiv of the order by it.
 Fusion moe_order_fusion(const std::vector<std::unique_ptr<fb::InstructionT>>& ins, size_t i,
@@ -197,7 +213,7 @@ Fusion GpuDevice::fuse(const std::vector<std::unique_ptr<fb::InstructionT>>& ins
     const auto* rn = ins[i + 2]->op.AsRouterNode();
     if (mm && rn && nn->order == fb::NormOrder::Tree32 && !nn->gate && mm->a->idx() == nn->out->idx() &&
         mm->b->idx() != nn->out->idx() && (!mm->bias || mm->bias->idx() != nn->out->idx()) &&
-        rn->logits->idx() == mm->out->idx())
+        rn->logits->idx() == mm->out->idx() && !read_unrouted(ins, i + 3, nn->out->idx()))
       return Fusion{norm_matmul_router, 3};
   }
   if (i + 2 <= ins.size() && ins[i]->op.type == fb::OpNode::RmsNormNode)
