@@ -3,8 +3,10 @@
 workgroups' start and end on the device clock, steps split at idle gaps (the host's syncs).
 Prints one step's dispatches in order -- when the first and last workgroup started, when the
 last ended, the gap since the previous dispatch's last end (negative: overlapped) -- and, over
-every step shaped like it, the median of each column.
-Usage: bench/timeline.py STAMPS IDS [--step N] [--gap-us 30]   (IDS: OUT_DIR/timeline_ids.txt;
+every step shaped like it, the median of each column; then, per kernel, the medians over its
+dispatches in those steps.
+Usage: bench/timeline.py STAMPS IDS [--step N] [--gap-us 30]   (IDS: the timeline_ids.txt of the
+bench/gpu_timeline.sh run whose kernels wrote STAMPS -- kernel ids change with the kernel list;
 N: which step, negative from the end, default -2: a decode step before the last)"""
 import argparse
 import statistics
@@ -108,6 +110,14 @@ def main():
     for i, r in enumerate(one):
         col = lambda j: statistics.median(x[i][j] for x in alike if x[i][j] is not None) if i or j != 5 else float("nan")
         print(f"{i:3} {names.get(r[0], r[0]):34} {r[1]:5} {col(2):8.2f} {col(3):7.2f} {col(4):7.2f} {col(5):6.2f}")
+    per = defaultdict(list)
+    for x in alike:
+        for r in x[1:]:
+            per[names.get(r[0], r[0])].append(r)
+    print(f"{'kernel':38} {'n':>4} {'launch':>7} {'dur':>7} {'gap':>6}   (medians over its dispatches)")
+    for k, rs in sorted(per.items(), key=lambda kv: -sum(r[4] for r in kv[1])):
+        med = lambda j: statistics.median(r[j] for r in rs)
+        print(f"{k:38} {len(rs):4} {med(3):7.2f} {med(4):7.2f} {med(5):6.2f}")
 
 
 if __name__ == "__main__":
