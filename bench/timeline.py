@@ -72,7 +72,7 @@ def steps(ds, gap_ns):
             cur = []
         cur.append(d)
         e = max(d[3].values()) if d[3] else s
-        last_end = e if last_end is None or not cur[:-1] else max(last_end, e)
+        last_end = e if len(cur) == 1 else max(last_end, e)
     if cur:
         res.append(cur)
     return res

@@ -254,36 +254,10 @@ uint q8_word(uint i) { return i >> 2u; }
 uint q8_shift(uint i) { return 8u * (i & 3u); }
 #endif
 
-// Elements [e, e + 8) of x (e a multiple of 8) from one 16-byte load (f16, bf16) or two
-// (f32): every workgroup of a decode projection reads the same row, and element-wise
-// loads made that row's staging a large part of the dispatch.
-#define SB_LOAD_UNIT(NAME, BUF4)                                                        \
-  void NAME(uint e, out float v[8]) {                                                   \
-    if (sb_is16(X_DTYPE)) {                                                             \
-      uvec4 w = BUF4[e >> 3u];                                                          \
-      [[unroll]] for (uint i = 0u; i < 8u; ++i) v[i] = sb_decode(w[i >> 1u], X_DTYPE, i); \
-    } else {                                                                            \
-      uvec4 a = BUF4[e >> 2u], b = BUF4[(e >> 2u) + 1u];                                \
-      [[unroll]] for (uint i = 0u; i < 4u; ++i) {                                       \
-        v[i] = uintBitsToFloat(a[i]);                                                   \
-        v[i + 4u] = uintBitsToFloat(b[i]);                                              \
-      }                                                                                 \
-    }                                                                                   \
-  }
-SB_LOAD_UNIT(load_unit, x4)
+SB_LOAD_UNIT(load_unit, x4, X_DTYPE)
 
 #ifdef SB_ROW_NORM
-SB_LOAD_UNIT(load_res_unit, res4)
-// Elements [e, e + 8) of a norm output row, in x's dtype (the encoding rounds).
-#define SB_STORE_UNIT(BUF4, e, v)                                                         \
-  if (sb_is16(X_DTYPE)) {                                                                 \
-    BUF4[(e) >> 3u] = uvec4(sb_encode_word(v[0], v[1], X_DTYPE), sb_encode_word(v[2], v[3], X_DTYPE), \
-                            sb_encode_word(v[4], v[5], X_DTYPE), sb_encode_word(v[6], v[7], X_DTYPE)); \
-  } else {                                                                                \
-    BUF4[(e) >> 2u] = floatBitsToUint(vec4(v[0], v[1], v[2], v[3]));                     \
-    BUF4[((e) >> 2u) + 1u] = floatBitsToUint(vec4(v[4], v[5], v[6], v[7]));              \
-  }
-
+SB_LOAD_UNIT(load_res_unit, res4, X_DTYPE)
 // Unit u of row r (v: x's elements on entry, the normalized ones on return), in order Tree32:
 // s_i = round(x_i + residual_i); ss = dot32(s, s); r = rsqrt(ss * inv_d + eps);
 // out_i = round((s_i * r) * w_i). `store`: this workgroup stores the row's sum and out.
@@ -304,7 +278,7 @@ void norm_unit(uint r, uint u, bool mine, bool store, inout float v[8]) {
   }
   if (mine) {
     [[unroll]] for (uint i = 0u; i < 8u; ++i) s_row[u * 8u + i] = v[i];
-    if (store && args.has_residual != 0u) SB_STORE_UNIT(norm_sum4, e, v)
+    if (store && args.has_residual != 0u) SB_STORE_UNIT(norm_sum4, e, v, X_DTYPE)
   }
   barrier();
   if (tid < 32u) {  // partial tid: elements tid, tid + 32, ... in order, eight loaded ahead
@@ -326,7 +300,7 @@ void norm_unit(uint r, uint u, bool mine, bool store, inout float v[8]) {
     precise float y = (v[i] * inv) * wv[i];
     v[i] = sb_round_to(y, X_DTYPE);
   }
-  if (mine && store && args.store_out != 0u) SB_STORE_UNIT(norm_out4, e, v)
+  if (mine && store && args.store_out != 0u) SB_STORE_UNIT(norm_out4, e, v, X_DTYPE)
 }
 #endif
 

@@ -210,39 +210,8 @@ shared float s_row[kNormMax];
 shared float s_npart[32];
 shared float s_inv;
 
-void load8(uint e, bool res, out float v[8]) {
-  if (sb_is16(DT)) {
-    uvec4 w = res ? res4[e >> 3u] : a4[e >> 3u];
-    [[unroll]] for (uint i = 0u; i < 8u; ++i) v[i] = sb_decode(w[i >> 1u], DT, i);
-  } else {
-    uvec4 p = res ? res4[e >> 2u] : a4[e >> 2u], q = res ? res4[(e >> 2u) + 1u] : a4[(e >> 2u) + 1u];
-    [[unroll]] for (uint i = 0u; i < 4u; ++i) {
-      v[i] = uintBitsToFloat(p[i]);
-      v[i + 4u] = uintBitsToFloat(q[i]);
-    }
-  }
-}
-
-void store8(uint e, float v[8], bool sum) {
-  if (sb_is16(DT)) {
-    uvec4 w;
-    [[unroll]] for (uint i = 0u; i < 4u; ++i) w[i] = sb_encode_word(v[2u * i], v[2u * i + 1u], DT);
-    if (sum) norm_sum4[e >> 3u] = w; else norm_out4[e >> 3u] = w;
-  } else {
-    uvec4 p, q;
-    [[unroll]] for (uint i = 0u; i < 4u; ++i) {
-      p[i] = floatBitsToUint(v[i]);
-      q[i] = floatBitsToUint(v[i + 4u]);
-    }
-    if (sum) {
-      norm_sum4[e >> 2u] = p;
-      norm_sum4[(e >> 2u) + 1u] = q;
-    } else {
-      norm_out4[e >> 2u] = p;
-      norm_out4[(e >> 2u) + 1u] = q;
-    }
-  }
-}
+SB_LOAD_UNIT(load_x_unit, a4, DT)
+SB_LOAD_UNIT(load_res_unit, res4, DT)
 
 void stage_norm_row(uint t, uint r, uint c, uint boff, bool pair, bool first) {
   uint units = args.k / 8u, pb = sb_per_word(B_DT);
@@ -251,8 +220,8 @@ void stage_norm_row(uint t, uint r, uint c, uint boff, bool pair, bool first) {
   uint wraw[kNormUnits][8];
   [[unroll]] for (uint j = 0u; j < kNormUnits; ++j) {
     uint u = min(t + 64u * j, units - 1u), e = r * args.k + u * 8u;
-    load8(e, false, v[j]);
-    if (args.has_residual != 0u) load8(e, true, rv[j]);
+    load_x_unit(e, v[j]);
+    if (args.has_residual != 0u) load_res_unit(e, rv[j]);
     [[unroll]] for (uint i = 0u; i < 8u; ++i) wraw[j][i] = norm_w[sb_word(NORM_W_DT, u * 8u + i)];
   }
   uvec4 vb[kUnits], vc[kUnits];
@@ -271,7 +240,7 @@ void stage_norm_row(uint t, uint r, uint c, uint boff, bool pair, bool first) {
     }
     if (u < units) {
       [[unroll]] for (uint i = 0u; i < 8u; ++i) s_row[u * 8u + i] = v[j][i];
-      if (first && args.has_residual != 0u) store8(r * args.k + u * 8u, v[j], true);
+      if (first && args.has_residual != 0u) SB_STORE_UNIT(norm_sum4, r * args.k + u * 8u, v[j], DT)
     }
   }
   barrier();
@@ -297,7 +266,7 @@ void stage_norm_row(uint t, uint r, uint c, uint boff, bool pair, bool first) {
       } else {
         [[unroll]] for (uint i = 0u; i < 8u; ++i) s_aw[u * 8u + i] = floatBitsToUint(y[i]);
       }
-      if (first) store8(r * args.k + u * 8u, y, false);
+      if (first) SB_STORE_UNIT(norm_out4, r * args.k + u * 8u, y, DT)
     }
   }
   [[unroll]] for (uint j = 0u; j < kUnits; ++j) {

@@ -24,6 +24,16 @@ k::MatmulArgs matmul_args(int64_t rows, int64_t cols, int64_t kdim, DType a, DTy
   return args;
 }
 
+// Long rows of a and (transposed) b in whole 16-byte units at 16-byte aligned offsets:
+// matmul_rows16 copies them with 16-byte loads (decode GEMVs such as the router logits
+// are latency-bound). Short rows (attention heads) keep `matmul`: the copy's shared
+// memory costs occupancy there (whole-model decode was slower with head rows: RESULTS).
+bool rows16_gemv(const k::MatmulArgs& args, DType a, const BufferRef& ba, const BufferRef& bb) {
+  return args.transpose_b != 0 && args.k >= kMatmulRows16MinK && args.k % (16 / dtype_size(a)) == 0 &&
+         args.k % (16 / dtype_size(static_cast<DType>(args.b_dtype))) == 0 && ba.offset % 16 == 0 &&
+         bb.offset % 16 == 0;
+}
+
 // Matmul / BatchMatmul: 16 x 16 output tiles per workgroup (matmul_tile) when rows and
 // columns both fill tiles (prefill), else one output word per workgroup (decode GEMVs: 32
 // lanes split k for each of the word's outputs; matmul_rows16 has 64, both outputs side by
@@ -40,13 +50,7 @@ Status dispatch_matmul(Runtime& rt, const k::MatmulArgs& args, DType dtype, cons
   if (rows >= 16 && cols >= 16 && (dtype == DType::kF32 || cols % 2 == 0))
     return rt.dispatch("matmul_tile", binds, &args, sizeof(args), 256 * batch * ((rows + 15) / 16) * ((cols + 15) / 16),
                        spec);
-  // Long rows of a and (transposed) b in whole 16-byte units at 16-byte aligned offsets:
-  // matmul_rows16 copies them with 16-byte loads (decode GEMVs such as the router logits
-  // are latency-bound). Short rows (attention heads) keep `matmul`: the copy's shared
-  // memory costs occupancy there (whole-model decode was slower with head rows: RESULTS).
-  const bool rows16 = args.transpose_b != 0 && args.k >= kMatmulRows16MinK && args.k % (16 / dtype_size(dtype)) == 0 &&
-                      args.k % (16 / dtype_size(static_cast<DType>(args.b_dtype))) == 0 && binds[0].offset % 16 == 0 &&
-                      binds[1].offset % 16 == 0;
+  const bool rows16 = rows16_gemv(args, dtype, binds[0], binds[1]);
   const uint64_t words = words_of(dtype, static_cast<int64_t>(batch * rows * cols));
   if (rows16 && done && words <= UINT32_MAX) {
     std::vector<BufferRef> counted_binds = binds;
@@ -106,12 +110,12 @@ Result<bool> norm_matmul_run(KernelContext& ctx, const fb::RmsNormNodeT& nn, con
   if (!dims.is_ok() || x.rank() < 1) return false;
   const int64_t d = x.dim(x.rank() - 1), rows = dims->rows, cols = dims->cols;
   const DType dt = x.dtype();
-  const bool unit16 = bx.offset % 16 == 0 && br.offset % 16 == 0 && bb.offset % 16 == 0;
+  const k::MatmulArgs base = matmul_args(rows, cols, d, dt, b.dtype(), n->transpose_b);
   // matmul_rows16's GEMV (one pass: k within a chunk) of a row the kernel stages whole.
-  const bool fits = dims->k == d && d >= kMatmulRows16MinK && d <= 2048 && d % 8 == 0 && w.numel() == d &&
-                    n->transpose_b && rows < 16 && dtype_is_float(dt) && (!nn.residual || res.shape() == x.shape()) &&
-                    d % (16 / dtype_size(b.dtype())) == 0 && unit16 &&
-                    words_of(dt, rows * cols) <= UINT32_MAX && (dt == DType::kF32 || cols % 2 == 0);
+  const bool fits = dims->k == d && d <= 2048 && d % 8 == 0 && w.numel() == d && rows < 16 && dtype_is_float(dt) &&
+                    (!nn.residual || res.shape() == x.shape()) && rows16_gemv(base, dt, bx, bb) &&
+                    br.offset % 16 == 0 && words_of(dt, rows * cols) <= UINT32_MAX &&
+                    (dt == DType::kF32 || cols % 2 == 0);
   if (!fits) return false;
   SB_RETURN_IF_ERROR(u32_count(std::max({x.numel(), b.numel(), rows * cols}), "Matmul").status());
   SB_ASSIGN_OR_RETURN(Tensor normed, rt.alloc(dt, x.shape()));
@@ -127,7 +131,6 @@ Result<bool> norm_matmul_run(KernelContext& ctx, const fb::RmsNormNodeT& nn, con
   SB_ASSIGN_OR_RETURN(Tensor logits, rt.alloc(dt, shape));
   SB_ASSIGN_OR_RETURN(BufferRef bo, rt.bind(logits, false));
   k::MatmulNormArgs args{};
-  const k::MatmulArgs base = matmul_args(rows, cols, d, dt, b.dtype(), n->transpose_b);
   std::memcpy(&args, &base, sizeof(base));  // the same fields first (gpu_kernel_table.h)
   args.has_bias = bias.defined();
   args.bias_dtype = bias.defined() ? static_cast<uint32_t>(bias.dtype()) : 0;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "gpu_kernel_table.h"
+#include "log.h"
 #include "switchboard/status.h"
 
 namespace switchboard::vulkan {
@@ -91,10 +92,10 @@ struct Context {
 
   void save_timeline() {
     const uint64_t cap = timeline_bytes / 32 - 1, n = timeline_words[0] < cap ? timeline_words[0] : cap;
-    if (FILE* f = std::fopen(timeline_path.c_str(), "wb")) {
-      std::fwrite(timeline_words, 4, 8 + 8 * n, f);
-      std::fclose(f);
-    }
+    FILE* f = std::fopen(timeline_path.c_str(), "wb");
+    bool saved = f && std::fwrite(timeline_words, 4, 8 + 8 * n, f) == 8 + 8 * n;
+    if (f) saved = std::fclose(f) == 0 && saved;
+    if (!saved) log::warn("gpu_timeline: the stamps could not be written to {}", timeline_path);
     vkDestroyBuffer(device, timeline, nullptr);
     vkFreeMemory(device, timeline_mem, nullptr);
   }

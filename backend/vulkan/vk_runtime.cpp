@@ -453,6 +453,20 @@ Result<Pipeline*> pipeline_for(Context& c, const char* name, const gpu::SpecCons
   return &c.pipelines.emplace(key, p).first->second;
 }
 
+// DeviceOptions::gpu_timeline: 256 MiB of mapped memory for the workgroups' stamps (8M records).
+Status open_timeline(const std::shared_ptr<Context>& ctx, const std::string& path) {
+  SB_ASSIGN_OR_RETURN(gpu::Block b, VulkanBlocks(ctx).create(uint64_t{256} << 20));
+  Context& c = *ctx;
+  c.timeline = reinterpret_cast<VkBuffer>(b.handle);
+  c.timeline_mem = reinterpret_cast<VkDeviceMemory>(b.memory);
+  c.timeline_words = reinterpret_cast<uint32_t*>(b.mapped);
+  c.timeline_bytes = b.size;
+  c.timeline_path = path;
+  std::fill(c.timeline_words, c.timeline_words + 8, 0u);
+  log::warn("vulkan: workgroup stamps (gpu_timeline) go to {} when the device closes", path);
+  return Status::ok();
+}
+
 }  // namespace
 
 Result<std::unique_ptr<VulkanRuntime>> VulkanRuntime::open(int index, const DeviceOptions& options) {
@@ -470,24 +484,15 @@ Result<std::unique_ptr<VulkanRuntime>> VulkanRuntime::open(int index, const Devi
   // Within a dispatch: GLSL's Vulkan semantics promise it; off with gpu_handoff for the A/B and
   // to test the paths Metal takes.
   rt->cross_workgroup_handoff_ = options.gpu_handoff;
-  // NVIDIA launches a queue's dispatches' workgroups in order; lavapipe (a CPU device) runs
-  // one dispatch at a time. Elsewhere not known: every dependency takes a barrier, as it
-  // does with DeviceOptions::gpu_handoff off.
-  if (!options.gpu_timeline.empty()) {  // 256 MiB of stamps: 8M records
-    SB_ASSIGN_OR_RETURN(gpu::Block b, VulkanBlocks(rt->ctx_).create(uint64_t{256} << 20));
-    c.timeline = reinterpret_cast<VkBuffer>(b.handle);
-    c.timeline_mem = reinterpret_cast<VkDeviceMemory>(b.memory);
-    c.timeline_words = reinterpret_cast<uint32_t*>(b.mapped);
-    c.timeline_bytes = b.size;
-    c.timeline_path = options.gpu_timeline;
-    std::fill(c.timeline_words, c.timeline_words + 8, 0u);
-    log::warn("vulkan: workgroup stamps (gpu_timeline) go to {} when the device closes", c.timeline_path);
-  }
+  if (!options.gpu_timeline.empty()) SB_RETURN_IF_ERROR(open_timeline(rt->ctx_, options.gpu_timeline));
   rt->set_flush_bytes(options.gpu_flush_bytes);
   rt->set_repeated(options.gpu_repeat);
   if (!options.gpu_repeat.empty())
     log::warn("vulkan: every dispatch of {} is recorded twice (gpu_repeat: profiling, not a product timing)",
               options.gpu_repeat);
+  // NVIDIA launches a queue's dispatches' workgroups in order; lavapipe (a CPU device) runs
+  // one dispatch at a time. Elsewhere not known: every dependency takes a barrier, as it
+  // does with DeviceOptions::gpu_handoff off.
   rt->cross_dispatch_handoff_ =
       options.gpu_handoff && (c.vendor_id == 0x10de || c.device_type == VK_PHYSICAL_DEVICE_TYPE_CPU);
   SB_RETURN_IF_ERROR(rt->init(std::make_shared<gpu::MemoryPool>(std::make_unique<VulkanBlocks>(rt->ctx_)),
