@@ -1,6 +1,7 @@
 // The exact elementwise routines (Unary Exp..GeluTanh), Softmax and RmsNorm through the
 // op harness: against float64 math within stated tolerances, and bitwise across devices.
 #include <cmath>
+#include <optional>
 #include <random>
 
 #include "op_harness.h"
@@ -387,16 +388,21 @@ void run_norm_router(DType dt, int64_t d, bool residual, bool shared = false) {
                 b.input("w2", dt, {d}), b.input("b", dt, {experts, d}), e, quantized(b, "proj", 1, n, d),
                 shared ? quantized(b, "shared", 1, d, d) : QuantizedExperts{}};
   };
-  auto layer = [&](ProgramBuilder& b, const Refs& in, const std::string& tag, bool apart) {
+  // full: every intermediate an output; else a decoder's layer, its temps' slots free for the next.
+  auto layer = [&](ProgramBuilder& b, const Refs& in, const std::string& tag, bool apart, bool full = true) {
+    std::optional<ProgramBuilder::TmpScope> scope;
+    if (!full) scope.emplace(b.tmp_scope());
+    auto out = [&](const std::string& name, TensorRef t) { b.output(name, scope ? scope->keep(t) : t); };
     ProgramBuilder::AddNorm an = b.add_rms_norm(in.x, in.r, in.w, 1e-6f);
     if (!residual) an.sum = in.x;  // the norm of x alone (Tree32); the next norm adds x back
-    if (apart) b.output("between" + tag, b.neg(in.x));
+    if (apart) out("between" + tag, b.neg(in.x));
     TensorRef logits = b.matmul(an.out, in.b, true);
     RouterOut r = b.router(logits, RouterSpec{RouterKind::kSoftmaxTopK, 2});
     // A shared expert reads the norm's output outside the experts' branches: not fused.
     TensorRef y = b.moe_experts(an.out, r.weights, r.indices, in.e, shared ? b.gather_qmm(an.out, in.shared) : TensorRef{});
     ProgramBuilder::AddNorm next = b.add_rms_norm(y, an.sum, in.w2, 1e-6f);
-    b.output("z" + tag, b.gather_qmm(next.out, in.proj));
+    out("z" + tag, b.gather_qmm(next.out, in.proj));
+    if (!full) return;
     b.output("logits" + tag, logits);
     b.output("indices" + tag, r.indices);
     b.output("y" + tag, y);
@@ -413,10 +419,13 @@ void run_norm_router(DType dt, int64_t d, bool residual, bool shared = false) {
     if (residual || std::string(o) != "sum") same.emplace_back(o, std::string(o) + "_apart");
   check_same_bits(both, in, same);
 
+  // Two layers, as a decoder's: the second reuses the first's slots (its norm output's too).
   std::map<std::string, int64_t> dispatches;  // per device: apart's less fused's
   for (bool apart : {false, true}) {
     ProgramBuilder one;
-    layer(one, inputs(one), "", apart);
+    const Refs refs1 = inputs(one);
+    layer(one, refs1, "", apart, false);
+    layer(one, refs1, "_2", apart, false);
     detail::for_each_device(one, in, [&](const Program&, Session& s, const std::string& dev) {
       const auto ran = static_cast<int64_t>(dispatches_of_run(s, dev));
       dispatches[dev] += apart ? ran : -ran;
@@ -424,7 +433,7 @@ void run_norm_router(DType dt, int64_t d, bool residual, bool shared = false) {
   }
   for (const auto& [dev, extra] : dispatches) {
     if (dev != "cpu") {
-      EXPECT_EQ(extra, shared ? 1 : 2) << dev << ": the apart form's neg (and norm, where fused)";
+      EXPECT_EQ(extra, shared ? 2 : 4) << dev << ": the apart form's negs (and norms, where fused)";
     }
   }
 }

@@ -172,14 +172,18 @@ Fusion norm_qmm_fusion(const std::vector<std::unique_ptr<fb::InstructionT>>& ins
 // Whether an instruction of the chain from ins[from] on reads slot `h` other than the experts'
 // GatherQmm by router indices (the one reader that waits for norm_matmul_router's GEMV), an If
 // (the experts' branches) or a SymSize (its shape): a shared expert's projections would each take
-// a barrier behind the router instead.
+// a barrier behind the router instead. Up to the slot's next write: later layers reuse slots.
 bool read_unrouted(const std::vector<std::unique_ptr<fb::InstructionT>>& ins, size_t from, uint32_t h) {
-  bool read = false;
-  for (size_t j = from; j < ins.size() && !read; ++j) {
+  bool read = false, written = false;
+  for (size_t j = from; j < ins.size() && !read && !written; ++j) {
     const auto* q = ins[j]->op.AsGatherQmmNode();
     const fb::OpNode t = ins[j]->op.type;
-    if (t == fb::OpNode::IfNode || t == fb::OpNode::SymSizeNode || (q && q->rhs_indices)) continue;
-    for_each_slot(ins[j]->op, [&](const SlotRef& r) { read |= r.is_tensor && !r.is_write && r.idx && *r.idx == h; });
+    const bool skip = t == fb::OpNode::IfNode || t == fb::OpNode::SymSizeNode || (q && q->rhs_indices);
+    for_each_slot(ins[j]->op, [&](const SlotRef& r) {
+      if (!r.is_tensor || !r.idx || *r.idx != h) return;
+      if (r.is_write) written = true;
+      else read |= !skip;
+    });
   }
   return read;
 }
