@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <map>
 
 #include "op_harness.h"
 #include "test_util.h"
@@ -294,6 +295,67 @@ TEST(Replay, GenerateReplaysItsDecodeStepsAfterLongPrompts) {
       }
     }
   });
+}
+
+// A Qwen3-MoE-shaped decoder of `layers` layers, small enough for lavapipe (hidden 1,024: the
+// router GEMV's 16-byte row form; 16 experts of 256, top 4; bf16, 4-bit codes of group 64).
+std::shared_ptr<const Program> qwen3_shaped(int64_t layers) {
+  auto c = models::synthetic_config("qwen3-30b-a3b");
+  EXPECT_TRUE(c.is_ok()) << c.status().to_string();
+  if (!c.is_ok()) return nullptr;
+  c->vocab = 256;
+  c->hidden = 1024;
+  c->heads = 8;
+  c->kv_heads = 2;
+  c->experts = 16;
+  c->top_k = 4;
+  c->expert_ffn = 256;
+  c->max_seq = 64;
+  c->layers = layers;
+  c->moe_layer.assign(static_cast<size_t>(layers), true);
+  models::ExportFormat f;
+  f.bits = 4;
+  f.group_size = 64;
+  f.dtype = DType::kBF16;
+  const fs::path out = fs::temp_directory_path() / ("sb_replay_test_q3_" + std::to_string(layers) + "_" +
+                                                    std::to_string(::getpid()));
+  fs::remove_all(out);
+  Status st = models::write_model(out.string(), *c, f, [&](const models::WeightSink& sink) {
+    return models::synthetic_weights(*c, f, 11, nullptr, sink);
+  });
+  EXPECT_TRUE(st.is_ok()) << st.to_string();
+  auto p = Program::load((out / "program.sbp").string(), LoadOptions{{(out / "weights.safetensors").string()}});
+  EXPECT_TRUE(p.is_ok()) << p.status().to_string();
+  return p.is_ok() ? std::move(p).value() : nullptr;
+}
+
+// The decode layer's dispatches on every GPU test device, as the number a step grows by with a
+// layer more: a fusion lost on some layers (as the router's norm was, to the next layer's reuse
+// of its slot) shows here. Qwen3's layer: norm + q/k/v, Rope + attention blocks, merge,
+// o-projection, norm + router logits, router, gate/up + Glu, down + combine.
+TEST(DecodeStep, Qwen3LayerTakesEightDispatches) {
+  std::map<std::string, std::vector<uint64_t>> per_step;  // device: a replayed step's, per model
+  for (int64_t layers : {2, 3}) {
+    auto p = qwen3_shaped(layers);
+    ASSERT_TRUE(p);
+    for (const std::string& dev : test_devices()) {
+      if (dev == "cpu") continue;
+      auto s = open(p, dev, true);
+      if (!s) continue;
+      std::vector<Step> done = generate(*s, 3);
+      ASSERT_TRUE(done.back().status.is_ok()) << done.back().status.to_string();
+      ASSERT_TRUE(done.back().replayed) << dev;
+      const uint64_t before = s->device_dispatches();
+      const Step next = run(*s, {done.back().next}, 5 + 3);
+      ASSERT_TRUE(next.status.is_ok() && next.replayed) << dev << ": " << next.status.to_string();
+      per_step[dev].push_back(s->device_dispatches() - before);
+    }
+  }
+  if (per_step.empty()) std::printf("[ DEVICE SKIPPED ] DecodeStep: no GPU test device\n");
+  for (const auto& [dev, counts] : per_step) {
+    ASSERT_EQ(counts.size(), 2u) << dev;
+    EXPECT_EQ(counts[1] - counts[0], 8u) << dev << ": a step of 2 layers took " << counts[0] << ", of 3 " << counts[1];
+  }
 }
 
 }  // namespace
