@@ -5,9 +5,10 @@ Prints one step's dispatches in order -- when the first and last workgroup start
 last ended, the gap since the previous dispatch's last end (negative: overlapped) -- and, over
 every step shaped like it, the median of each column; then, per kernel, the medians over its
 dispatches in those steps.
-Usage: bench/timeline.py STAMPS IDS [--step N] [--gap-us 30]   (IDS: the timeline_ids.txt of the
-bench/gpu_timeline.sh run whose kernels wrote STAMPS -- kernel ids change with the kernel list;
-N: which step, negative from the end, default -2: a decode step before the last)"""
+Usage: bench/timeline.py STAMPS IDS [--step N | --longest] [--gap-us 30]   (IDS: the
+timeline_ids.txt of the bench/gpu_timeline.sh run whose kernels wrote STAMPS -- kernel ids change
+with the kernel list; N: which step, negative from the end, default -2: a decode step before the
+last; --longest: the step of the longest span, e.g. a long prompt's prefill)"""
 import argparse
 import statistics
 import struct
@@ -95,11 +96,14 @@ def main():
     ap.add_argument("stamps")
     ap.add_argument("ids")
     ap.add_argument("--step", type=int, default=-2)
+    ap.add_argument("--longest", action="store_true")
     ap.add_argument("--gap-us", type=float, default=30.0)
     a = ap.parse_args()
     names, recs = load(a.stamps, a.ids)
     st = steps(dispatches(recs), a.gap_us * 1e3)
     print(f"{len(recs)} stamps, {len(st)} steps; dispatches a step: {[len(s) for s in st][:6]} ... {[len(s) for s in st][-6:]}")
+    if a.longest:
+        a.step = max(range(len(st)), key=lambda i: rows(st[i])[1])
     one, span = rows(st[a.step])
     shape = [r[:2] for r in one]
     alike = [rows(s)[0] for s in st if [r[:2] for r in rows(s)[0]] == shape]
