@@ -242,7 +242,7 @@ struct NormQmmCase {
   int64_t rows = 1, k = 2048, n = 96;
   int bits = 4;
   bool residual = true, store_out = false;
-  bool one_dispatch = true;  // the fused kernel applies
+  int dispatches = 1;        // the fused form's on a GPU (0: the two ops, not counted)
   bool matmul = false;       // a Matmul (b [n, k] of dt, with a bias): not fused
 };
 
@@ -300,8 +300,8 @@ void run_norm_qmm(const NormQmmCase& c) {
   pair(fused, inputs(fused), "", false);
   detail::for_each_device(fused, in, [&](const Program&, Session& s, const std::string& dev) {
     const uint64_t ran = dispatches_of_run(s, dev);
-    if (dev != "cpu" && c.one_dispatch) {
-      EXPECT_EQ(ran, 1u) << dev;
+    if (dev != "cpu" && c.dispatches) {
+      EXPECT_EQ(ran, static_cast<uint64_t>(c.dispatches)) << dev;
     }
   });
 }
@@ -333,13 +333,32 @@ TEST(RmsNorm, Tree32FusedIntoTheNextProjection) {
   NormQmmCase wide = decode;  // K past the fused kernel's 2048: the two ops one by one
   wide.k = 4096;
   wide.store_out = true;
-  wide.one_dispatch = false;
+  wide.dispatches = 0;
   run_norm_qmm(wide);
   NormQmmCase router = decode;  // the router logits' Matmul: the two ops one by one
   router.matmul = true;
   router.n = 128;
-  router.one_dispatch = false;
+  router.dispatches = 0;
   run_norm_qmm(router);
+  // Prefill rows, quantized before their projection: the norm writes the Q8 blocks itself
+  // (rms_norm_tree_q8), then the projection's kernel (tiles from 64 rows, or 16 on int8
+  // tensor cores; else the generic kernel) — two dispatches, not three.
+  NormQmmCase prefill = decode;
+  prefill.rows = 64;
+  prefill.dispatches = 2;
+  run_norm_qmm(prefill);
+  NormQmmCase prefill_out = prefill;  // the normalized rows also read later, f32 weights, K 4096
+  prefill_out.rows = 80;
+  prefill_out.k = 4096;
+  prefill_out.w_dtype = kF32;
+  prefill_out.store_out = true;
+  run_norm_qmm(prefill_out);
+  NormQmmCase prefill_f32 = prefill;  // f32 without a residual, 3-bit codes (the portable kernels)
+  prefill_f32.dt = prefill_f32.w_dtype = kF32;
+  prefill_f32.residual = false;
+  prefill_f32.bits = 3;
+  prefill_f32.k = 256;
+  run_norm_qmm(prefill_f32);
 }
 
 // Decode's MoE entry: RmsNorm (Tree32, with a residual) into the router logits' Matmul and the

@@ -146,6 +146,51 @@ Status gather_qmm_run(KernelContext& ctx, const fb::GatherQmmNodeT* n, QmmSetup&
   return combine_impl(ctx, out, bo, c, n->out.get());
 }
 
+Result<bool> norm_q8_qmm(KernelContext& ctx, const fb::RmsNormNodeT& nn, const fb::GatherQmmNodeT* qn, QmmSetup& q,
+                         const NormOperands& in, bool store_out) {
+  Runtime& rt = rt_of(ctx);
+  const Tensor& x = in.x;
+  const int64_t d = x.rank() == 2 ? x.dim(1) : 0, rows = x.rank() == 2 ? x.dim(0) : 0;
+  const bool fits = rows > 0 && d == q.kdim && d % 32 == 0 && d <= SB_NORM_ROW_MAX && in.w.numel() == d &&
+                    dtype_is_float(x.dtype()) && !nn.gate && (!nn.residual || in.res.shape() == x.shape()) &&
+                    !q.args.has_lhs && !q.args.has_rhs && !qn->combine_weights && q.pairs == rows && q.rows == rows &&
+                    !qmm_row_plan(q, 1);
+  if (!fits) return false;
+  SB_RETURN_IF_ERROR(u32_count(x.numel(), "rms_norm_tree_q8").status());
+  SB_ASSIGN_OR_RETURN(Q8Blocks q8, alloc_q8(rt, rows, d, q8_permuted(rt, q)));
+  Tensor normed, sum;
+  BufferRef bn = q8.bq, bs = q8.bq;  // stand-ins, never written
+  if (store_out) {
+    SB_ASSIGN_OR_RETURN(normed, rt.alloc(x.dtype(), x.shape()));
+    SB_ASSIGN_OR_RETURN(bn, rt.bind(normed, false));
+  }
+  if (nn.residual) {
+    SB_ASSIGN_OR_RETURN(sum, rt.alloc(x.dtype(), x.shape()));
+    SB_ASSIGN_OR_RETURN(bs, rt.bind(sum, false));
+  }
+  k::NormQ8Args args{};
+  args.rows = static_cast<uint32_t>(rows);
+  args.d = static_cast<uint32_t>(d);
+  args.dtype = args.out_dtype = static_cast<uint32_t>(x.dtype());
+  args.inv_d = ops::inverse_count(d);
+  args.eps = nn.eps;
+  args.pad0 = nn.residual ? 1u : 0u;
+  args.w_dtype = static_cast<uint32_t>(in.w.dtype());
+  args.permute = q8.permuted ? 1u : 0u;
+  args.store_out = store_out ? 1u : 0u;
+  SB_RETURN_IF_ERROR(rt.dispatch("rms_norm_tree_q8", {in.bx, in.br, in.bw, bn, bs, q8.bq, q8.bd, q8.bsum}, &args,
+                                 sizeof(args), static_cast<uint64_t>(rows) * 256,
+                                 dtype_spec({x.dtype(), in.w.dtype()}, {d})));
+  QmmTileList tiles;
+  if (qmm_tiled(q)) {
+    SB_ASSIGN_OR_RETURN(tiles, qmm_tile_list(rt, q));
+  }
+  SB_RETURN_IF_ERROR(gather_qmm_run(ctx, qn, q, &q8, tiles.max_tiles ? &tiles : nullptr));
+  if (nn.residual) SB_RETURN_IF_ERROR(ctx.out(nn.sum.get(), std::move(sum)));
+  if (store_out) SB_RETURN_IF_ERROR(ctx.out(nn.out.get(), std::move(normed)));
+  return true;
+}
+
 Status gather_qmm(KernelContext& ctx, const fb::OpNodeUnion& op) {
   const auto* n = op.AsGatherQmmNode();
   SB_ASSIGN_OR_RETURN(QmmSetup q, qmm_setup(ctx, n));

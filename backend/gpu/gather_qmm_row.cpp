@@ -178,8 +178,8 @@ namespace {
 // RmsNorm (order Tree32, no gate) and the GatherQmm of its output (GpuDevice::fuse): where the
 // rows suit qmm_row_norm_2k, every workgroup normalizes its row itself just before quantizing
 // it, and the first tile of a row stores its sum (and its normalized values when `store_out`)
-// — the bits of the two ops, one dispatch instead of two dependent ones. Otherwise the two
-// ops one by one.
+// — the bits of the two ops, one dispatch instead of two dependent ones. Rows that GatherQmm
+// quantizes first (prefill) take norm_q8_qmm; otherwise the two ops one by one.
 Status norm_then_qmm(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>* ins, bool store_out) {
   const auto& nn = *ins[0]->op.AsRmsNormNode();
   const auto* qn = ins[1]->op.AsGatherQmmNode();
@@ -198,6 +198,8 @@ Status norm_then_qmm(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>
                     !q.args.has_rhs && q.pairs == q.rows && q.rows == x.dim(0) &&
                     (!nn.residual || (res.shape() == x.shape() && br.offset % 16 == 0)) && qmm_row_plan(q, 1);
   if (!fits) {
+    SB_ASSIGN_OR_RETURN(bool done, norm_q8_qmm(ctx, nn, qn, q, NormOperands{x, res, w, bx, br, bw}, store_out));
+    if (done) return Status::ok();
     SB_RETURN_IF_ERROR(rms_norm(ctx, ins[0]->op));
     return gather_qmm(ctx, ins[1]->op);
   }

@@ -63,6 +63,17 @@ bool q8_permuted(Runtime& rt, const QmmSetup& q);
 
 // GatherQmm from Q8 blocks into bo: the tiles when `tiles` is set, else qmm per pair.
 Status qmm_from_q8(Runtime& rt, QmmSetup& q, const Q8Blocks& q8, const QmmTileList* tiles, BufferRef bo);
+// An RmsNorm's bound operands (the residual's stand-in is x where it has none).
+struct NormOperands {
+  Tensor x, res, w;
+  BufferRef bx, br, bw;
+};
+// RmsNorm (Tree32, no gate) and the GatherQmm of its output set up as q (GpuDevice::fuse's
+// norm_qmm) on rows GatherQmm quantizes (prefill: not the row kernels): rms_norm_tree_q8 writes
+// the Q8 blocks (and the sum; the normalized rows only with `store_out`), one dispatch for the
+// norm's and quantize_q8's. false (nothing recorded) where the rows do not suit it.
+Result<bool> norm_q8_qmm(KernelContext& ctx, const fb::RmsNormNodeT& nn, const fb::GatherQmmNodeT* qn, QmmSetup& q,
+                         const NormOperands& in, bool store_out);
 // GatherQmm `n` set up as q; `pre` and `pre_tiles`: x's Q8 blocks and the pairs' work
 // list, made by a fused producer (else made here).
 Status gather_qmm_run(KernelContext& ctx, const fb::GatherQmmNodeT* n, QmmSetup& q, const Q8Blocks* pre = nullptr,
