@@ -1,5 +1,6 @@
 // The exact elementwise routines (Unary Exp..GeluTanh), Softmax and RmsNorm through the
 // op harness: against float64 math within stated tolerances, and bitwise across devices.
+#include <algorithm>
 #include <cmath>
 #include <optional>
 #include <random>
@@ -367,17 +368,18 @@ TEST(RmsNorm, Tree32FusedIntoTheNextProjection) {
 // normalize the row themselves (matmul_rows16_norm_count), the experts' gate/up waits for its
 // count before reading the norm's output and the next norm reads the sum it stored with no
 // barrier. The same program with the norm apart from the Matmul (an op between) gives the same
-// bits on every device, as the CPU; fused, the pair costs one dispatch less.
-void run_norm_router(DType dt, int64_t d, bool residual, bool shared = false) {
-  SCOPED_TRACE(std::string(dtype_name(dt)) + " d=" + std::to_string(d) + (residual ? " residual" : "") +
-               (shared ? " shared expert" : ""));
+// bits on every device, as the CPU; fused, the pair costs one dispatch less (a prefill's rows:
+// the norm writes the experts' Q8 blocks, their quantizer the dispatch saved).
+void run_norm_router(DType dt, int64_t d, bool residual, bool shared = false, int64_t rows = 1) {
+  SCOPED_TRACE(std::string(dtype_name(dt)) + " d=" + std::to_string(d) + " rows=" + std::to_string(rows) +
+               (residual ? " residual" : "") + (shared ? " shared expert" : ""));
   const int64_t experts = 8, f = 64, n = 96, group = 64;
   std::mt19937 rng(static_cast<uint32_t>(d));
-  Inputs in{{"x", random_tensor(dt, {1, d}, rng, std::uniform_real_distribution<double>(-3, 3))},
+  Inputs in{{"x", random_tensor(dt, {rows, d}, rng, std::uniform_real_distribution<double>(-3, 3))},
             {"w", random_tensor(dt, {d}, rng, std::uniform_real_distribution<double>(0.5, 1.5))},
             {"w2", random_tensor(dt, {d}, rng, std::uniform_real_distribution<double>(0.5, 1.5))},
             {"b", random_tensor(dt, {experts, d}, rng, std::normal_distribution<double>(0, 0.05))}};
-  if (residual) in["r"] = random_tensor(dt, {1, d}, rng, std::uniform_real_distribution<double>(-2, 2));
+  if (residual) in["r"] = random_tensor(dt, {rows, d}, rng, std::uniform_real_distribution<double>(-2, 2));
   auto quantized = [&](ProgramBuilder& b, const std::string& name, int64_t e, int64_t rows, int64_t k) {
     if (!in.count(name + ".w")) {
       std::vector<double> codes(static_cast<size_t>(e * rows * k / 8));
@@ -402,8 +404,9 @@ void run_norm_router(DType dt, int64_t d, bool residual, bool shared = false) {
     MoeExperts e{quantized(b, "gate", experts, f, d), quantized(b, "up", experts, f, d),
                  quantized(b, "down", experts, d, f)};
     // Rows of a dynamic count, as a decoder's: the experts then sit in an If's branches.
-    return Refs{b.input("x", dt, {Dim::dynamic(0, 4), d}),
-                residual ? b.input("r", dt, {Dim::dynamic(0, 4), d}) : TensorRef{}, b.input("w", dt, {d}),
+    const int64_t most = std::max<int64_t>(rows, 4);
+    return Refs{b.input("x", dt, {Dim::dynamic(0, most), d}),
+                residual ? b.input("r", dt, {Dim::dynamic(0, most), d}) : TensorRef{}, b.input("w", dt, {d}),
                 b.input("w2", dt, {d}), b.input("b", dt, {experts, d}), e, quantized(b, "proj", 1, n, d),
                 shared ? quantized(b, "shared", 1, d, d) : QuantizedExperts{}};
   };
@@ -461,6 +464,10 @@ TEST(RmsNorm, Tree32FusedIntoTheRouterLogits) {
   run_norm_router(kBF16, 1024, true);   // Qwen3-30B's decode step at a smaller width
   run_norm_router(kF32, 2048, false);   // the widest row the kernel stages, f32, no residual
   run_norm_router(kBF16, 1024, true, true);
+  // A prefill's (sorted experts on tiles): the norm writes the Q8 blocks the experts' gate/up
+  // reads (rms_norm_tree_q8), so their quantizer is the dispatch the fused form saves.
+  run_norm_router(kBF16, 1024, true, false, 64);
+  run_norm_router(kF32, 256, false, false, 96);
 }
 
 TEST(RmsNorm, Tree32RulesNameTheField) {
