@@ -354,6 +354,11 @@ TEST(RmsNorm, Tree32FusedIntoTheNextProjection) {
   prefill_out.w_dtype = kF32;
   prefill_out.store_out = true;
   run_norm_qmm(prefill_out);
+  NormQmmCase prefill_f16 = prefill;  // f16 rows and weights, 96 of 1,024
+  prefill_f16.dt = prefill_f16.w_dtype = kF16;
+  prefill_f16.rows = 96;
+  prefill_f16.k = 1024;
+  run_norm_qmm(prefill_f16);
   NormQmmCase prefill_f32 = prefill;  // f32 without a residual, 3-bit codes (the portable kernels)
   prefill_f32.dt = prefill_f32.w_dtype = kF32;
   prefill_f32.residual = false;

@@ -215,10 +215,17 @@ Result<bool> norm_q8_qmm(KernelContext& ctx, const fb::RmsNormNodeT& nn, const f
 }
 
 Result<Q8Blocks> x_q8(KernelContext& ctx, const QmmSetup& q, bool permute) {
-  const MoeHandoff& h = moe_handoff(ctx);
+  MoeHandoff& h = moe_handoff(ctx);
   if (h.x_q8_of.defined() && same_ref(q.bx, h.x_q8_bx) && h.x_q8.permuted == permute && h.x_q8_of.dtype() == q.x.dtype() &&
-      h.x_q8_of.numel() == q.rows * q.kdim)
-    return h.x_q8;
+      h.x_q8_of.numel() == q.rows * q.kdim) {
+    // The experts' gate/up is their one reader (the fusion's condition): let go of them here,
+    // or they would stay pinned through the decode steps after a prefill.
+    Q8Blocks q8 = std::move(h.x_q8);
+    h.x_q8 = {};
+    h.x_q8_of = {};
+    h.x_q8_bx = {};
+    return q8;
+  }
   return quantize_rows(rt_of(ctx), q, permute);
 }
 

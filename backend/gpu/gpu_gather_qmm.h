@@ -89,8 +89,8 @@ Result<Q8Blocks> norm_q8_run(KernelContext& ctx, const fb::RmsNormNodeT& nn, con
 // where the rows do not suit it.
 Result<bool> norm_q8_qmm(KernelContext& ctx, const fb::RmsNormNodeT& nn, const fb::GatherQmmNodeT* qn, QmmSetup& q,
                          const NormOperands& in, bool store_out);
-// x's Q8 blocks in `permute` order: the ones the router's norm wrote (MoeHandoff::x_q8) when x
-// is that norm's output, else quantize_rows'.
+// x's Q8 blocks in `permute` order: the ones the router's norm wrote (MoeHandoff::x_q8, then let
+// go) when x is that norm's output, else quantize_rows'.
 Result<Q8Blocks> x_q8(KernelContext& ctx, const QmmSetup& q, bool permute);
 // GatherQmm `n` set up as q; `pre` and `pre_tiles`: x's Q8 blocks and the pairs' work
 // list, made by a fused producer (else made here).
