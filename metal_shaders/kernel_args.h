@@ -142,6 +142,9 @@
 #define SB_ATTENTION_ARGS uint m; uint hq; uint hk; uint hd; uint cache; uint pos; uint len; uint dtype; \
   float scale; float mask_value; uint window; uint has_sinks; uint row0; uint rows; uint nb; uint seq_major; \
   uint nsplit; uint pos_word;
+// ATTENTION_TILES_Q8: ATTENTION_TILES that also writes the Q8 blocks of its output (as
+// quantize_q8; q8_permute: in qmm_mma4's K order); q8_store_out: the output too.
+#define SB_ATTENTION_Q8_ARGS SB_ATTENTION_ARGS uint q8_permute; uint q8_store_out;
 // ATTENTION_BLOCKS_ROPE: then Rope's q/k/v form of x [1, x_heads, hd] (queries, then hk keys and
 // hk values at the end): half_dims, eps, inv_d as SB_ROPE_ARGS; rope_flags bit 0 the query norm,
 // bit 1 the key norm, bits 8..15 / 16..23 their weights' dtypes.
@@ -199,6 +202,7 @@ struct MatmulNormArgs { SB_MATMUL_NORM_ARGS };
 struct NormArgs { SB_NORM_ARGS };
 struct NormQ8Args { SB_NORM_Q8_ARGS };
 struct AttentionArgs { SB_ATTENTION_ARGS };
+struct AttentionQ8Args { SB_ATTENTION_Q8_ARGS };
 struct AttentionRopeArgs { SB_ATTENTION_ROPE_ARGS };
 struct RopeArgs { SB_ROPE_ARGS };
 struct ConvArgs { SB_CONV_ARGS };

@@ -132,7 +132,7 @@ Status gather_qmm_run(KernelContext& ctx, const fb::GatherQmmNodeT* n, QmmSetup&
                                    sizeof(q.args), 256 * static_cast<uint64_t>(q.pairs) * q.args.tiles,
                                    row_spec(rt, q.all_4bit, q.args)));
   } else {
-    SB_ASSIGN_OR_RETURN(Q8Blocks q8, quantize_rows(rt, q, q8_permuted(rt, q)));
+    SB_ASSIGN_OR_RETURN(Q8Blocks q8, x_q8(ctx, q, q8_permuted(rt, q)));
     QmmTileList tiles;
     if (qmm_tiled(q)) {
       SB_ASSIGN_OR_RETURN(tiles, qmm_tile_list(rt, q));
@@ -214,12 +214,19 @@ Result<bool> norm_q8_qmm(KernelContext& ctx, const fb::RmsNormNodeT& nn, const f
   return true;
 }
 
+void hold_x_q8(KernelContext& ctx, Tensor of, BufferRef bx, Q8Blocks q8) {
+  MoeHandoff& h = moe_handoff(ctx);
+  h.x_q8 = std::move(q8);
+  h.x_q8_of = std::move(of);
+  h.x_q8_bx = bx;
+}
+
 Result<Q8Blocks> x_q8(KernelContext& ctx, const QmmSetup& q, bool permute) {
   MoeHandoff& h = moe_handoff(ctx);
   if (h.x_q8_of.defined() && same_ref(q.bx, h.x_q8_bx) && h.x_q8.permuted == permute && h.x_q8_of.dtype() == q.x.dtype() &&
       h.x_q8_of.numel() == q.rows * q.kdim) {
-    // The experts' gate/up is their one reader (the fusion's condition): let go of them here,
-    // or they would stay pinned through the decode steps after a prefill.
+    // One reader (the experts' gate/up: the router fusion's condition; the o-projection): let go
+    // of them here, or they would stay pinned through the decode steps after a prefill.
     Q8Blocks q8 = std::move(h.x_q8);
     h.x_q8 = {};
     h.x_q8_of = {};

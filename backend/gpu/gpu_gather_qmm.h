@@ -89,7 +89,14 @@ Result<Q8Blocks> norm_q8_run(KernelContext& ctx, const fb::RmsNormNodeT& nn, con
 // where the rows do not suit it.
 Result<bool> norm_q8_qmm(KernelContext& ctx, const fb::RmsNormNodeT& nn, const fb::GatherQmmNodeT* qn, QmmSetup& q,
                          const NormOperands& in, bool store_out);
-// x's Q8 blocks in `permute` order: the ones the router's norm wrote (MoeHandoff::x_q8, then let
+// Rows from which a prefill's producers (the router's norm, the tiled attention) also write
+// their output's Q8 blocks for the projection after them: fewer rows take the row kernels, which
+// quantize in-kernel.
+constexpr int64_t kPrefillQ8MinRows = 64;
+// Holds `q8`, the Q8 blocks of `of` (bound at `bx`), for the next x_q8 of that tensor.
+void hold_x_q8(KernelContext& ctx, Tensor of, BufferRef bx, Q8Blocks q8);
+// x's Q8 blocks in `permute` order: the ones a producer held (hold_x_q8: the router's norm, the
+// tiled attention) (MoeHandoff::x_q8, then let
 // go) when x is that norm's output, else quantize_rows'.
 Result<Q8Blocks> x_q8(KernelContext& ctx, const QmmSetup& q, bool permute);
 // GatherQmm `n` set up as q; `pre` and `pre_tiles`: x's Q8 blocks and the pairs' work
@@ -135,9 +142,8 @@ struct MoeHandoff {
   // The GEMV's outputs held until the next such record: written with no barrier after them, their
   // memory given to the next norm + q/k/v would cost that hand-off a barrier (a write hazard).
   std::vector<Tensor> norm_keep;
-  // Prefill: the Q8 blocks of the router's norm output (norm_matmul_router on rows the GEMV
-  // does not take), for the experts' gate/up (x_q8); x_q8_of holds that output, so its memory
-  // (x_q8_bx) is no other tensor's while the blocks are here.
+  // Prefill: the Q8 blocks of a producer's output (hold_x_q8) for the projection after it (x_q8);
+  // x_q8_of holds that output, so its memory (x_q8_bx) is no other tensor's while they are here.
   Q8Blocks x_q8;
   Tensor x_q8_of;
   BufferRef x_q8_bx;

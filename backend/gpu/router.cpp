@@ -83,10 +83,6 @@ Status matmul_router(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>
 
 namespace {
 
-// Rows from which the router's norm also writes its output's Q8 blocks: a prefill's, whose
-// experts quantize x for their tiles (fewer rows take the row kernels, which quantize in-kernel).
-constexpr int64_t kNormQ8MinRows = 64;
-
 // RmsNorm (Tree32), the router's Matmul and the Router on rows the fused GEMV does not take: the
 // norm as rms_norm_tree_q8, its Q8 blocks (qmm_mma4's order on int8 tensor cores) held in the
 // hand-off for the experts' gate/up (x_q8), one quantize_q8 fewer. false: nothing recorded.
@@ -99,15 +95,12 @@ Result<bool> norm_q8_router(KernelContext& ctx, const std::unique_ptr<fb::Instru
   if (nn.residual) {
     SB_ASSIGN_OR_RETURN(in.br, bind_in(ctx, nn.residual.get(), &in.res));
   }
-  if (!norm_q8_fits(nn, in) || in.x.dim(0) < kNormQ8MinRows) return false;
+  if (!norm_q8_fits(nn, in) || in.x.dim(0) < kPrefillQ8MinRows) return false;
   Tensor normed;
   BufferRef bn;
   SB_ASSIGN_OR_RETURN(Q8Blocks q8, norm_q8_run(ctx, nn, in, true, rt_of(ctx).int8_mma(), &normed, &bn));
   SB_RETURN_IF_ERROR(matmul_router(ctx, ins + 1));
-  MoeHandoff& h = moe_handoff(ctx);  // after the router's record, which resets it
-  h.x_q8 = std::move(q8);
-  h.x_q8_of = std::move(normed);
-  h.x_q8_bx = bn;
+  hold_x_q8(ctx, std::move(normed), bn, std::move(q8));  // after the router's record, which resets the hand-off
   return true;
 }
 
