@@ -1,5 +1,6 @@
 // Kernel variants of this file, one line each (metal_shaders/README.md, "Variants"):
 // SB_KERNEL(attention_tiles, ATTENTION_TILES, "rrrrwrb", AttentionArgs, SB_ATTENTION_ARGS, 256, 0)
+// SB_KERNEL(attention_tiles_q8, ATTENTION_TILES_Q8, "rrrrwrbwww", AttentionQ8Args, SB_ATTENTION_Q8_ARGS, 256, 0)
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
@@ -16,10 +17,18 @@
 // t's sums and merge factors; values: thread t owns query vectors t / 16 + 16y (y < kTile / 16)
 // at dims 4(t % 16) .. +3 and 64 + 4(t % 16) .. +3. (kTile is kernel_args.h's
 // SB_ATTENTION_TILE, the host's too: 32 or 64; bench/RESULTS.md compares them.)
+#ifdef ATTENTION_TILES_Q8
+#include "gather_qmm_common.glsl"  // common.glsl, then the Q8 steps (q8_params, q8_code)
+#else
 #include "common.glsl"
+#endif
 
 layout(local_size_x = 256) in;
+#ifdef ATTENTION_TILES_Q8
+layout(push_constant) uniform Args { SB_ATTENTION_Q8_ARGS } args;
+#else
 layout(push_constant) uniform Args { SB_ATTENTION_ARGS } args;
+#endif
 #include "attention_common.glsl"
 
 layout(std430, binding = 0) readonly buffer Q { uint q[]; };
@@ -43,6 +52,17 @@ shared uint s_mode[kTile];       // 0: v skips the block, 1: its first visible b
 shared float s_a[kTile];         // the block's max, then the merge's a (sinks: a too)
 shared float s_pm[256];          // [v][i]: the block max of vector v's keys 4i .. 4i + 3
 shared float s_c[kTile];         // the merge's c (at the end: rcp(l))
+#ifdef ATTENTION_TILES_Q8
+// ATTENTION_TILES_Q8: also the Q8 blocks of the stored output as quantize_q8 would make them from
+// memory (GatherQmm's x [rows, hq hd]: a vector's hd / 32 blocks; qmm_mma4's K order with
+// q8_permute); o written only with q8_store_out. Thread -> (block, code word) 8 b + w of the
+// tile's blocks (rounds of 32 blocks), from the rounded outputs staged in s_kv.
+layout(std430, binding = 7) writeonly buffer Q8 { uint q8[]; };
+layout(std430, binding = 8) writeonly buffer Q8D { float q8_d[]; };
+layout(std430, binding = 9) writeonly buffer Q8S { int q8_sum[]; };
+shared uint s_amax[kTile * 4u];  // [v][block of the vector] (hd <= 128)
+shared int s_qsum[kTile * 4u];
+#endif
 
 uint g_kh, g_v0, g_nv, g_group, g_qs;
 
@@ -188,6 +208,53 @@ void scores() {
     }
   }
 }
+
+#ifdef ATTENTION_TILES_Q8
+// Element j of code word w of block c of vector v's staged output: quantize_q8's K order, or
+// qmm_mma4's (q8_permute).
+float tile_elem(uint v, uint c, uint w, uint j) {
+  uint e = 32u * c + (args.q8_permute != 0u ? 8u * (w >> 1u) + 2u * j + (w & 1u) : 4u * w + j);
+  return s_kv[v * (HD / 4u) + (e >> 2u)][e & 3u];
+}
+
+// quantize_q8's steps on the tile's staged outputs: each block's amax and code sum by shared
+// atomics (integers: any order), then each thread's code words. Block c of vector v (row i, head
+// h) is block (i hq + h) hd / 32 + c of GatherQmm's x.
+void quantize_tile(uint t) {
+  uint per_v = HD / 32u, tasks = 8u * kTile * per_v;
+  for (uint u = t; u < tasks; u += 256u) {
+    uint b = u >> 3u, w = u & 7u, v = b / per_v, i, h;
+    if (!row_head(v, i, h)) continue;
+    uint amax = 0u;
+    [[unroll]] for (uint j = 0u; j < 4u; ++j) amax = max(amax, floatBitsToUint(tile_elem(v, b % per_v, w, j)) & 0x7fffffffu);
+    atomicMax(s_amax[b], amax);
+  }
+  barrier();
+  for (uint u = t; u < tasks; u += 256u) {
+    uint b = u >> 3u, w = u & 7u, v = b / per_v, i, h;
+    if (!row_head(v, i, h)) continue;
+    float scale, d;
+    bool zero;
+    q8_params(s_amax[b], scale, d, zero);
+    uint word = 0u;
+    int part = 0;
+    [[unroll]] for (uint j = 0u; j < 4u; ++j) {
+      int c = zero ? 0 : q8_code(tile_elem(v, b % per_v, w, j), scale);
+      part += c;
+      word |= (uint(c) & 0xffu) << (8u * j);
+    }
+    atomicAdd(s_qsum[b], part);
+    uint gb = (i * args.hq + h) * per_v + b % per_v;
+    q8[gb * 8u + w] = word;
+    if (w == 0u) q8_d[gb] = d;
+  }
+  barrier();
+  for (uint b = t; b < kTile * per_v; b += 256u) {
+    uint i, h;
+    if (row_head(b / per_v, i, h)) q8_sum[(i * args.hq + h) * per_v + b % per_v] = s_qsum[b];
+  }
+}
+#endif
 
 void main() {
   uint t = gl_LocalInvocationID.x;
@@ -375,6 +442,16 @@ void main() {
       if (args.has_sinks != 0u) x = x * a;
       precise vec4 yv = x * rc;
       uint e0 = (i * args.hq + h) * hd + unit * 4u;
+#ifdef ATTENTION_TILES_Q8
+      // The stored values (as quantize_q8 would load them) staged for the blocks below.
+      vec4 st = yv;
+      if (out_per != 1u) {
+        uint w0 = sb_encode_word(yv.x, yv.y, ADT), w1 = sb_encode_word(yv.z, yv.w, ADT);
+        st = vec4(sb_decode(w0, ADT, 0u), sb_decode(w0, ADT, 1u), sb_decode(w1, ADT, 0u), sb_decode(w1, ADT, 1u));
+      }
+      s_kv[(vq + 16u * y) * hd4 + unit] = st;
+      if (args.q8_store_out == 0u) continue;
+#endif
       if (out_per == 1u) {
         [[unroll]] for (uint c = 0u; c < 4u; ++c) o[e0 + c] = floatBitsToUint(yv[c]);
       } else {
@@ -383,4 +460,12 @@ void main() {
       }
     }
   }
+#ifdef ATTENTION_TILES_Q8
+  for (uint b = t; b < kTile * 4u; b += 256u) {
+    s_amax[b] = 0u;
+    s_qsum[b] = 0;
+  }
+  barrier();
+  quantize_tile(t);
+#endif
 }

@@ -131,6 +131,9 @@
 // norm.comp: x viewed as [rows, d] (SOFTMAX; RMS_NORM with weight [d], inv_d = f32(1/d)).
 #define SB_NORM_ROW_MAX 4096  // longest row the workgroup-per-row variants stage in shared memory
 #define SB_NORM_ARGS uint rows; uint d; uint dtype; float inv_d; float eps; uint out_dtype; uint pad0; uint gated; uint w_dtype;
+// RMS_NORM_TREE_Q8: RMS_NORM_TREE (gated 0) that also writes the Q8 blocks of its output (as
+// quantize_q8; permute: in qmm_mma4's K order); store_out: the normalized rows too.
+#define SB_NORM_Q8_ARGS SB_NORM_ARGS uint permute; uint store_out; uint pad1;
 // attention.comp: ATTENTION (order Decomposed): one workgroup per (query row, head), scratch
 // holds each row's len + 1 floats. Blocked32: rows row0 .. row0 + rows - 1 in this dispatch,
 // nb key blocks a row; scratch holds (m_b, l_b) per (row, head, block), then o_b [hd] each;
@@ -139,6 +142,9 @@
 #define SB_ATTENTION_ARGS uint m; uint hq; uint hk; uint hd; uint cache; uint pos; uint len; uint dtype; \
   float scale; float mask_value; uint window; uint has_sinks; uint row0; uint rows; uint nb; uint seq_major; \
   uint nsplit; uint pos_word;
+// ATTENTION_TILES_Q8: ATTENTION_TILES that also writes the Q8 blocks of its output (as
+// quantize_q8; q8_permute: in qmm_mma4's K order); q8_store_out: the output too.
+#define SB_ATTENTION_Q8_ARGS SB_ATTENTION_ARGS uint q8_permute; uint q8_store_out;
 // ATTENTION_BLOCKS_ROPE: then Rope's q/k/v form of x [1, x_heads, hd] (queries, then hk keys and
 // hk values at the end): half_dims, eps, inv_d as SB_ROPE_ARGS; rope_flags bit 0 the query norm,
 // bit 1 the key norm, bits 8..15 / 16..23 their weights' dtypes.
@@ -194,7 +200,9 @@ struct TransposeArgs { SB_TRANSPOSE_ARGS };
 struct MatmulArgs { SB_MATMUL_ARGS };
 struct MatmulNormArgs { SB_MATMUL_NORM_ARGS };
 struct NormArgs { SB_NORM_ARGS };
+struct NormQ8Args { SB_NORM_Q8_ARGS };
 struct AttentionArgs { SB_ATTENTION_ARGS };
+struct AttentionQ8Args { SB_ATTENTION_Q8_ARGS };
 struct AttentionRopeArgs { SB_ATTENTION_ROPE_ARGS };
 struct RopeArgs { SB_ROPE_ARGS };
 struct ConvArgs { SB_CONV_ARGS };

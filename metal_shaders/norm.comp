@@ -4,6 +4,7 @@
 // SB_KERNEL(softmax_row, SOFTMAX_ROW, "rb", NormArgs, SB_NORM_ARGS, 256, 0)
 // SB_KERNEL(rms_norm_row, RMS_NORM_ROW, "rrb", NormArgs, SB_NORM_ARGS, 256, 0)
 // SB_KERNEL(rms_norm_tree, RMS_NORM_TREE, "rrrww", NormArgs, SB_NORM_ARGS, 256, 0)
+// SB_KERNEL(rms_norm_tree_q8, RMS_NORM_TREE_Q8, "rrrwwwww", NormQ8Args, SB_NORM_Q8_ARGS, 256, 0)
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
@@ -17,7 +18,12 @@
 // outputs, invocation t the row's words t, t + 256, ... (their elements loaded once and
 // kept in registers); thread 0 alone adds the terms, in index order, so the bits are the
 // sequential kernel's; softmax's running max is an order-free reduction (row_max).
+#ifdef RMS_NORM_TREE_Q8
+#define RMS_NORM_TREE
+#include "gather_qmm_common.glsl"  // common.glsl, then the Q8 steps (q8_params, q8_code)
+#else
 #include "common.glsl"
+#endif
 #include "norm_common.glsl"
 
 #ifdef RMS_NORM_TREE
@@ -33,7 +39,20 @@ layout(std430, binding = 1) readonly buffer R { uint res[]; };
 layout(std430, binding = 2) readonly buffer W { uint w[]; };
 layout(std430, binding = 3) writeonly buffer O { uint o[]; };
 layout(std430, binding = 4) writeonly buffer Sum { uint sum_o[]; };
+#ifdef RMS_NORM_TREE_Q8
+// RMS_NORM_TREE_Q8 (rows staged whole, d a multiple of 32, gated 0; the host checks): the
+// output rounded to its dtype also quantized as quantize_q8 would read it from memory, block
+// b of row r by threads 8 b' + w (word w; b' = b mod 32, rounds of 32 blocks); o written only
+// with store_out.
+layout(std430, binding = 5) writeonly buffer Q { uint q8[]; };
+layout(std430, binding = 6) writeonly buffer D { float q8_d[]; };
+layout(std430, binding = 7) writeonly buffer S { int q8_sum[]; };
+layout(push_constant) uniform Args { SB_NORM_Q8_ARGS } args;
+shared uint s_amax[SB_NORM_ROW_MAX / 32];
+shared int s_qsum[SB_NORM_ROW_MAX / 32];
+#else
 layout(push_constant) uniform Args { SB_NORM_ARGS } args;
+#endif
 #include "spec_constants.glsl"
 #define DT SB_SPEC(kSpecDt0, args.dtype)     // x, the residual / gate, the outputs
 #define W_DT SB_SPEC(kSpecDt1, args.w_dtype) // the weights
@@ -51,6 +70,44 @@ float s_at(uint g) {
   return v;
 }
 
+#ifdef RMS_NORM_TREE_Q8
+// Element j of code word w of block b of the staged output: quantize_q8's K order, or
+// qmm_mma4's (permute).
+float q8_elem(uint b, uint w, uint j) {
+  return s_row[32u * b + (args.permute != 0u ? 8u * (w >> 1u) + 2u * j + (w & 1u) : 4u * w + j)];
+}
+
+// quantize_q8's steps on row r's staged output: the block amax and the code sum by shared
+// atomics (integers: any order), then each thread's code word.
+void quantize_row(uint r, uint t) {
+  uint blocks = ROW_D / 32u;
+  for (uint u = t; u < 8u * blocks; u += 256u) {
+    uint amax = 0u;
+    [[unroll]] for (uint j = 0u; j < 4u; ++j) amax = max(amax, floatBitsToUint(q8_elem(u >> 3u, u & 7u, j)) & 0x7fffffffu);
+    atomicMax(s_amax[u >> 3u], amax);
+  }
+  barrier();
+  for (uint u = t; u < 8u * blocks; u += 256u) {
+    uint b = u >> 3u, w = u & 7u;
+    float scale, d;
+    bool zero;
+    q8_params(s_amax[b], scale, d, zero);
+    uint word = 0u;
+    int part = 0;
+    [[unroll]] for (uint j = 0u; j < 4u; ++j) {
+      int c = zero ? 0 : q8_code(q8_elem(b, w, j), scale);
+      part += c;
+      word |= (uint(c) & 0xffu) << (8u * j);
+    }
+    atomicAdd(s_qsum[b], part);
+    q8[(r * blocks + b) * 8u + w] = word;
+    if (w == 0u) q8_d[r * blocks + b] = d;
+  }
+  barrier();
+  for (uint b = t; b < blocks; b += 256u) q8_sum[r * blocks + b] = s_qsum[b];
+}
+#endif
+
 void main() {
   uint r = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
   if (r >= args.rows) return;  // uniform across the workgroup
@@ -58,6 +115,12 @@ void main() {
   bool staged = ROW_D <= SB_NORM_ROW_MAX;
   if (staged)
     for (uint i = t; i < ROW_D; i += 256u) s_row[i] = s_at(base + i);
+#ifdef RMS_NORM_TREE_Q8
+  for (uint b = t; b < ROW_D / 32u; b += 256u) {
+    s_amax[b] = 0u;
+    s_qsum[b] = 0;
+  }
+#endif
   barrier();
   if (t < 32u) {
     precise float p = 0.0;
@@ -82,9 +145,21 @@ void main() {
       lo = sb_round_to(lo, DT) * sb_silu(SB_LOAD(res, DT, base + i));
       if (per == 2u) hi = sb_round_to(hi, DT) * sb_silu(SB_LOAD(res, DT, base + i + 1u));
     }
-    o[r * words + k] = sb_encode_word(lo, hi, DT);
+    uint y = sb_encode_word(lo, hi, DT);
+#ifdef RMS_NORM_TREE_Q8
+    // The stored values (as the quantizer would load them), over this thread's own s_row slots.
+    s_row[i] = per == 2u ? sb_decode(y, DT, 0u) : uintBitsToFloat(y);
+    if (per == 2u) s_row[i + 1u] = sb_decode(y, DT, 1u);
+    if (args.store_out != 0u) o[r * words + k] = y;
+#else
+    o[r * words + k] = y;
+#endif
     if (args.pad0 != 0u) sum_o[r * words + k] = sb_encode_word(a, b, DT);
   }
+#ifdef RMS_NORM_TREE_Q8
+  barrier();
+  quantize_row(r, t);
+#endif
 }
 #else
 #ifdef SOFTMAX_ROW

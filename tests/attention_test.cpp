@@ -420,5 +420,64 @@ TEST(Attention, BlockedOrderSameBitsOnEveryCpuPath) {
     }
 }
 
+// A prefill's attention into its o-projection (64 and more rows): the tiles kernel also writes
+// the output's Q8 blocks (attention_tiles_q8) and the projection reads them. The same bits as
+// the projection of a copy of the output (two Negs, quantized by the projection itself) and as
+// the CPU, and three dispatches fewer than that form (its Negs and quantizer).
+TEST(Attention, TiledPrefillQuantizesForItsProjection) {
+  const int64_t m = 64, hq = 8, hk = 2, hd = 128, cache = 96, n = 96, k = hq * hd, group = 64;
+  for (DType dt : {DType::kBF16, DType::kF32, DType::kF16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    std::mt19937 rng(static_cast<uint32_t>(dt) + 5u);
+    std::vector<double> codes(static_cast<size_t>(n * k / 8));
+    for (double& c : codes) c = rng();  // any bit pattern is a valid code stream
+    Inputs in{{"q", random(dt, {m, hq, hd}, rng, 1.0)},
+              {"k", random(dt, {hk, cache, hd}, rng, 1.0)},
+              {"v", random(dt, {hk, cache, hd}, rng, 1.0)},
+              {"codes", optest::make(DType::kU32, {1, n, k / 8}, codes)},
+              {"scales", random(DType::kF16, {1, n, k / group}, rng, 0.02)},
+              {"biases", random(DType::kF16, {1, n, k / group}, rng, 0.1)}};
+    const float scale = as_dtype(1.0 / std::sqrt(static_cast<double>(hd)), dt);
+    struct Refs {
+      TensorRef q, kc, vc;
+      QuantizedExperts w;
+    };
+    auto inputs = [&](ProgramBuilder& b) {
+      return Refs{b.input("q", dt, {m, hq, hd}), b.input("k", dt, {hk, cache, hd}), b.input("v", dt, {hk, cache, hd}),
+                  QuantizedExperts{b.input("codes", DType::kU32, {1, n, k / 8}),
+                                   b.input("scales", DType::kF16, {1, n, k / group}),
+                                   b.input("biases", DType::kF16, {1, n, k / group}),
+                                   4,
+                                   static_cast<int>(group),
+                                   {}}};
+    };
+    auto layer = [&](ProgramBuilder& b, const Refs& r, const std::string& tag, bool apart) {
+      TensorRef a = b.attention(r.q, r.kc, r.vc, 20, scale, 0, {});
+      b.output("y" + tag, b.gather_qmm(apart ? b.neg(b.neg(a)) : a, r.w));
+    };
+    ProgramBuilder both;
+    const Refs refs = inputs(both);
+    layer(both, refs, "", false);
+    layer(both, refs, "_apart", true);
+    optest::check_same_bits(both, in, {{"y", "y_apart"}});
+    std::map<std::string, int64_t> extra;  // per device: the apart form's dispatches less the fused one's
+    for (bool apart : {false, true}) {
+      ProgramBuilder one;
+      layer(one, inputs(one), "", apart);
+      optest::detail::for_each_device(one, in, [&](const Program&, Session& s, const std::string& dev) {
+        const uint64_t before = s.device_dispatches();
+        ASSERT_TRUE(s.execute().is_ok()) << dev;
+        const auto ran = static_cast<int64_t>(s.device_dispatches() - before);
+        extra[dev] += apart ? ran : -ran;
+      });
+    }
+    for (const auto& [dev, e] : extra) {
+      if (dev != "cpu") {
+        EXPECT_EQ(e, 3) << dev << ": the apart form's Negs and quantizer";
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace switchboard

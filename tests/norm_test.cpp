@@ -1,5 +1,6 @@
 // The exact elementwise routines (Unary Exp..GeluTanh), Softmax and RmsNorm through the
 // op harness: against float64 math within stated tolerances, and bitwise across devices.
+#include <algorithm>
 #include <cmath>
 #include <optional>
 #include <random>
@@ -242,7 +243,7 @@ struct NormQmmCase {
   int64_t rows = 1, k = 2048, n = 96;
   int bits = 4;
   bool residual = true, store_out = false;
-  bool one_dispatch = true;  // the fused kernel applies
+  int dispatches = 1;        // the fused form's on a GPU (0: the two ops, not counted)
   bool matmul = false;       // a Matmul (b [n, k] of dt, with a bias): not fused
 };
 
@@ -300,8 +301,8 @@ void run_norm_qmm(const NormQmmCase& c) {
   pair(fused, inputs(fused), "", false);
   detail::for_each_device(fused, in, [&](const Program&, Session& s, const std::string& dev) {
     const uint64_t ran = dispatches_of_run(s, dev);
-    if (dev != "cpu" && c.one_dispatch) {
-      EXPECT_EQ(ran, 1u) << dev;
+    if (dev != "cpu" && c.dispatches) {
+      EXPECT_EQ(ran, static_cast<uint64_t>(c.dispatches)) << dev;
     }
   });
 }
@@ -333,13 +334,37 @@ TEST(RmsNorm, Tree32FusedIntoTheNextProjection) {
   NormQmmCase wide = decode;  // K past the fused kernel's 2048: the two ops one by one
   wide.k = 4096;
   wide.store_out = true;
-  wide.one_dispatch = false;
+  wide.dispatches = 0;
   run_norm_qmm(wide);
   NormQmmCase router = decode;  // the router logits' Matmul: the two ops one by one
   router.matmul = true;
   router.n = 128;
-  router.one_dispatch = false;
+  router.dispatches = 0;
   run_norm_qmm(router);
+  // Prefill rows, quantized before their projection: the norm writes the Q8 blocks itself
+  // (rms_norm_tree_q8), then the projection's kernel (tiles from 64 rows, or 16 on int8
+  // tensor cores; else the generic kernel) — two dispatches, not three.
+  NormQmmCase prefill = decode;
+  prefill.rows = 64;
+  prefill.dispatches = 2;
+  run_norm_qmm(prefill);
+  NormQmmCase prefill_out = prefill;  // the normalized rows also read later, f32 weights, K 4096
+  prefill_out.rows = 80;
+  prefill_out.k = 4096;
+  prefill_out.w_dtype = kF32;
+  prefill_out.store_out = true;
+  run_norm_qmm(prefill_out);
+  NormQmmCase prefill_f16 = prefill;  // f16 rows and weights, 96 of 1,024
+  prefill_f16.dt = prefill_f16.w_dtype = kF16;
+  prefill_f16.rows = 96;
+  prefill_f16.k = 1024;
+  run_norm_qmm(prefill_f16);
+  NormQmmCase prefill_f32 = prefill;  // f32 without a residual, 3-bit codes (the portable kernels)
+  prefill_f32.dt = prefill_f32.w_dtype = kF32;
+  prefill_f32.residual = false;
+  prefill_f32.bits = 3;
+  prefill_f32.k = 256;
+  run_norm_qmm(prefill_f32);
 }
 
 // Decode's MoE entry: RmsNorm (Tree32, with a residual) into the router logits' Matmul and the
@@ -348,17 +373,18 @@ TEST(RmsNorm, Tree32FusedIntoTheNextProjection) {
 // normalize the row themselves (matmul_rows16_norm_count), the experts' gate/up waits for its
 // count before reading the norm's output and the next norm reads the sum it stored with no
 // barrier. The same program with the norm apart from the Matmul (an op between) gives the same
-// bits on every device, as the CPU; fused, the pair costs one dispatch less.
-void run_norm_router(DType dt, int64_t d, bool residual, bool shared = false) {
-  SCOPED_TRACE(std::string(dtype_name(dt)) + " d=" + std::to_string(d) + (residual ? " residual" : "") +
-               (shared ? " shared expert" : ""));
+// bits on every device, as the CPU; fused, the pair costs one dispatch less (a prefill's rows:
+// the norm writes the experts' Q8 blocks, their quantizer the dispatch saved).
+void run_norm_router(DType dt, int64_t d, bool residual, bool shared = false, int64_t rows = 1) {
+  SCOPED_TRACE(std::string(dtype_name(dt)) + " d=" + std::to_string(d) + " rows=" + std::to_string(rows) +
+               (residual ? " residual" : "") + (shared ? " shared expert" : ""));
   const int64_t experts = 8, f = 64, n = 96, group = 64;
   std::mt19937 rng(static_cast<uint32_t>(d));
-  Inputs in{{"x", random_tensor(dt, {1, d}, rng, std::uniform_real_distribution<double>(-3, 3))},
+  Inputs in{{"x", random_tensor(dt, {rows, d}, rng, std::uniform_real_distribution<double>(-3, 3))},
             {"w", random_tensor(dt, {d}, rng, std::uniform_real_distribution<double>(0.5, 1.5))},
             {"w2", random_tensor(dt, {d}, rng, std::uniform_real_distribution<double>(0.5, 1.5))},
             {"b", random_tensor(dt, {experts, d}, rng, std::normal_distribution<double>(0, 0.05))}};
-  if (residual) in["r"] = random_tensor(dt, {1, d}, rng, std::uniform_real_distribution<double>(-2, 2));
+  if (residual) in["r"] = random_tensor(dt, {rows, d}, rng, std::uniform_real_distribution<double>(-2, 2));
   auto quantized = [&](ProgramBuilder& b, const std::string& name, int64_t e, int64_t rows, int64_t k) {
     if (!in.count(name + ".w")) {
       std::vector<double> codes(static_cast<size_t>(e * rows * k / 8));
@@ -383,8 +409,9 @@ void run_norm_router(DType dt, int64_t d, bool residual, bool shared = false) {
     MoeExperts e{quantized(b, "gate", experts, f, d), quantized(b, "up", experts, f, d),
                  quantized(b, "down", experts, d, f)};
     // Rows of a dynamic count, as a decoder's: the experts then sit in an If's branches.
-    return Refs{b.input("x", dt, {Dim::dynamic(0, 4), d}),
-                residual ? b.input("r", dt, {Dim::dynamic(0, 4), d}) : TensorRef{}, b.input("w", dt, {d}),
+    const int64_t most = std::max<int64_t>(rows, 4);
+    return Refs{b.input("x", dt, {Dim::dynamic(0, most), d}),
+                residual ? b.input("r", dt, {Dim::dynamic(0, most), d}) : TensorRef{}, b.input("w", dt, {d}),
                 b.input("w2", dt, {d}), b.input("b", dt, {experts, d}), e, quantized(b, "proj", 1, n, d),
                 shared ? quantized(b, "shared", 1, d, d) : QuantizedExperts{}};
   };
@@ -442,6 +469,10 @@ TEST(RmsNorm, Tree32FusedIntoTheRouterLogits) {
   run_norm_router(kBF16, 1024, true);   // Qwen3-30B's decode step at a smaller width
   run_norm_router(kF32, 2048, false);   // the widest row the kernel stages, f32, no residual
   run_norm_router(kBF16, 1024, true, true);
+  // A prefill's (sorted experts on tiles): the norm writes the Q8 blocks the experts' gate/up
+  // reads (rms_norm_tree_q8), so their quantizer is the dispatch the fused form saves.
+  run_norm_router(kBF16, 1024, true, false, 64);
+  run_norm_router(kF32, 256, false, false, 96);
 }
 
 TEST(RmsNorm, Tree32RulesNameTheField) {

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstring>
 
+#include "gpu_gather_qmm.h"
 #include "gpu_ops.h"
 #include "op_shapes.h"
 
@@ -187,6 +188,13 @@ Status attention(KernelContext& ctx, const fb::OpNodeUnion& op) {
   SB_ASSIGN_OR_RETURN(BufferRef bo, rt.bind(out, false));
   const k::AttentionArgs args = attention_args(*n, d, pos, q.dtype());
   if (n->order == fb::AttentionOrder::Blocked32) {
+    if (use_attention_tiles(d, args) && d.m >= kPrefillQ8MinRows) {
+      // A prefill's: the output's Q8 blocks too, held for the o-projection (x_q8).
+      SB_ASSIGN_OR_RETURN(Q8Blocks q8, alloc_q8(rt, d.m, d.hq * d.hd, rt.int8_mma()));
+      SB_RETURN_IF_ERROR(attention_tiles(rt, d, args, {bq, bk, bv, bs, bo, pos.words}, &q8));
+      hold_x_q8(ctx, out, bo, std::move(q8));
+      return ctx.out(n->out.get(), std::move(out));
+    }
     SB_RETURN_IF_ERROR(blocked(rt, d, args, {bq, bk, bv, bs, bo, pos.words}));
     return ctx.out(n->out.get(), std::move(out));
   }

@@ -2,7 +2,9 @@
 // each tile of 32 query vectors (row, head of one cache head) walks its key blocks in one
 // workgroup, the softmax state on chip. attention.cpp sends the prefills it takes here.
 #include <algorithm>
+#include <cstring>
 
+#include "gpu_gather_qmm.h"
 #include "gpu_ops.h"
 #include "op_shapes.h"
 
@@ -23,8 +25,8 @@ bool use_attention_tiles(const ops::AttentionDims& d, const k::AttentionArgs& ar
 
 // The tiles kernel in chunks of rows: bindings q, k, v, sinks, out, dynamic words; each
 // workgroup's queries widened into 16 KiB of scratch (a row's bits do not depend on its chunk).
-Status attention_tiles(Runtime& rt, const ops::AttentionDims& d, k::AttentionArgs args,
-                       const std::vector<BufferRef>& b) {
+Status attention_tiles(Runtime& rt, const ops::AttentionDims& d, k::AttentionArgs args, const std::vector<BufferRef>& b,
+                       const Q8Blocks* q8) {
   const uint64_t group = static_cast<uint64_t>(d.hq / d.hk), hk = static_cast<uint64_t>(d.hk);
   const uint64_t tile_floats = kTile * 32 * 4;
   // Rows a chunk: whole tiles of vectors, the scratch within kScratchBytes.
@@ -39,8 +41,18 @@ Status attention_tiles(Runtime& rt, const ops::AttentionDims& d, k::AttentionArg
     args.row0 = static_cast<uint32_t>(row0);
     args.rows = static_cast<uint32_t>(rows);
     const uint64_t ntiles = (rows * group + kTile - 1) / kTile;
+    const SpecConstants spec = dtype_spec({static_cast<DType>(args.dtype)}, {d.hd});
+    if (q8) {  // also the output's Q8 blocks (the output stored too: another op may read it)
+      k::AttentionQ8Args qa{};
+      std::memcpy(&qa, &args, sizeof(args));  // the same fields first (gpu_kernel_table.h)
+      qa.q8_permute = q8->permuted ? 1u : 0u;
+      qa.q8_store_out = 1u;
+      SB_RETURN_IF_ERROR(rt.dispatch("attention_tiles_q8", {b[0], b[1], b[2], b[3], b[4], b[5], bt, q8->bq, q8->bd, q8->bsum},
+                                     &qa, sizeof(qa), ntiles * hk * 256, spec));
+      continue;
+    }
     SB_RETURN_IF_ERROR(rt.dispatch("attention_tiles", {b[0], b[1], b[2], b[3], b[4], b[5], bt}, &args, sizeof(args),
-                                   ntiles * hk * 256, dtype_spec({static_cast<DType>(args.dtype)}, {d.hd})));
+                                   ntiles * hk * 256, spec));
   }
   return Status::ok();
 }

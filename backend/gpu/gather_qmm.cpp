@@ -132,7 +132,7 @@ Status gather_qmm_run(KernelContext& ctx, const fb::GatherQmmNodeT* n, QmmSetup&
                                    sizeof(q.args), 256 * static_cast<uint64_t>(q.pairs) * q.args.tiles,
                                    row_spec(rt, q.all_4bit, q.args)));
   } else {
-    SB_ASSIGN_OR_RETURN(Q8Blocks q8, quantize_rows(rt, q, q8_permuted(rt, q)));
+    SB_ASSIGN_OR_RETURN(Q8Blocks q8, x_q8(ctx, q, q8_permuted(rt, q)));
     QmmTileList tiles;
     if (qmm_tiled(q)) {
       SB_ASSIGN_OR_RETURN(tiles, qmm_tile_list(rt, q));
@@ -144,6 +144,96 @@ Status gather_qmm_run(KernelContext& ctx, const fb::GatherQmmNodeT* n, QmmSetup&
   // (rounded) product followed by Combine, which is what the device runs (a one-kernel
   // version that staged every slot's row per workgroup was slower: bench/RESULTS.md).
   return combine_impl(ctx, out, bo, c, n->out.get());
+}
+
+Result<NormOutputs> alloc_norm_outputs(Runtime& rt, const Tensor& x, bool store_out, bool residual, BufferRef stand_in) {
+  NormOutputs o;
+  o.bn = o.bs = stand_in;
+  if (store_out) {
+    SB_ASSIGN_OR_RETURN(o.normed, rt.alloc(x.dtype(), x.shape()));
+    SB_ASSIGN_OR_RETURN(o.bn, rt.bind(o.normed, false));
+  }
+  if (residual) {
+    SB_ASSIGN_OR_RETURN(o.sum, rt.alloc(x.dtype(), x.shape()));
+    SB_ASSIGN_OR_RETURN(o.bs, rt.bind(o.sum, false));
+  }
+  return o;
+}
+
+bool norm_q8_fits(const fb::RmsNormNodeT& nn, const NormOperands& in) {
+  const Tensor& x = in.x;
+  const int64_t d = x.rank() == 2 ? x.dim(1) : 0;
+  return x.rank() == 2 && x.dim(0) > 0 && d % 32 == 0 && d > 0 && d <= SB_NORM_ROW_MAX && in.w.numel() == d &&
+         dtype_is_float(x.dtype()) && !nn.gate && (!nn.residual || in.res.shape() == x.shape());
+}
+
+Result<Q8Blocks> norm_q8_run(KernelContext& ctx, const fb::RmsNormNodeT& nn, const NormOperands& in, bool store_out,
+                             bool permute, Tensor* normed_out, BufferRef* normed_ref) {
+  Runtime& rt = rt_of(ctx);
+  const Tensor& x = in.x;
+  const int64_t rows = x.dim(0), d = x.dim(1);
+  SB_RETURN_IF_ERROR(u32_count(x.numel(), "rms_norm_tree_q8").status());
+  SB_ASSIGN_OR_RETURN(Q8Blocks q8, alloc_q8(rt, rows, d, permute));
+  SB_ASSIGN_OR_RETURN(NormOutputs no, alloc_norm_outputs(rt, x, store_out, nn.residual != nullptr, q8.bq));
+  k::NormQ8Args args{};
+  args.rows = static_cast<uint32_t>(rows);
+  args.d = static_cast<uint32_t>(d);
+  args.dtype = args.out_dtype = static_cast<uint32_t>(x.dtype());
+  args.inv_d = ops::inverse_count(d);
+  args.eps = nn.eps;
+  args.pad0 = nn.residual ? 1u : 0u;
+  args.w_dtype = static_cast<uint32_t>(in.w.dtype());
+  args.permute = permute ? 1u : 0u;
+  args.store_out = store_out ? 1u : 0u;
+  SB_RETURN_IF_ERROR(rt.dispatch("rms_norm_tree_q8", {in.bx, in.br, in.bw, no.bn, no.bs, q8.bq, q8.bd, q8.bsum}, &args,
+                                 sizeof(args), static_cast<uint64_t>(rows) * 256,
+                                 dtype_spec({x.dtype(), in.w.dtype()}, {d})));
+  if (nn.residual) SB_RETURN_IF_ERROR(ctx.out(nn.sum.get(), std::move(no.sum)));
+  if (store_out) {
+    if (normed_out) *normed_out = no.normed;
+    if (normed_ref) *normed_ref = no.bn;
+    SB_RETURN_IF_ERROR(ctx.out(nn.out.get(), std::move(no.normed)));
+  }
+  return q8;
+}
+
+Result<bool> norm_q8_qmm(KernelContext& ctx, const fb::RmsNormNodeT& nn, const fb::GatherQmmNodeT* qn, QmmSetup& q,
+                         const NormOperands& in, bool store_out) {
+  if (!norm_q8_fits(nn, in)) return false;
+  const int64_t rows = in.x.dim(0);
+  if (in.x.dim(1) != q.kdim || q.args.has_lhs || q.args.has_rhs || qn->combine_weights || q.pairs != rows ||
+      q.rows != rows || qmm_row_plan(q, 1))
+    return false;
+  Runtime& rt = rt_of(ctx);
+  SB_ASSIGN_OR_RETURN(Q8Blocks q8, norm_q8_run(ctx, nn, in, store_out, q8_permuted(rt, q)));
+  QmmTileList tiles;
+  if (qmm_tiled(q)) {
+    SB_ASSIGN_OR_RETURN(tiles, qmm_tile_list(rt, q));
+  }
+  SB_RETURN_IF_ERROR(gather_qmm_run(ctx, qn, q, &q8, tiles.max_tiles ? &tiles : nullptr));
+  return true;
+}
+
+void hold_x_q8(KernelContext& ctx, Tensor of, BufferRef bx, Q8Blocks q8) {
+  MoeHandoff& h = moe_handoff(ctx);
+  h.x_q8 = std::move(q8);
+  h.x_q8_of = std::move(of);
+  h.x_q8_bx = bx;
+}
+
+Result<Q8Blocks> x_q8(KernelContext& ctx, const QmmSetup& q, bool permute) {
+  MoeHandoff& h = moe_handoff(ctx);
+  if (h.x_q8_of.defined() && same_ref(q.bx, h.x_q8_bx) && h.x_q8.permuted == permute && h.x_q8_of.dtype() == q.x.dtype() &&
+      h.x_q8_of.numel() == q.rows * q.kdim) {
+    // One reader (the experts' gate/up: the router fusion's condition; the o-projection): let go
+    // of them here, or they would stay pinned through the decode steps after a prefill.
+    Q8Blocks q8 = std::move(h.x_q8);
+    h.x_q8 = {};
+    h.x_q8_of = {};
+    h.x_q8_bx = {};
+    return q8;
+  }
+  return quantize_rows(rt_of(ctx), q, permute);
 }
 
 Status gather_qmm(KernelContext& ctx, const fb::OpNodeUnion& op) {

@@ -46,7 +46,7 @@ Status moe_ffn(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>* ins)
     SB_RETURN_IF_ERROR(gate_up_glu(ctx, ins));
     return gather_qmm(ctx, ins[3]->op);
   }
-  SB_ASSIGN_OR_RETURN(Q8Blocks q8, quantize_rows(rt, g, true));
+  SB_ASSIGN_OR_RETURN(Q8Blocks q8, x_q8(ctx, g, true));
   SB_ASSIGN_OR_RETURN(QmmTileList tiles, qmm_tile_list(rt, g));
   SB_ASSIGN_OR_RETURN(Q8Blocks h, alloc_q8(rt, g.pairs, g.nout, true));  // h's, in qmm_mma4's K order
   k::QmmGluArgs args = glu_args(g.args, glu_node);

@@ -128,7 +128,7 @@ Status gate_up_glu(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>* 
     // x and indices: GpuDevice::fuse checks), then the two matmuls and the Glu.
     // Both projections read the one Q8 pass: in qmm_mma4's order only if both run it.
     if (q8_permuted(rt, g) != q8_permuted(rt, u)) g.all_4bit = u.all_4bit = false;
-    SB_ASSIGN_OR_RETURN(Q8Blocks q8, quantize_rows(rt, g, q8_permuted(rt, g)));
+    SB_ASSIGN_OR_RETURN(Q8Blocks q8, x_q8(ctx, g, q8_permuted(rt, g)));
     QmmTileList tiles;
     if (qmm_tiled(g)) {
       SB_ASSIGN_OR_RETURN(tiles, qmm_tile_list(rt, g));
@@ -178,8 +178,8 @@ namespace {
 // RmsNorm (order Tree32, no gate) and the GatherQmm of its output (GpuDevice::fuse): where the
 // rows suit qmm_row_norm_2k, every workgroup normalizes its row itself just before quantizing
 // it, and the first tile of a row stores its sum (and its normalized values when `store_out`)
-// — the bits of the two ops, one dispatch instead of two dependent ones. Otherwise the two
-// ops one by one.
+// — the bits of the two ops, one dispatch instead of two dependent ones. Rows that GatherQmm
+// quantizes first (prefill) take norm_q8_qmm; otherwise the two ops one by one.
 Status norm_then_qmm(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>* ins, bool store_out) {
   const auto& nn = *ins[0]->op.AsRmsNormNode();
   const auto* qn = ins[1]->op.AsGatherQmmNode();
@@ -198,21 +198,14 @@ Status norm_then_qmm(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>
                     !q.args.has_rhs && q.pairs == q.rows && q.rows == x.dim(0) &&
                     (!nn.residual || (res.shape() == x.shape() && br.offset % 16 == 0)) && qmm_row_plan(q, 1);
   if (!fits) {
+    SB_ASSIGN_OR_RETURN(bool done, norm_q8_qmm(ctx, nn, qn, q, NormOperands{x, res, w, bx, br, bw}, store_out));
+    if (done) return Status::ok();
     SB_RETURN_IF_ERROR(rms_norm(ctx, ins[0]->op));
     return gather_qmm(ctx, ins[1]->op);
   }
   SB_ASSIGN_OR_RETURN(Tensor out, rt.alloc(x.dtype(), {q.pairs, q.nout}));
   SB_ASSIGN_OR_RETURN(BufferRef bo, rt.bind(out, false));
-  Tensor normed, sum;
-  BufferRef bn = bo, bs = bo;  // stand-ins, never written
-  if (store_out) {
-    SB_ASSIGN_OR_RETURN(normed, rt.alloc(x.dtype(), x.shape()));
-    SB_ASSIGN_OR_RETURN(bn, rt.bind(normed, false));
-  }
-  if (nn.residual) {
-    SB_ASSIGN_OR_RETURN(sum, rt.alloc(x.dtype(), x.shape()));
-    SB_ASSIGN_OR_RETURN(bs, rt.bind(sum, false));
-  }
+  SB_ASSIGN_OR_RETURN(NormOutputs no, alloc_norm_outputs(rt, x, store_out, nn.residual != nullptr, bo));
   auto args = extend_qmm_args<k::QmmNormArgs>(q.args);
   args.has_residual = nn.residual ? 1u : 0u;
   args.inv_d = ops::inverse_count(d);
@@ -220,7 +213,7 @@ Status norm_then_qmm(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>
   args.w_dtype = static_cast<uint32_t>(w.dtype());
   args.store_out = store_out ? 1u : 0u;
   const bool dot4 = row_dot4(rt, q.all_4bit);
-  std::vector<BufferRef> bindings = {bx, q.bw, q.bs, q.bb, q.bl, q.br, q.bi, bo, rt.error_word(), br, bw, bn, bs};
+  std::vector<BufferRef> bindings = {bx, q.bw, q.bs, q.bb, q.bl, q.br, q.bi, bo, rt.error_word(), br, bw, no.bn, no.bs};
   uint32_t handed = 0;
   if (dot4) {
     // Straight after the down projection that combines x or the residual (a decoder's MoE
@@ -241,8 +234,8 @@ Status norm_then_qmm(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>
   SB_RETURN_IF_ERROR(rt.dispatch(kernel, bindings, &args, sizeof(args),
                                  256 * static_cast<uint64_t>(q.pairs) * q.args.tiles,
                                  row_spec(rt, q.all_4bit, q.args, 0, args.w_dtype), handed));
-  if (nn.residual) SB_RETURN_IF_ERROR(ctx.out(nn.sum.get(), std::move(sum)));
-  if (store_out) SB_RETURN_IF_ERROR(ctx.out(nn.out.get(), std::move(normed)));
+  if (nn.residual) SB_RETURN_IF_ERROR(ctx.out(nn.sum.get(), std::move(no.sum)));
+  if (store_out) SB_RETURN_IF_ERROR(ctx.out(nn.out.get(), std::move(no.normed)));
   return ctx.out(qn->out.get(), std::move(out));
 }
 

@@ -63,6 +63,42 @@ bool q8_permuted(Runtime& rt, const QmmSetup& q);
 
 // GatherQmm from Q8 blocks into bo: the tiles when `tiles` is set, else qmm per pair.
 Status qmm_from_q8(Runtime& rt, QmmSetup& q, const Q8Blocks& q8, const QmmTileList* tiles, BufferRef bo);
+// An RmsNorm's bound operands (the residual's stand-in is x where it has none).
+struct NormOperands {
+  Tensor x, res, w;
+  BufferRef bx, br, bw;
+};
+// An RmsNorm's outputs on the device, each bound: the normalized rows (with `store_out`) and the
+// sum (with a residual); `stand_in` binds the absent ones (never written).
+struct NormOutputs {
+  Tensor normed, sum;
+  BufferRef bn, bs;
+};
+Result<NormOutputs> alloc_norm_outputs(Runtime& rt, const Tensor& x, bool store_out, bool residual, BufferRef stand_in);
+// Whether rms_norm_tree_q8 takes this RmsNorm (order Tree32, no gate): x [rows, d], d a
+// multiple of 32 that its workgroup stages whole, float.
+bool norm_q8_fits(const fb::RmsNormNodeT& nn, const NormOperands& in);
+// rms_norm_tree_q8: nn's sum (with a residual) and, with `store_out`, its output (also into
+// *normed_out, bound at *normed_ref) as its slots' values; returns the output's Q8 blocks
+// (`permute`: in qmm_mma4's K order).
+Result<Q8Blocks> norm_q8_run(KernelContext& ctx, const fb::RmsNormNodeT& nn, const NormOperands& in, bool store_out,
+                             bool permute, Tensor* normed_out = nullptr, BufferRef* normed_ref = nullptr);
+// RmsNorm and the GatherQmm of its output set up as q (GpuDevice::fuse's norm_qmm) on rows
+// GatherQmm quantizes (prefill: not the row kernels): norm_q8_run, then the projection from
+// those blocks — one dispatch fewer than the norm and quantize_q8. false (nothing recorded)
+// where the rows do not suit it.
+Result<bool> norm_q8_qmm(KernelContext& ctx, const fb::RmsNormNodeT& nn, const fb::GatherQmmNodeT* qn, QmmSetup& q,
+                         const NormOperands& in, bool store_out);
+// Rows from which a prefill's producers (the router's norm, the tiled attention) also write
+// their output's Q8 blocks for the projection after them: fewer rows take the row kernels, which
+// quantize in-kernel.
+constexpr int64_t kPrefillQ8MinRows = 64;
+// Holds `q8`, the Q8 blocks of `of` (bound at `bx`), for the next x_q8 of that tensor.
+void hold_x_q8(KernelContext& ctx, Tensor of, BufferRef bx, Q8Blocks q8);
+// x's Q8 blocks in `permute` order: the ones a producer held (hold_x_q8: the router's norm, the
+// tiled attention) (MoeHandoff::x_q8, then let
+// go) when x is that norm's output, else quantize_rows'.
+Result<Q8Blocks> x_q8(KernelContext& ctx, const QmmSetup& q, bool permute);
 // GatherQmm `n` set up as q; `pre` and `pre_tiles`: x's Q8 blocks and the pairs' work
 // list, made by a fused producer (else made here).
 Status gather_qmm_run(KernelContext& ctx, const fb::GatherQmmNodeT* n, QmmSetup& q, const Q8Blocks* pre = nullptr,
@@ -106,6 +142,11 @@ struct MoeHandoff {
   // The GEMV's outputs held until the next such record: written with no barrier after them, their
   // memory given to the next norm + q/k/v would cost that hand-off a barrier (a write hazard).
   std::vector<Tensor> norm_keep;
+  // Prefill: the Q8 blocks of a producer's output (hold_x_q8) for the projection after it (x_q8);
+  // x_q8_of holds that output, so its memory (x_q8_bx) is no other tensor's while they are here.
+  Q8Blocks x_q8;
+  Tensor x_q8_of;
+  BufferRef x_q8_bx;
 };
 MoeHandoff& moe_handoff(KernelContext& ctx);
 

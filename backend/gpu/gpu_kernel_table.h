@@ -89,6 +89,8 @@ static_assert(sizeof(ProbeArgs) == 16 && sizeof(StreamArgs) == 16 && sizeof(Args
 static_assert(sizeof(GatherMmArgs) == 32 && sizeof(ReduceArgs) == 32 && sizeof(RegionArgs) == 48);
 static_assert(sizeof(TransposeArgs) == 80 && offsetof(TransposeArgs, rank) == 64);
 static_assert(sizeof(MatmulArgs) == 48 && sizeof(MatmulNormArgs) == 64 && offsetof(MatmulNormArgs, has_residual) == 48 && sizeof(NormArgs) == 36 && offsetof(NormArgs, eps) == 16);
+static_assert(sizeof(NormQ8Args) == 48 && offsetof(NormQ8Args, permute) == 36 && offsetof(NormQ8Args, store_out) == 40);
+static_assert(sizeof(AttentionQ8Args) == 80 && offsetof(AttentionQ8Args, q8_permute) == 72);
 static_assert(sizeof(AttentionArgs) == 72 && offsetof(AttentionArgs, scale) == 32 &&
               offsetof(AttentionArgs, row0) == 48 && offsetof(AttentionArgs, pos_word) == 68);
 static_assert(sizeof(AttentionRopeArgs) == 96 && offsetof(AttentionRopeArgs, pos_word) == 68 &&

@@ -106,10 +106,12 @@ void register_matmul(KernelRegistry& r);
 void register_norm(KernelRegistry& r);
 void register_attention(KernelRegistry& r);
 // Order Blocked32 for prefills (attention_tiles.cpp): whether it takes these rows, and the
-// dispatch (bindings q, k, v, sinks, out, dynamic words).
+// dispatch (bindings q, k, v, sinks, out, dynamic words); with `q8`, the output's Q8 blocks too
+// (attention_tiles_q8, for the projection after it).
+struct Q8Blocks;
 bool use_attention_tiles(const ops::AttentionDims& d, const kernels::AttentionArgs& args);
 Status attention_tiles(Runtime& rt, const ops::AttentionDims& d, kernels::AttentionArgs args,
-                       const std::vector<BufferRef>& b);
+                       const std::vector<BufferRef>& b, const Q8Blocks* q8 = nullptr);
 // Order Decomposed (attention_decomposed.cpp): bindings q, k, v, sinks (q without), out.
 Status attention_decomposed(Runtime& rt, const ops::AttentionDims& d, const kernels::AttentionArgs& args,
                             const std::vector<BufferRef>& b);

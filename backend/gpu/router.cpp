@@ -81,6 +81,31 @@ Status matmul_router(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>
   return router_run(ctx, ins[1]->op, done, counted);
 }
 
+namespace {
+
+// RmsNorm (Tree32), the router's Matmul and the Router on rows the fused GEMV does not take: the
+// norm as rms_norm_tree_q8, its Q8 blocks (qmm_mma4's order on int8 tensor cores) held in the
+// hand-off for the experts' gate/up (x_q8), one quantize_q8 fewer. false: nothing recorded.
+Result<bool> norm_q8_router(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>* ins) {
+  const auto& nn = *ins[0]->op.AsRmsNormNode();
+  NormOperands in;
+  SB_ASSIGN_OR_RETURN(in.bx, bind_in(ctx, nn.x.get(), &in.x));
+  SB_ASSIGN_OR_RETURN(in.bw, bind_in(ctx, nn.weight.get(), &in.w));
+  in.br = in.bx;  // never read without a residual
+  if (nn.residual) {
+    SB_ASSIGN_OR_RETURN(in.br, bind_in(ctx, nn.residual.get(), &in.res));
+  }
+  if (!norm_q8_fits(nn, in) || in.x.dim(0) < kPrefillQ8MinRows) return false;
+  Tensor normed;
+  BufferRef bn;
+  SB_ASSIGN_OR_RETURN(Q8Blocks q8, norm_q8_run(ctx, nn, in, true, rt_of(ctx).int8_mma(), &normed, &bn));
+  SB_RETURN_IF_ERROR(matmul_router(ctx, ins + 1));
+  hold_x_q8(ctx, std::move(normed), bn, std::move(q8));  // after the router's record, which resets the hand-off
+  return true;
+}
+
+}  // namespace
+
 Status norm_matmul_router(KernelContext& ctx, const std::unique_ptr<fb::InstructionT>* ins) {
   Runtime& rt = rt_of(ctx);
   if (rt.cross_dispatch_handoff()) {
@@ -98,6 +123,8 @@ Status norm_matmul_router(KernelContext& ctx, const std::unique_ptr<fb::Instruct
       return Status::ok();
     }
   }
+  SB_ASSIGN_OR_RETURN(bool with_q8, norm_q8_router(ctx, ins));
+  if (with_q8) return Status::ok();
   SB_RETURN_IF_ERROR(rms_norm(ctx, ins[0]->op));
   return matmul_router(ctx, ins + 1);
 }
