@@ -23,7 +23,7 @@ k::RopeArgs rope_args(const ops::RopeDims& d, const DynamicArg& pos, DType dt, f
   return args;
 }
 
-// The fused q/k/v form: one workgroup per (row, head read).
+// The fused q/k/v form: one workgroup per four (row, head read) pairs.
 Status rope_qkv(KernelContext& ctx, const fb::RopeNodeT& n) {
   SB_ASSIGN_OR_RETURN(RopeQkv r, rope_qkv_bind(ctx, n));
   return rope_qkv_run(ctx, n, r);
@@ -82,10 +82,10 @@ Status rope_qkv_run(KernelContext& ctx, const fb::RopeNodeT& n, RopeQkv& r) {
   SB_ASSIGN_OR_RETURN(Tensor out, rt.alloc(r.x.dtype(), {d.m, d.q_heads, d.hd}));
   SB_ASSIGN_OR_RETURN(BufferRef bo, rt.bind(out, false));
   r.args.n = static_cast<uint32_t>(out.numel());
+  const uint64_t heads = static_cast<uint64_t>(d.m * (d.q_heads + 2 * d.k_heads));  // four a workgroup of 256
   if (d.m > 0)
     SB_RETURN_IF_ERROR(rt.dispatch("rope_qkv", {r.bx, r.bc, r.bs, bo, r.bk, r.bqw, r.pos.words, r.bkw, r.bv}, &r.args,
-                                   sizeof(r.args), static_cast<uint64_t>(d.m * (d.q_heads + 2 * d.k_heads)) * 64,
-                                   rope_qkv_spec(r)));
+                                   sizeof(r.args), (heads + 3) / 4 * 256, rope_qkv_spec(r)));
   SB_RETURN_IF_ERROR(rope_qkv_keep(ctx, n, r));
   return ctx.out(n.out.get(), std::move(out));
 }
