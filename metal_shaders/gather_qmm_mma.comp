@@ -292,6 +292,71 @@ void mma_stage(uint bits, uint buf, MmaChunk c) {
   }
 }
 
+// Chunk j0's blocks from shared buffer buf for this subgroup's first `groups` 16-row groups
+// (a constant at each call: no per-group branch), into the float steps of docs/numerics.md.
+void mma_chunk(uint j0, uint buf, uint blocks, uint per_group, uint bits, uint count, uint groups, uint r0,
+               uint c0, uint mr, uint mc, precise inout float acc[8 * kRg],
+               precise inout float pg[8 * kRg], precise inout float xg[2 * kRg]) {
+  bool whole = blocks % kCh == 0u && kCh % per_group == 0u;  // constants where k and the group size are
+  [[unroll]] for (uint jb = 0u; jb < kCh; ++jb) {
+    uint j = j0 + jb;
+    if (!whole && j >= blocks) break;  // uniform: cooperative-matrix ops stay in uniform control flow
+    icoopmatNV<8, 3, 32, 16> mw;
+    coopMatLoadNV(mw, s_b, kB0 + buf * kBBuf + mc * kAb + 8u * jb, kAb, true);
+    // j0 is a multiple of kCh: where kCh is one of per_group, jb alone places the block.
+    uint jg = whole ? jb : j;
+    bool first_block = (jg & (per_group - 1u)) == 0u, last_block = ((jg + 1u) & (per_group - 1u)) == 0u;  // uniform
+    // Columns c0 + {0, 1, 8, 9} (past n, for odd f32 widths: column n - 1's scales,
+    // not stored); element e has column c0 + 8 ((e / 2) % 2) + e % 2.
+    uint sat = (buf * kCh + jb) * kTn + c0;
+    float sc[4], bc[4];
+    if (last_block) {
+      sc = float[4](s_scale[sat], s_scale[sat + 1u], s_scale[sat + 8u], s_scale[sat + 9u]);
+      bc = float[4](s_bias[sat], s_bias[sat + 1u], s_bias[sat + 8u], s_bias[sat + 9u]);
+    }
+    [[unroll]] for (uint g = 0u; g < kRg; ++g) {
+      if (g >= groups) break;  // a constant at each call
+      icoopmatNV<8, 3, 16, 32> ma;
+      coopMatLoadNV(ma, s_a, kA0 + buf * kABuf + (mr + 32u * g) * kAb + 8u * jb, kAb, false);
+      icoopmatNV<32, 3, 16, 16> md = icoopmatNV<32, 3, 16, 16>(0);
+      md = coopMatMulAddNV(ma, mw, md);
+      uint at = (buf * kCh + jb) * kTp + r0 + 32u * g;
+      float d[2] = float[2](s_d[at], s_d[at + 8u]);
+#ifdef SB_MMA_BITS4
+      const int sx[2] = int[2](0, 0);  // (8-bit codes only)
+      float xd[2] = float[2](intBitsToFloat(s_sx[at]), intBitsToFloat(s_sx[at + 8u]));
+#else
+      int sx[2] = int[2](s_sx[at], s_sx[at + 8u]);
+      precise float xd[2] = float[2](float(sx[0]) * d[0], float(sx[1]) * d[1]);
+#endif
+      // A group's first block assigns P and X instead of adding to 0: the same bits,
+      // since float(Iq) d and float(Sx) d are never -0 (d >= 0 or NaN, and Iq = 0 if d = 0).
+      if (first_block) {
+        xg[2u * g] = xd[0];
+        xg[2u * g + 1u] = xd[1];
+        [[unroll]] for (uint e = 0u; e < 8u; ++e) {
+          int iq = md[e] + (bits == 8u ? 128 * sx[e >> 2u] : 0);
+          pg[8u * g + e] = float(iq) * d[e >> 2u];
+        }
+      } else {
+        xg[2u * g] = xg[2u * g] + xd[0];
+        xg[2u * g + 1u] = xg[2u * g + 1u] + xd[1];
+        [[unroll]] for (uint e = 0u; e < 8u; ++e) {
+          int iq = md[e] + (bits == 8u ? 128 * sx[e >> 2u] : 0);
+          pg[8u * g + e] = pg[8u * g + e] + float(iq) * d[e >> 2u];
+        }
+      }
+      if (last_block) {  // a group ends: acc += s*P + b*X per output
+        [[unroll]] for (uint e = 0u; e < 8u; ++e) {
+          uint h = e >> 2u, c = (e & 1u) + 2u * ((e >> 1u) & 1u);
+          precise float t = sc[c] * pg[8u * g + e] + bc[c] * xg[2u * g + h];
+          acc[8u * g + e] = acc[8u * g + e] + t;
+        }
+      }
+    }
+  }
+}
+
 #ifdef SB_MMA_GLU
 // The gate and up results rounded into s_ab (free after the MMAs' last barrier); then
 // h = Glu (rounded) and its Q8 block for each pair of the tile: pair tid / 8 owns the
@@ -429,62 +494,13 @@ void main() {
     bool more = j0 + kCh < blocks;  // uniform
     if (more) mma_load(j0 + kCh, blocks, bits, gshift, mb, ck);
     uint pf_new = j0 + 2u * kCh < blocks ? mma_prefetch(j0 + 2u * kCh, blocks, bits, mb) : 0u;
-    if (mr < count) {  // uniform over the subgroup: its first 16 rows hold no pair otherwise
-      [[unroll]] for (uint jb = 0u; jb < kCh; ++jb) {
-        uint j = j0 + jb;
-        if (j >= blocks) break;  // uniform: the cooperative-matrix ops stay in uniform control flow
-        icoopmatNV<8, 3, 32, 16> mw;
-        coopMatLoadNV(mw, s_b, kB0 + buf * kBBuf + mc * kAb + 8u * jb, kAb, true);
-        bool first_block = (j & (per_group - 1u)) == 0u, last_block = ((j + 1u) & (per_group - 1u)) == 0u;  // uniform
-        // Columns c0 + {0, 1, 8, 9} (past n, for odd f32 widths: column n - 1's scales,
-        // not stored); element e has column c0 + 8 ((e / 2) % 2) + e % 2.
-        uint sat = (buf * kCh + jb) * kTn + c0;
-        float sc[4], bc[4];
-        if (last_block) {
-          sc = float[4](s_scale[sat], s_scale[sat + 1u], s_scale[sat + 8u], s_scale[sat + 9u]);
-          bc = float[4](s_bias[sat], s_bias[sat + 1u], s_bias[sat + 8u], s_bias[sat + 9u]);
-        }
-        [[unroll]] for (uint g = 0u; g < kRg; ++g) {
-          if (mr + 32u * g >= count) break;  // uniform: rows past the tile's pairs
-          icoopmatNV<8, 3, 16, 32> ma;
-          coopMatLoadNV(ma, s_a, kA0 + buf * kABuf + (mr + 32u * g) * kAb + 8u * jb, kAb, false);
-          icoopmatNV<32, 3, 16, 16> md = icoopmatNV<32, 3, 16, 16>(0);
-          md = coopMatMulAddNV(ma, mw, md);
-          uint at = (buf * kCh + jb) * kTp + r0 + 32u * g;
-          float d[2] = float[2](s_d[at], s_d[at + 8u]);
-  #ifdef SB_MMA_BITS4
-          const int sx[2] = int[2](0, 0);  // (8-bit codes only)
-          float xd[2] = float[2](intBitsToFloat(s_sx[at]), intBitsToFloat(s_sx[at + 8u]));
-  #else
-          int sx[2] = int[2](s_sx[at], s_sx[at + 8u]);
-          precise float xd[2] = float[2](float(sx[0]) * d[0], float(sx[1]) * d[1]);
-  #endif
-          // A group's first block assigns P and X instead of adding to 0: the same bits,
-          // since float(Iq) d and float(Sx) d are never -0 (d >= 0 or NaN, and Iq = 0 if d = 0).
-          if (first_block) {
-            xg[2u * g] = xd[0];
-            xg[2u * g + 1u] = xd[1];
-            [[unroll]] for (uint e = 0u; e < 8u; ++e) {
-              int iq = md[e] + (bits == 8u ? 128 * sx[e >> 2u] : 0);
-              pg[8u * g + e] = float(iq) * d[e >> 2u];
-            }
-          } else {
-            xg[2u * g] = xg[2u * g] + xd[0];
-            xg[2u * g + 1u] = xg[2u * g + 1u] + xd[1];
-            [[unroll]] for (uint e = 0u; e < 8u; ++e) {
-              int iq = md[e] + (bits == 8u ? 128 * sx[e >> 2u] : 0);
-              pg[8u * g + e] = pg[8u * g + e] + float(iq) * d[e >> 2u];
-            }
-          }
-          if (last_block) {  // a group ends: acc += s*P + b*X per output
-            [[unroll]] for (uint e = 0u; e < 8u; ++e) {
-              uint h = e >> 2u, c = (e & 1u) + 2u * ((e >> 1u) & 1u);
-              precise float t = sc[c] * pg[8u * g + e] + bc[c] * xg[2u * g + h];
-              acc[8u * g + e] = acc[8u * g + e] + t;
-            }
-          }
-        }
-      }
+    // The chunk's blocks as one branch-free stretch where the chunk is whole (so the driver
+    // can issue a block's MMAs while the previous block's float steps run), in a copy for
+    // each count of live 16-row groups (uniform over the subgroup).
+    if (mr + 32u < count && kRg == 2u) {
+      mma_chunk(j0, buf, blocks, per_group, bits, count, 2u, r0, c0, mr, mc, acc, pg, xg);
+    } else if (mr < count) {
+      mma_chunk(j0, buf, blocks, per_group, bits, count, 1u, r0, c0, mr, mc, acc, pg, xg);
     }
     // Two buffers: the other one's last readers passed the previous barrier, this one's pass
     // the next. One: its readers are done first.
