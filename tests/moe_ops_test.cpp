@@ -419,8 +419,10 @@ TEST(Combine, SlotOrderSumWithAndWithoutSharedExpert) {
       for (Shared sh : {Shared::kNone, Shared::kPlain, Shared::kGated})
         for (int64_t d : {5, 6, 16}) check_combine(t, k, sh, d);  // odd rows; 16: whole 16-byte units
   // 65,536 outputs of whole 16-byte units: the GPU's 16-byte kernel (fewer outputs keep the word kernel).
+  // k = 10: more slots than a top-8 router gives.
   for (DType t : {kF32, kBF16})
-    for (Shared sh : {Shared::kNone, Shared::kGated}) check_combine(t, 3, sh, 1024, 64);
+    for (Shared sh : {Shared::kNone, Shared::kGated})
+      for (int64_t k : {3, 10}) check_combine(t, k, sh, 1024, 64);
   // The f32 data must make the slot order matter, or the checks above could not tell the orders apart.
   Inputs in = combine_inputs(kF32, 5, 8, 6, 100 + 8 * 3 + int(Shared::kGated));
   EXPECT_NE(combine_ref(in, 8, Shared::kGated, kF32).values, combine_ref(in, 8, Shared::kGated, kF32, true).values);
@@ -430,31 +432,34 @@ TEST(Combine, SlotOrderSumWithAndWithoutSharedExpert) {
 // permutation instead of writing the scattered copy): the same bits as the two ops, and a
 // bad permutation still fails.
 TEST(Combine, OfScatteredRows) {
-  const int64_t tokens = 64, k = 2;  // 64 x 1024 outputs: the GPU's fused kernel (fewer: the two kernels)
-  std::vector<int64_t> perm(tokens * k);
-  for (size_t p = 0; p < perm.size(); ++p) perm[p] = static_cast<int64_t>((p * 37 + 5) % perm.size());
-  for (DType t : {kF32, kBF16})
-    for (int64_t d : {6, 1024}) {
-      SCOPED_TRACE(std::string("scatter + combine ") + dtype_name(t) + " d=" + std::to_string(d));
-      Inputs in = combine_inputs(t, tokens, k, d, 300 + uint32_t(d));
-      in.erase("shared");
-      in.erase("gate");
-      Inputs unsorted = in;  // the combine's y: row perm[p] of the scattered copy is row p of y
-      std::vector<double> y = in.at("y").to_doubles(), ys(y.size());
-      for (size_t p = 0; p < perm.size(); ++p)
-        for (int64_t c = 0; c < d; ++c) ys[size_t(perm[p] * d + c)] = y[size_t(int64_t(p) * d + c)];
-      unsorted["y"] = make(t, {tokens * k, d}, ys);
-      ProgramBuilder b;
-      TensorRef yin = b.input("y", t, {Dim::dynamic(1, 4096), d}), pin = b.input("perm", kI32, {Dim::dynamic(0, 4096)});
-      b.output("out", b.combine(b.scatter_rows(yin, pin), b.input("w", kF32, {Dim::dynamic(1, 4096), k})));
-      in["perm"] = make_ints(kI32, {int64_t(perm.size())}, perm);
-      auto ref = [&](const Inputs&) { return Expected{{"out", combine_ref(unsorted, k, Shared::kNone, t)}}; };
-      check_op(b, in, ref, Tolerance::exact());
-      std::vector<int64_t> bad = perm;
-      bad[4] = bad[0];
-      in["perm"] = make_ints(kI32, {int64_t(bad.size())}, bad);
-      check_op_error(b, in, "not a permutation");
-    }
+  const int64_t tokens = 64;  // 64 x 1024 outputs: the GPU's fused kernel (fewer: the two kernels)
+  for (int64_t k : {2, 9})    // 9: more slots than a top-8 router gives
+    for (DType t : {kF32, kBF16})
+      for (int64_t d : {6, 1024}) {
+        std::vector<int64_t> perm(tokens * k);
+        for (size_t p = 0; p < perm.size(); ++p) perm[p] = static_cast<int64_t>((p * 37 + 5) % perm.size());
+        SCOPED_TRACE(std::string("scatter + combine ") + dtype_name(t) + " k=" + std::to_string(k) +
+                     " d=" + std::to_string(d));
+        Inputs in = combine_inputs(t, tokens, k, d, 300 + uint32_t(d));
+        in.erase("shared");
+        in.erase("gate");
+        Inputs unsorted = in;  // the combine's y: row perm[p] of the scattered copy is row p of y
+        std::vector<double> y = in.at("y").to_doubles(), ys(y.size());
+        for (size_t p = 0; p < perm.size(); ++p)
+          for (int64_t c = 0; c < d; ++c) ys[size_t(perm[p] * d + c)] = y[size_t(int64_t(p) * d + c)];
+        unsorted["y"] = make(t, {tokens * k, d}, ys);
+        ProgramBuilder b;
+        TensorRef yin = b.input("y", t, {Dim::dynamic(1, 4096), d}),
+                  pin = b.input("perm", kI32, {Dim::dynamic(0, 4096)});
+        b.output("out", b.combine(b.scatter_rows(yin, pin), b.input("w", kF32, {Dim::dynamic(1, 4096), k})));
+        in["perm"] = make_ints(kI32, {int64_t(perm.size())}, perm);
+        auto ref = [&](const Inputs&) { return Expected{{"out", combine_ref(unsorted, k, Shared::kNone, t)}}; };
+        check_op(b, in, ref, Tolerance::exact());
+        std::vector<int64_t> bad = perm;
+        bad[4] = bad[0];
+        in["perm"] = make_ints(kI32, {int64_t(bad.size())}, bad);
+        check_op_error(b, in, "not a permutation");
+      }
 }
 
 TEST(Combine, RowsThatAreNotTokensTimesKFail) {
