@@ -357,6 +357,17 @@ void mma_chunk(uint j0, uint buf, uint blocks, uint per_group, uint bits, uint c
   }
 }
 
+// mma_chunk in a copy for each count of live 16-row groups of this subgroup (uniform over it).
+void mma_chunks(uint j0, uint buf, uint blocks, uint per_group, uint bits, uint count, uint r0, uint c0, uint mr,
+                uint mc, precise inout float acc[8 * kRg], precise inout float pg[8 * kRg],
+                precise inout float xg[2 * kRg]) {
+  if (mr + 32u < count && kRg == 2u) {
+    mma_chunk(j0, buf, blocks, per_group, bits, count, 2u, r0, c0, mr, mc, acc, pg, xg);
+  } else if (mr < count) {
+    mma_chunk(j0, buf, blocks, per_group, bits, count, 1u, r0, c0, mr, mc, acc, pg, xg);
+  }
+}
+
 #ifdef SB_MMA_GLU
 // The gate and up results rounded into s_ab (free after the MMAs' last barrier); then
 // h = Glu (rounded) and its Q8 block for each pair of the tile: pair tid / 8 owns the
@@ -490,25 +501,22 @@ void main() {
   mma_stage(bits, 0u, ck);
   barrier();
   uint mr = 16u * (warp & 1u), mc = 16u * (warp >> 1u);
-  for (uint j0 = 0u, buf = 0u; j0 < blocks; j0 += kCh, buf = (buf + 1u) % kNb) {
-    bool more = j0 + kCh < blocks;  // uniform
-    if (more) mma_load(j0 + kCh, blocks, bits, gshift, mb, ck);
-    uint pf_new = j0 + 2u * kCh < blocks ? mma_prefetch(j0 + 2u * kCh, blocks, bits, mb) : 0u;
-    // The chunk's blocks as one branch-free stretch where the chunk is whole (so the driver
-    // can issue a block's MMAs while the previous block's float steps run), in a copy for
-    // each count of live 16-row groups (uniform over the subgroup).
-    if (mr + 32u < count && kRg == 2u) {
-      mma_chunk(j0, buf, blocks, per_group, bits, count, 2u, r0, c0, mr, mc, acc, pg, xg);
-    } else if (mr < count) {
-      mma_chunk(j0, buf, blocks, per_group, bits, count, 1u, r0, c0, mr, mc, acc, pg, xg);
-    }
+  // Every chunk but the last (no uniform branch in the steady loop): the next chunk's loads, a
+  // touch of the one after it (nothing past the weights), this chunk's MMAs, the next staged.
+  uint j0 = 0u, buf = 0u;
+  for (; j0 + kCh < blocks; j0 += kCh, buf = (buf + 1u) % kNb) {
+    mma_load(j0 + kCh, blocks, bits, gshift, mb, ck);
+    uint pf_new = mma_prefetch(j0 + 2u * kCh, blocks, bits, mb);
+    mma_chunks(j0, buf, blocks, per_group, bits, count, r0, c0, mr, mc, acc, pg, xg);
     // Two buffers: the other one's last readers passed the previous barrier, this one's pass
     // the next. One: its readers are done first.
     if (kNb == 1u) barrier();
-    if (more) mma_stage(bits, (buf + 1u) % kNb, ck);
+    mma_stage(bits, (buf + 1u) % kNb, ck);
     barrier();
     pf_sink ^= pf_new;
   }
+  mma_chunks(j0, buf, blocks, per_group, bits, count, r0, c0, mr, mc, acc, pg, xg);
+  barrier();  // (the Glu epilogue reuses the shared buffers)
   if (pf_sink == 0x9e3779b9u && count == 0u) atomicOr(err[0], 0u);  // never (count >= 1): keeps the prefetch loads
 #ifdef SB_MMA_GLU
   glu_q8_epilogue(acc, r0, c0, first, count, n0);
