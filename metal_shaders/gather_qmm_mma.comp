@@ -294,6 +294,8 @@ void mma_stage(uint bits, uint buf, MmaChunk c) {
 
 // Chunk j0's blocks from shared buffer buf for this subgroup's first `groups` 16-row groups
 // (a constant at each call: no per-group branch), into the float steps of docs/numerics.md.
+// Branch-free where the chunk is whole: the driver then issues a block's MMAs while the previous
+// block's float steps run (it does not move them across a branch; bench/RESULTS.md).
 void mma_chunk(uint j0, uint buf, uint blocks, uint per_group, uint bits, uint count, uint groups, uint r0,
                uint c0, uint mr, uint mc, precise inout float acc[8 * kRg],
                precise inout float pg[8 * kRg], precise inout float xg[2 * kRg]) {
