@@ -92,7 +92,8 @@ layout(push_constant) uniform Args { SB_QMM_ARGS } args;
 #define Q_GS SB_SPEC(kSpecExtent3, args.group_size)  // the weights' group size
 
 const uint kTp = SB_QMM_MMA_PAIRS, kTn = 64u;
-const uint kRg = kTp / 32u;  // 16-row groups a subgroup multiplies
+// 16-row groups a subgroup multiplies: 1 or 2 (SB_QMM_MMA_PAIRS 32 or 64; mma_chunks has a copy for each).
+const uint kRg = kTp / 32u;
 #ifndef SB_MMA_CHUNK
 #define SB_MMA_CHUNK 4
 #endif
@@ -296,8 +297,8 @@ void mma_stage(uint bits, uint buf, MmaChunk c) {
 // (a constant at each call: no per-group branch), into the float steps of docs/numerics.md.
 // Branch-free where the chunk is whole: the driver then issues a block's MMAs while the previous
 // block's float steps run (it does not move them across a branch; bench/RESULTS.md).
-void mma_chunk(uint j0, uint buf, uint blocks, uint per_group, uint bits, uint count, uint groups, uint r0,
-               uint c0, uint mr, uint mc, precise inout float acc[8 * kRg],
+void mma_chunk(uint j0, uint buf, uint blocks, uint per_group, uint bits, uint groups, uint r0, uint c0,
+               uint mr, uint mc, precise inout float acc[8 * kRg],
                precise inout float pg[8 * kRg], precise inout float xg[2 * kRg]) {
   bool whole = blocks % kCh == 0u && kCh % per_group == 0u;  // constants where k and the group size are
   [[unroll]] for (uint jb = 0u; jb < kCh; ++jb) {
@@ -364,9 +365,9 @@ void mma_chunks(uint j0, uint buf, uint blocks, uint per_group, uint bits, uint 
                 uint mc, precise inout float acc[8 * kRg], precise inout float pg[8 * kRg],
                 precise inout float xg[2 * kRg]) {
   if (mr + 32u < count && kRg == 2u) {
-    mma_chunk(j0, buf, blocks, per_group, bits, count, 2u, r0, c0, mr, mc, acc, pg, xg);
+    mma_chunk(j0, buf, blocks, per_group, bits, 2u, r0, c0, mr, mc, acc, pg, xg);
   } else if (mr < count) {
-    mma_chunk(j0, buf, blocks, per_group, bits, count, 1u, r0, c0, mr, mc, acc, pg, xg);
+    mma_chunk(j0, buf, blocks, per_group, bits, 1u, r0, c0, mr, mc, acc, pg, xg);
   }
 }
 

@@ -173,10 +173,10 @@ void main() {
 #if defined(ROPE_QKV)
   uint heads = args.q_heads + 2u * args.k_heads;
   uint g = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x, slot = gl_LocalInvocationID.x >> 6u;
-  uint t = gl_LocalInvocationID.x & 63u, u = kSlots * g + slot;
+  uint t = gl_LocalInvocationID.x & 63u, hs = kSlots * g + slot;  // the slot's (row, head) pair
   if (kSlots * g >= args.m * heads) return;  // uniform over the workgroup
-  bool live = u < args.m * heads;
-  uint row = live ? u / heads : 0u, j = live ? u % heads : 0u, p = first_pos() + row, words = HD / per;
+  bool live = hs < args.m * heads;
+  uint row = live ? hs / heads : 0u, j = live ? hs % heads : 0u, p = first_pos() + row, words = HD / per;
   uint first_k = args.h - 2u * args.k_heads;
   uint src = (row * args.h + (j < args.q_heads ? j : first_k + j - args.q_heads)) * HD;
   bool value = j >= args.q_heads + args.k_heads, query = j < args.q_heads;
