@@ -13,10 +13,10 @@
 // its squares, thread 0 the halving tree and rsqrt; then the row is normalized in place and
 // thread t writes the head's words t, t + 64, ... (and the cache's).
 // ROPE_QKV (the fused q/k/v form). Thread -> output: threads 64 s .. 64 s + 63 of workgroup g take
-// head slot u = 4 g + s (four a workgroup: a prefill's heads are tens of thousands, and one
-// 64-thread workgroup each was launch-bound), row u / H', head j = u % H' of the H' = q_heads +
-// 2 k_heads heads read: a query (-> out), a key (-> the cache) or a value (-> v_cache, its words
-// copied); queries and keys as ROPE_NORM (the norm when given), thread 64 s + t as ROPE_NORM's t.
+// head slot u = 4 g + s, row u / H', head j = u % H' of the H' = q_heads + 2 k_heads heads read:
+// a query (-> out), a key (-> the cache) or a value (-> v_cache, its words copied); queries and
+// keys as ROPE_NORM (the norm when given), thread 64 s + t as ROPE_NORM's t. Every global load
+// goes out before the first barrier: the kernel is a chain of dependent round trips.
 #include "common.glsl"
 #include "norm_common.glsl"
 
