@@ -9,14 +9,14 @@
 // ATTENTION_TILES (head dims 32k <= 128). Thread -> output:
 // workgroup w takes cache head kh = w % hk and a tile of kTile = 32 query vectors v = (row, head
 // of the group) of it, and walks the tile's key blocks in order, the softmax state on chip.
-// Scores: thread t computes query vectors t / 8 + 32y (y < kTile / 32) against keys t % 8 + 8x
-// (x < 4), each dot32's halving tree as four subtrees of 8 partials, the block's keys staged in
-// shared memory and the queries, widened once into this workgroup's scratch, read through the
-// cache; thread t takes the max and exps of vector t / 8's keys 4 (t % 8) .. +3 (kTile = 32;
-// the block max from the vector's 8 partial maxes); threads 0..kTile-1 each own query vector
-// t's sums and merge factors; values: thread t owns query vectors t / 16 + 16y (y < kTile / 16)
-// at dims 4(t % 16) .. +3 and 64 + 4(t % 16) .. +3. (kTile is kernel_args.h's
-// SB_ATTENTION_TILE, the host's too: 32 or 64; bench/RESULTS.md compares them.)
+// Scores: thread t computes query vectors t / 16 + 16y against keys t % 16 + 16x (x, y < 2),
+// each dot32's halving tree as four subtrees of 8 partials, the block's keys staged in shared
+// memory and the queries, widened once into this workgroup's scratch, read through the cache;
+// thread t takes the max and exps of vector t / 8's keys 4 (t % 8) .. +3 (the block max from
+// the vector's 8 partial maxes); threads 0..kTile-1 each own query vector t's sums and merge
+// factors; values: thread t owns query vectors t / 16 + 16y (y < 2) at dims 4(t % 16) .. +3 and
+// 64 + 4(t % 16) .. +3. (kTile is kernel_args.h's SB_ATTENTION_TILE, the host's too: 32, which
+// this mapping assumes; bench/RESULTS.md compares 64.)
 #ifdef ATTENTION_TILES_Q8
 #include "gather_qmm_common.glsl"  // common.glsl, then the Q8 steps (q8_params, q8_code)
 #else
@@ -40,7 +40,7 @@ layout(std430, binding = 5) readonly buffer Dyn { uint dyn[]; };
 layout(std430, binding = 6) buffer QScratch { vec4 qs[]; };  // 32 kTile vec4 a workgroup
 uint first_pos() { return args.pos + dyn[args.pos_word]; }
 
-const uint kTile = SB_ATTENTION_TILE;  // query vectors a workgroup: 32 or 64
+const uint kTile = SB_ATTENTION_TILE;  // query vectors a workgroup: 32
 const uint kVy = kTile / 16u;    // query vectors a thread accumulates values for
 const uint kPad = 33u;   // s_e's row stride (rows on different banks)
 // The block's keys at [p * 32 + key] (component c: dim p + 32 c, zero past hd); then its values
@@ -162,50 +162,51 @@ float leaf(vec4 a, vec4 b) {
 }
 
 // The subtree t3[base] = ((P0 + P16) + (P8 + P24)) + ((P4 + P20) + (P12 + P28)) (partials
-// base + offset) for query vector vq and this thread's keys kq + 8x: res[x].
+// base + offset) for query vectors vq + 16y and keys kq + 16x (x, y < 2): res[2y + x]. Two
+// vectors by two keys: each staged key vec4 and query vec4 serves two scores (the loop is bound
+// by its loads, not its adds).
 void quarter(uint base, uint vq, uint kq, out float res[4]) {
   precise float t3[4];
   [[unroll]] for (uint half_ = 0u; half_ < 2u; ++half_) {
     precise float t2[4];
     [[unroll]] for (uint pp = 0u; pp < 2u; ++pp) {
       uint pa = base + 4u * (half_ + 2u * pp), pb = pa + 16u;
-      vec4 qa = qs[g_qs + pa * kTile + vq], qb = qs[g_qs + pb * kTile + vq], ka[4], kb[4];
-      [[unroll]] for (uint x = 0u; x < 4u; ++x) {
-        ka[x] = s_kv[pa * 32u + kq + 8u * x];
-        kb[x] = s_kv[pb * 32u + kq + 8u * x];
+      vec4 qa[2], qb[2], ka[2], kb[2];
+      [[unroll]] for (uint i = 0u; i < 2u; ++i) {
+        qa[i] = qs[g_qs + pa * kTile + vq + 16u * i];
+        qb[i] = qs[g_qs + pb * kTile + vq + 16u * i];
+        ka[i] = s_kv[pa * 32u + kq + 16u * i];
+        kb[i] = s_kv[pb * 32u + kq + 16u * i];
       }
-      [[unroll]] for (uint x = 0u; x < 4u; ++x) {
-        precise float t1 = leaf(qa, ka[x]) + leaf(qb, kb[x]);
-        t2[x] = pp == 0u ? t1 : t2[x] + t1;
+      [[unroll]] for (uint j = 0u; j < 4u; ++j) {
+        uint y = j >> 1u, x = j & 1u;
+        precise float t1 = leaf(qa[y], ka[x]) + leaf(qb[y], kb[x]);
+        t2[j] = pp == 0u ? t1 : t2[j] + t1;
       }
     }
-    [[unroll]] for (uint x = 0u; x < 4u; ++x) t3[x] = half_ == 0u ? t2[x] : t3[x] + t2[x];
+    [[unroll]] for (uint j = 0u; j < 4u; ++j) t3[j] = half_ == 0u ? t2[j] : t3[j] + t2[j];
   }
-  [[unroll]] for (uint x = 0u; x < 4u; ++x) res[x] = t3[x];
+  [[unroll]] for (uint j = 0u; j < 4u; ++j) res[j] = t3[j];
 }
 
-// Scores of the staged block for this thread's 4 kTile / 32 (vector, key) pairs into s_e:
-// (t3[0] + t3[2]) + (t3[1] + t3[3]), rounded, scaled, rounded. One vector at a time (with
-// kTile = 64 not unrolled: half the live registers of both at once).
+// Scores of the staged block for this thread's 2 x 2 (vector, key) pairs into s_e:
+// (t3[0] + t3[2]) + (t3[1] + t3[3]), rounded, scaled, rounded.
 void scores() {
-  uint t = gl_LocalInvocationID.x, kq = t & 7u;
-  [[dont_unroll]] for (uint y = 0u; y < kTile / 32u; ++y) {
-    uint vq = (t >> 3u) + 32u * y;
-    precise float h0[4], h1[4];
-    float r[4];
-    quarter(0u, vq, kq, r);
-    [[unroll]] for (uint x = 0u; x < 4u; ++x) h0[x] = r[x];
-    quarter(2u, vq, kq, r);
-    [[unroll]] for (uint x = 0u; x < 4u; ++x) h0[x] = h0[x] + r[x];
-    quarter(1u, vq, kq, r);
-    [[unroll]] for (uint x = 0u; x < 4u; ++x) h1[x] = r[x];
-    quarter(3u, vq, kq, r);
-    [[unroll]] for (uint x = 0u; x < 4u; ++x) h1[x] = h1[x] + r[x];
-    [[unroll]] for (uint x = 0u; x < 4u; ++x) {
-      precise float s = h0[x] + h1[x];
-      precise float v = rnd(s);
-      s_e[vq * kPad + kq + 8u * x] = rnd(v * args.scale);
-    }
+  uint t = gl_LocalInvocationID.x, kq = t & 15u, vq = t >> 4u;
+  precise float h0[4], h1[4];
+  float r[4];
+  quarter(0u, vq, kq, r);
+  [[unroll]] for (uint j = 0u; j < 4u; ++j) h0[j] = r[j];
+  quarter(2u, vq, kq, r);
+  [[unroll]] for (uint j = 0u; j < 4u; ++j) h0[j] = h0[j] + r[j];
+  quarter(1u, vq, kq, r);
+  [[unroll]] for (uint j = 0u; j < 4u; ++j) h1[j] = r[j];
+  quarter(3u, vq, kq, r);
+  [[unroll]] for (uint j = 0u; j < 4u; ++j) h1[j] = h1[j] + r[j];
+  [[unroll]] for (uint j = 0u; j < 4u; ++j) {
+    precise float s = h0[j] + h1[j];
+    precise float v = rnd(s);
+    s_e[(vq + 16u * (j >> 1u)) * kPad + kq + 16u * (j & 1u)] = rnd(v * args.scale);
   }
 }
 

@@ -55,7 +55,7 @@
 #define SB_QMM_ROW_TERMS 1024  // QMM_ROW's group terms per workgroup: projections * per_wg * groups
 #define SB_QMM_TILE_PAIRS 32u  // pairs per work-list entry (QMM_TILES) for QMM_TILE
 #define SB_QMM_MMA_PAIRS 64u   // ... and for the QMM_MMA kernels (QMM_TILES takes it in per_wg)
-#define SB_ATTENTION_TILE 32u  // query vectors an attention_tiles workgroup takes
+#define SB_ATTENTION_TILE 32u  // query vectors an attention_tiles workgroup takes (its mapping assumes 32)
 #define SB_QMM_ARGS \
   uint pairs; uint n; uint k; uint groups; \
   uint group_size; uint rows; uint experts; uint scale_dtype; \
