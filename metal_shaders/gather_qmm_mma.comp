@@ -113,7 +113,8 @@ const uint kABuf = kTp * kAb, kBBuf = kTn * kAb;  // one buffer of A, of B
 // s_a and s_b in one array: after the MMAs it holds the rounded gate and up results,
 // [pair][64] (the NVIDIA driver fits fewer workgroups per SM with more shared memory).
 const uint kAbWords = kNb * (kABuf + kBBuf);
-shared uint s_ab[kAbWords > kTp * 64u ? kAbWords : kTp * 64u];  // the epilogue's [pair][64] too
+const uint kEpWords = kTp * 66u;  // the epilogue's [pair][64], then each pair's amax bits and code sum
+shared uint s_ab[kAbWords > kEpWords ? kAbWords : kEpWords];  // the epilogue's [pair][64] too
 #define s_a s_ab
 #define s_b s_ab
 const uint kA0 = 0u, kB0 = kNb * kABuf;
@@ -122,10 +123,17 @@ shared uint s_a[kNb * kABuf];  // Q8 codes, row-major [buffer][pair][k]
 shared uint s_b[kNb * kBBuf];  // weight codes, [buffer][column][k]: B (k x n) column-major
 const uint kA0 = 0u, kB0 = 0u;
 #endif
+#ifdef SB_MMA_BITS4
+// A (pair, block)'s d and X term float(Sx) d as one vec2, and a column pair's scale and bias as
+// one vec4 (s, b of the even column, then the odd one's): fewer shared loads in the float steps.
+shared vec2 s_dx[kNb * kCh * kTp];       // [buffer][block][pair]
+shared vec4 s_sbp[kNb * kCh * kTn / 2u];  // [buffer][block][column / 2]
+#else
 shared float s_d[kNb * kCh * kTp];  // [buffer][block][pair]
 shared int s_sx[kNb * kCh * kTp];
 shared float s_scale[kNb * kCh * kTn];  // [buffer][block][column]: the block's group's s
 shared float s_bias[kNb * kCh * kTn];
+#endif
 shared int s_row[kTp];
 #ifndef SB_MMA_BITS4  // (declared but unused, it would still take shared memory: fewer workgroups per SM)
 shared uint s_raw[256u * 8u];  // each thread's weight words, for the widths other than 4 and 8
@@ -276,19 +284,25 @@ void mma_stage(uint bits, uint buf, MmaChunk c) {
   }
   if (tid < kCh * kTp) {
     uint at = (buf * kCh + tid % kCh) * kTp + tid / kCh;
-    s_d[at] = uintBitsToFloat(c.ds[0]);
-#ifdef SB_MMA_BITS4  // only the X term float(Sx) d is needed: made once per (pair, block), kept as bits
+#ifdef SB_MMA_BITS4  // only the X term float(Sx) d is needed: made once per (pair, block)
     precise float xd = float(int(c.ds[1])) * uintBitsToFloat(c.ds[0]);
-    s_sx[at] = floatBitsToInt(xd);
+    s_dx[at] = vec2(uintBitsToFloat(c.ds[0]), xd);
 #else
+    s_d[at] = uintBitsToFloat(c.ds[0]);
     s_sx[at] = int(c.ds[1]);
 #endif
   }
   [[unroll]] for (uint l = 0u; l < kLd; ++l) {
     uint e = tid + 256u * l;
     if (e >= kTn * kCh) break;  // uniform over each subgroup
+#ifdef SB_MMA_BITS4
+    uint sp = (buf * kCh + e / 64u) * (kTn / 2u) + (e % 64u) / 2u, half_ = 2u * (e & 1u);
+    s_sbp[sp][half_] = c.sb[l][0];
+    s_sbp[sp][half_ + 1u] = c.sb[l][1];
+#else
     s_scale[(buf * kCh + e / 64u) * kTn + e % 64u] = c.sb[l][0];
     s_bias[(buf * kCh + e / 64u) * kTn + e % 64u] = c.sb[l][1];
+#endif
     stage_block(bits, c.w[l], kB0 + buf * kBBuf + (e / kCh) * kAb + 8u * (e % kCh));
   }
 }
@@ -314,8 +328,14 @@ void mma_chunk(uint j0, uint buf, uint blocks, uint per_group, uint bits, uint g
     uint sat = (buf * kCh + jb) * kTn + c0;
     float sc[4], bc[4];
     if (last_block) {
+#ifdef SB_MMA_BITS4
+      vec4 p0 = s_sbp[sat >> 1u], p1 = s_sbp[(sat + 8u) >> 1u];  // c0 is even
+      sc = float[4](p0.x, p0.z, p1.x, p1.z);
+      bc = float[4](p0.y, p0.w, p1.y, p1.w);
+#else
       sc = float[4](s_scale[sat], s_scale[sat + 1u], s_scale[sat + 8u], s_scale[sat + 9u]);
       bc = float[4](s_bias[sat], s_bias[sat + 1u], s_bias[sat + 8u], s_bias[sat + 9u]);
+#endif
     }
     [[unroll]] for (uint g = 0u; g < kRg; ++g) {
       if (g >= groups) break;  // a constant at each call
@@ -324,11 +344,13 @@ void mma_chunk(uint j0, uint buf, uint blocks, uint per_group, uint bits, uint g
       icoopmatNV<32, 3, 16, 16> md = icoopmatNV<32, 3, 16, 16>(0);
       md = coopMatMulAddNV(ma, mw, md);
       uint at = (buf * kCh + jb) * kTp + r0 + 32u * g;
-      float d[2] = float[2](s_d[at], s_d[at + 8u]);
 #ifdef SB_MMA_BITS4
+      vec2 dx0 = s_dx[at], dx1 = s_dx[at + 8u];
+      float d[2] = float[2](dx0.x, dx1.x);
       const int sx[2] = int[2](0, 0);  // (8-bit codes only)
-      float xd[2] = float[2](intBitsToFloat(s_sx[at]), intBitsToFloat(s_sx[at + 8u]));
+      float xd[2] = float[2](dx0.y, dx1.y);
 #else
+      float d[2] = float[2](s_d[at], s_d[at + 8u]);
       int sx[2] = int[2](s_sx[at], s_sx[at + 8u]);
       precise float xd[2] = float[2](float(sx[0]) * d[0], float(sx[1]) * d[1]);
 #endif
@@ -375,11 +397,11 @@ void mma_chunks(uint j0, uint buf, uint blocks, uint per_group, uint bits, uint 
 // The gate and up results rounded into s_ab (free after the MMAs' last barrier); then
 // h = Glu (rounded) and its Q8 block for each pair of the tile: pair tid / 8 owns the
 // block, thread tid % 8 its code word i (h columns 8 (i / 2) + 2 j + i % 2, j < 4:
-// qmm_mma4's K order); the block's amax and code sum by shared atomics on s_sx (free
-// too; integers: any order).
+// qmm_mma4's K order); the block's amax and code sum by shared atomics on s_ab's words after
+// the [pair][64] results (integers: any order).
 void glu_q8_epilogue(float acc[8 * kRg], uint r0, uint c0, uint first, uint count, uint n0) {
   uint tid = gl_LocalInvocationID.x;
-  if (tid < 2u * kTp) s_sx[tid] = 0;  // [0, kTp): amax bits per pair, [kTp, 2 kTp): code sums
+  if (tid < 2u * kTp) s_ab[kTp * 64u + tid] = 0u;  // [0, kTp): amax bits per pair, [kTp, 2 kTp): code sums
   // Rows past the tile's pairs are never stored: no Glu (exact exp, the costly part), no Q8.
   [[unroll]] for (uint g = 0u; g < kRg; ++g) {
     if ((r0 & ~15u) + 32u * g >= count) break;  // uniform over the subgroup: its 16 rows hold no pair
@@ -399,7 +421,7 @@ void glu_q8_epilogue(float acc[8 * kRg], uint r0, uint c0, uint first, uint coun
       hv[4u * g + j] = sb_round_to(sb_glu(gv, uv, GLU_KIND, args.glu_alpha, args.glu_limit), OUT_DT);
       amax = max(amax, floatBitsToUint(hv[4u * g + j]) & 0x7fffffffu);
     }
-    atomicMax(s_sx[r], int(amax));  // amax <= 0x7fffffff: an int keeps its order
+    atomicMax(s_ab[kTp * 64u + r], amax);
   }
   barrier();
   uint word[kRg];
@@ -409,7 +431,7 @@ void glu_q8_epilogue(float acc[8 * kRg], uint r0, uint c0, uint first, uint coun
     if (r >= count) break;
     float scale;
     bool zero;
-    q8_params(uint(s_sx[r]), scale, d[g], zero);
+    q8_params(s_ab[kTp * 64u + r], scale, d[g], zero);
     word[g] = 0u;
     int part = 0;
     [[unroll]] for (uint j = 0u; j < 4u; ++j) {
@@ -417,7 +439,7 @@ void glu_q8_epilogue(float acc[8 * kRg], uint r0, uint c0, uint first, uint coun
       part += code;
       word[g] |= (uint(code) & 0xffu) << (8u * j);
     }
-    atomicAdd(s_sx[kTp + r], part);
+    atomicAdd(s_ab[kTp * 65u + r], uint(part));  // two's complement: the int sum's bits
   }
   barrier();
   [[unroll]] for (uint g = 0u; g < kRg; ++g) {
@@ -427,7 +449,7 @@ void glu_q8_epilogue(float acc[8 * kRg], uint r0, uint c0, uint first, uint coun
     o[at * 8u + i] = word[g];
     if (i == 0u) {
       hd[at] = d[g];
-      hs[at] = s_sx[kTp + r];
+      hs[at] = int(s_ab[kTp * 65u + r]);
     }
   }
 }
