@@ -114,7 +114,7 @@ const uint kABuf = kTp * kAb, kBBuf = kTn * kAb;  // one buffer of A, of B
 // [pair][64] (the NVIDIA driver fits fewer workgroups per SM with more shared memory).
 const uint kAbWords = kNb * (kABuf + kBBuf);
 const uint kEpWords = kTp * 66u;  // the epilogue's [pair][64], then each pair's amax bits and code sum
-shared uint s_ab[kAbWords > kEpWords ? kAbWords : kEpWords];  // the epilogue's [pair][64] too
+shared uint s_ab[kAbWords > kEpWords ? kAbWords : kEpWords];  // the epilogue's [pair][64] and counters too
 #define s_a s_ab
 #define s_b s_ab
 const uint kA0 = 0u, kB0 = kNb * kABuf;

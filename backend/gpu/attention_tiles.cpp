@@ -11,6 +11,7 @@
 namespace switchboard::gpu {
 namespace {
 constexpr uint64_t kTile = SB_ATTENTION_TILE;  // query vectors a workgroup (kernel_args.h)
+static_assert(kTile == 32, "attention_tiles.comp's thread mapping covers 32 query vectors a workgroup");
 // Query scratch a dispatch may hold; longer prefills go in chunks of rows.
 constexpr uint64_t kScratchBytes = 64ull << 20;
 
