@@ -113,7 +113,8 @@ const uint kABuf = kTp * kAb, kBBuf = kTn * kAb;  // one buffer of A, of B
 // s_a and s_b in one array: after the MMAs it holds the rounded gate and up results,
 // [pair][64] (the NVIDIA driver fits fewer workgroups per SM with more shared memory).
 const uint kAbWords = kNb * (kABuf + kBBuf);
-const uint kEpWords = kTp * 66u;  // the epilogue's [pair][64], then each pair's amax bits and code sum
+// The Glu epilogue's words: [pair][64] results, then each pair's amax bits (kEpMax) and code sum (kEpSum).
+const uint kEpMax = kTp * 64u, kEpSum = kTp * 65u, kEpWords = kTp * 66u;
 shared uint s_ab[kAbWords > kEpWords ? kAbWords : kEpWords];  // the epilogue's [pair][64] and counters too
 #define s_a s_ab
 #define s_b s_ab
@@ -401,7 +402,7 @@ void mma_chunks(uint j0, uint buf, uint blocks, uint per_group, uint bits, uint 
 // the [pair][64] results (integers: any order).
 void glu_q8_epilogue(float acc[8 * kRg], uint r0, uint c0, uint first, uint count, uint n0) {
   uint tid = gl_LocalInvocationID.x;
-  if (tid < 2u * kTp) s_ab[kTp * 64u + tid] = 0u;  // [0, kTp): amax bits per pair, [kTp, 2 kTp): code sums
+  if (tid < 2u * kTp) s_ab[kEpMax + tid] = 0u;  // [0, kTp): amax bits per pair, [kTp, 2 kTp): code sums
   // Rows past the tile's pairs are never stored: no Glu (exact exp, the costly part), no Q8.
   [[unroll]] for (uint g = 0u; g < kRg; ++g) {
     if ((r0 & ~15u) + 32u * g >= count) break;  // uniform over the subgroup: its 16 rows hold no pair
@@ -421,7 +422,7 @@ void glu_q8_epilogue(float acc[8 * kRg], uint r0, uint c0, uint first, uint coun
       hv[4u * g + j] = sb_round_to(sb_glu(gv, uv, GLU_KIND, args.glu_alpha, args.glu_limit), OUT_DT);
       amax = max(amax, floatBitsToUint(hv[4u * g + j]) & 0x7fffffffu);
     }
-    atomicMax(s_ab[kTp * 64u + r], amax);
+    atomicMax(s_ab[kEpMax + r], amax);
   }
   barrier();
   uint word[kRg];
@@ -431,7 +432,7 @@ void glu_q8_epilogue(float acc[8 * kRg], uint r0, uint c0, uint first, uint coun
     if (r >= count) break;
     float scale;
     bool zero;
-    q8_params(s_ab[kTp * 64u + r], scale, d[g], zero);
+    q8_params(s_ab[kEpMax + r], scale, d[g], zero);
     word[g] = 0u;
     int part = 0;
     [[unroll]] for (uint j = 0u; j < 4u; ++j) {
@@ -439,7 +440,7 @@ void glu_q8_epilogue(float acc[8 * kRg], uint r0, uint c0, uint first, uint coun
       part += code;
       word[g] |= (uint(code) & 0xffu) << (8u * j);
     }
-    atomicAdd(s_ab[kTp * 65u + r], uint(part));  // two's complement: the int sum's bits
+    atomicAdd(s_ab[kEpSum + r], uint(part));  // two's complement: the int sum's bits
   }
   barrier();
   [[unroll]] for (uint g = 0u; g < kRg; ++g) {
@@ -449,7 +450,7 @@ void glu_q8_epilogue(float acc[8 * kRg], uint r0, uint c0, uint first, uint coun
     o[at * 8u + i] = word[g];
     if (i == 0u) {
       hd[at] = d[g];
-      hs[at] = int(s_ab[kTp * 65u + r]);
+      hs[at] = int(s_ab[kEpSum + r]);
     }
   }
 }
