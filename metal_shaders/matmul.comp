@@ -77,15 +77,20 @@ layout(push_constant) uniform Args { SB_MATMUL_ARGS } args;
 // tile, column tile) computes 16 x 16 outputs; per chunk of kC = 128 k the A rows and B
 // columns go to shared memory once, and the next chunk's loads are in flight while this
 // one is added (four times fewer barriers than 32-k chunks: the loop waited on latency).
-// Thread -> output: t computes out[batch, 16 tr + t / 16, 16 tc + t % 16] keeping all 32
-// dot32 partial sums itself (element i -> partial i % 32, increasing i, each product
-// rounded then added), then the halving tree 16..1 in registers; the same bits as the
-// one-output-per-workgroup kernel below. Each row of 32 vec4 is padded to 33: unpadded,
-// the 16 threads reading B's columns all hit one bank (bench/RESULTS.md).
-const uint kT = 16u, kC = 128u, kRow = kC / 4u + 1u, kLoads = kT * kC / 256u;
-shared vec4 s_a[kT * kRow];  // [row][k / 4] of the chunk
-shared vec4 s_b[kT * kRow];  // [column][k / 4] of the chunk (B transposed)
-shared float s_o[256];
+// Thread -> output: t takes residue q = t % 4 of outputs out[batch, 16 tr + 2 (t / 32) + y,
+// 16 tc + 2 ((t / 4) % 8) + x] (x, y < 2): their dot32 partial sums p = q + 4u (u < 8; element
+// i -> partial i % 32, increasing i, each product rounded then added), and the halving tree's
+// levels 16, 8 and 4 in registers (they pair partials of one residue); levels 2 and 1 take the
+// four residues' sums through shared memory, thread t for output t. The same bits as the
+// one-output-per-workgroup kernel below. A row of the chunk is staged by residue, [q][k / 16]
+// in vec4s (k = q + 16 j + 4 c at component c of vec4 j): a thread's four k of a residue are
+// one 16-byte load, four loads for 16 products (a vec4 of each of its 2 rows and 2 columns).
+const uint kT = 16u, kC = 128u, kLoads = kT * kC / 256u;
+const uint kQs = kC / 16u + 1u;  // vec4s a residue (+1: the four residues on different banks)
+const uint kRow = 4u * kQs + 2u; // vec4s a row (+2: a quarter-warp's two columns on different banks)
+shared vec4 s_a[kT * kRow];  // [row][residue][k / 16] of the chunk
+shared vec4 s_b[kT * kRow];  // [column][residue][k / 16] of the chunk (B transposed)
+shared float s_o[4u * 256u]; // [output][residue]: the level-4 inputs
 
 // This thread's elements of the chunk at k0: element t + 256 q is (row or column
 // (t + 256 q) / kC, k0 + t % kC); 0 past the matrices (branches, not selects: no load
@@ -101,6 +106,9 @@ void tile_load(uint k0, uint r0, uint c0, uint boff, uint rows_left, out float v
   }
 }
 
+// Chunk element kk's place in a staged row: residue kk % 4, vec4 kk / 16, component (kk / 4) % 4.
+uint tile_at(uint kk) { return (kk & 3u) * kQs + (kk >> 4u); }
+
 void main() {
   uint t = gl_LocalInvocationID.x;
   uint wg = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
@@ -109,42 +117,56 @@ void main() {
   if (bt >= args.batch) return;  // uniform over the workgroup
   uint r0 = bt * args.rows + kT * tr, c0 = kT * tc;  // r0: row over all batches
   uint boff = (bt / args.group) * args.cols * args.k, rows_left = args.rows - kT * tr;
-  precise float p[32];
-  [[unroll]] for (uint i = 0u; i < 32u; ++i) p[i] = 0.0;
+  precise float p[4][8];  // [output 2y + x][partial slot u: p = q + 4u]
+  [[unroll]] for (uint o = 0u; o < 4u; ++o) {
+    [[unroll]] for (uint u = 0u; u < 8u; ++u) p[o][u] = 0.0;
+  }
   float va[kLoads], vb[kLoads];
   tile_load(0u, r0, c0, boff, rows_left, va, vb);
-  uint lr = t >> 4u, lc = t & 15u;
+  uint q = t & 3u, lr = 2u * (t >> 5u), lc = 2u * ((t >> 2u) & 7u);
   for (uint k0 = 0u; k0 < args.k; k0 += kC) {
-    [[unroll]] for (uint q = 0u; q < kLoads; ++q) {
-      uint rc = (t + 256u * q) / kC, kk = t % kC;
-      s_a[rc * kRow + (kk >> 2u)][kk & 3u] = va[q];
-      s_b[rc * kRow + (kk >> 2u)][kk & 3u] = vb[q];
+    [[unroll]] for (uint l = 0u; l < kLoads; ++l) {
+      uint rc = (t + 256u * l) / kC, kk = t % kC;
+      s_a[rc * kRow + tile_at(kk)][(kk >> 2u) & 3u] = va[l];
+      s_b[rc * kRow + tile_at(kk)][(kk >> 2u) & 3u] = vb[l];
     }
     barrier();
     if (k0 + kC < args.k) tile_load(k0 + kC, r0, c0, boff, rows_left, va, vb);
-    if (k0 + kC <= args.k) {  // uniform: a whole chunk, no per-term test
-      [[unroll]] for (uint q4 = 0u; q4 < kC / 4u; ++q4) {
-        vec4 av = s_a[lr * kRow + q4], bv = s_b[lc * kRow + q4];
-        [[unroll]] for (uint u = 0u; u < 4u; ++u) p[(4u * q4 + u) & 31u] = p[(4u * q4 + u) & 31u] + av[u] * bv[u];
-      }
-    } else {
-      [[unroll]] for (uint q4 = 0u; q4 < kC / 4u; ++q4) {
-        vec4 av = s_a[lr * kRow + q4], bv = s_b[lc * kRow + q4];
-        [[unroll]] for (uint u = 0u; u < 4u; ++u) {
-          uint kk = 4u * q4 + u;  // terms past k are skipped, not added as 0
-          if (k0 + kk < args.k) p[kk & 31u] = p[kk & 31u] + av[u] * bv[u];
+    // vec4 j holds k = q + 16 j + 4 c: partial (q + 4 c + 16 (j % 2)), slot c + 4 (j % 2); j in
+    // increasing order keeps each partial's elements in increasing order.
+    bool whole = k0 + kC <= args.k;  // uniform: a whole chunk, no per-term test
+    [[unroll]] for (uint j = 0u; j < kC / 16u; ++j) {
+      uint at = q * kQs + j;
+      vec4 a0 = s_a[lr * kRow + at], a1 = s_a[(lr + 1u) * kRow + at];
+      vec4 b0 = s_b[lc * kRow + at], b1 = s_b[(lc + 1u) * kRow + at];
+      [[unroll]] for (uint c = 0u; c < 4u; ++c) {
+        uint u = c + 4u * (j & 1u);
+        if (whole || k0 + q + 16u * j + 4u * c < args.k) {  // terms past k are skipped, not added as 0
+          p[0][u] = p[0][u] + a0[c] * b0[c];
+          p[1][u] = p[1][u] + a0[c] * b1[c];
+          p[2][u] = p[2][u] + a1[c] * b0[c];
+          p[3][u] = p[3][u] + a1[c] * b1[c];
         }
       }
     }
     barrier();
   }
-  [[unroll]] for (uint s = 16u; s >= 1u; s >>= 1u)
-    [[unroll]] for (uint i = 0u; i < s; ++i) p[i] = p[i] + p[i + s];
+  // Levels 16, 8, 4 of the halving tree pair slots u, u + 4 (partials q + 4u, q + 4u + 16), then
+  // u, u + 2, then 0, 1: partial q's level-3 sum. Levels 2 and 1: (s0 + s2) + (s1 + s3).
+  [[unroll]] for (uint o = 0u; o < 4u; ++o) {
+    [[unroll]] for (uint u = 0u; u < 4u; ++u) p[o][u] = p[o][u] + p[o][u + 4u];
+    [[unroll]] for (uint u = 0u; u < 2u; ++u) p[o][u] = p[o][u] + p[o][u + 2u];
+    p[o][0] = p[o][0] + p[o][1];
+    s_o[4u * ((lr + (o >> 1u)) * 16u + lc + (o & 1u)) + q] = p[o][0];
+  }
+  barrier();
+  precise float l4a = s_o[4u * t] + s_o[4u * t + 2u], l4b = s_o[4u * t + 1u] + s_o[4u * t + 3u];
+  precise float v = l4a + l4b;
   uint r = kT * tr + (t >> 4u), c = c0 + (t & 15u);
-  precise float v = p[0];
   if (args.has_bias != 0u && c < args.cols) v = v + SB_LOAD(bias, BIAS_DT, c);
   bool live = r < args.rows && c < args.cols;
   uint e = (bt * args.rows + r) * args.cols + c;
+  barrier();  // s_o is read above and written below
   if (sb_per_word(DT) == 2u) {  // the host keeps cols even: columns c, c + 1 share a word
     s_o[t] = v;
     barrier();
