@@ -116,7 +116,8 @@ shared float s_term[kMaxTerms];
 shared float s_out[kMaxPerWg];
 
 #define codes_word(i) codes[i]
-SB_BLOCK_DOT(block_dot, codes_word, q)
+#define q_word(i) q[i]
+SB_BLOCK_DOT(block_dot, codes_word, q_word)
 
 // Group g's term of output e (0 on bad data, which raises an error bit).
 float group_term(uint e, uint g) {

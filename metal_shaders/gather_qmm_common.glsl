@@ -34,7 +34,7 @@ int q8_code(float x, float scale) {
 }
 
 // Exact int dot of a 32-block of codes (exactly `bits` words from CODES[base]) with
-// the int8 activation block at word qb of QBUF; codes of 2, 4 and 8 bits never
+// the int8 activation block at word qb (QBUF(w): word w); codes of 2, 4 and 8 bits never
 // straddle words. Defined per code and activation buffer (global or shared).
 #define SB_BLOCK_DOT(NAME, CODES, QBUF)                                              \
   int NAME(uint base, uint bits, uint qb) {                                          \
@@ -46,7 +46,7 @@ int q8_code(float x, float scale) {
         uint cw = CODES(base + w);                                                   \
         for (uint i = 0u; i < per_word; ++i) {                                       \
           uint idx = w * per_word + i;                                               \
-          int xv = bitfieldExtract(int(QBUF[qb + (idx >> 2)]), int(8u * (idx & 3u)), 8); \
+          int xv = bitfieldExtract(int(QBUF(qb + (idx >> 2))), int(8u * (idx & 3u)), 8); \
           iq += int((cw >> (i * bits)) & mask) * xv;                                 \
         }                                                                            \
       }                                                                              \
@@ -57,7 +57,7 @@ int q8_code(float x, float scale) {
       uint sh = bit & 31u;                                                           \
       uint v = CODES(base + (bit >> 5)) >> sh;                                       \
       if (sh + bits > 32u) v |= CODES(base + (bit >> 5) + 1u) << (32u - sh);         \
-      iq += int(v & mask) * bitfieldExtract(int(QBUF[qb + (i >> 2)]), int(8u * (i & 3u)), 8); \
+      iq += int(v & mask) * bitfieldExtract(int(QBUF(qb + (i >> 2))), int(8u * (i & 3u)), 8); \
     }                                                                                \
     return iq;                                                                       \
   }

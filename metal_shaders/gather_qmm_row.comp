@@ -169,7 +169,8 @@ const uint kThreads = 256u;
 const uint kMaxTerms = SB_QMM_ROW_TERMS;  // projections * per_wg * groups (the host checks)
 const uint kMaxPerWg = 256u;
 const uint kBlocks = SB_ROW_STAGE_K / 32u;
-shared uint s_q[SB_ROW_STAGE_K / 4u];
+shared uvec4 s_q4[SB_ROW_STAGE_K / 16u];  // x's int8 codes, 16-byte units (a block: two)
+#define SQ(i) s_q4[(i) >> 2u][(i) & 3u]
 shared uint s_amax[kBlocks];
 shared int s_sum[kBlocks];
 shared float s_d[kBlocks];
@@ -195,7 +196,7 @@ shared float s_out[kMaxPerWg];
     uvec4 cw = CODES4[base >> 2u];                                                                               \
     int iq = 0;                                                                                                  \
     [[unroll]] for (uint w = 0u; w < 4u; ++w) {                                                                  \
-      int xa = int(s_q[qb + 2u * w]), xb = int(s_q[qb + 2u * w + 1u]);                                           \
+      int xa = int(SQ(qb + 2u * w)), xb = int(SQ(qb + 2u * w + 1u));                                           \
       uint c = cw[w];                                                                                            \
       iq += int(c & 15u) * bitfieldExtract(xa, 0, 8) + int((c >> 4u) & 15u) * bitfieldExtract(xa, 8, 8) +        \
             int((c >> 8u) & 15u) * bitfieldExtract(xa, 16, 8) + int((c >> 12u) & 15u) * bitfieldExtract(xa, 24, 8) + \
@@ -226,10 +227,10 @@ shared float s_out[kMaxPerWg];
   }
 
 // The block dots SB_ROW_TERM calls (the dot4 SB_ROW_TERM loads and dots its blocks itself).
-SB_BLOCK_DOT(staged_dot, row_code, s_q)
+SB_BLOCK_DOT(staged_dot, row_code, SQ)
 SB_STAGED_DOT4(staged_dot4, codes4)
 #ifdef QMM_ROW_GLU
-SB_BLOCK_DOT(staged_dot_up, row_code_up, s_q)
+SB_BLOCK_DOT(staged_dot_up, row_code_up, SQ)
 SB_STAGED_DOT4(staged_dot4_up, codes_up4)
 #endif
 #endif
@@ -340,8 +341,8 @@ void stage_row(uint r, uint tid) {
         else w1 |= (uint(c) & 0xffu) << q8_shift(i);
       }
     }
-    s_q[2u * u] = w0;
-    s_q[2u * u + 1u] = w1;
+    SQ(2u * u) = w0;
+    SQ(2u * u + 1u) = w1;
     if (s != 0) atomicAdd(s_sum[u >> 2u], s);
     if ((u & 3u) == 0u) s_d[u >> 2u] = d;
   }
@@ -376,8 +377,8 @@ void stage_row(uint r, uint tid) {
       s += c;
       w[q8_word(i)] |= (uint(c) & 0xffu) << q8_shift(i);
     }
-    s_q[2u * u] = w[0];
-    s_q[2u * u + 1u] = w[1];
+    SQ(2u * u) = w[0];
+    SQ(2u * u + 1u) = w[1];
     if (s != 0) atomicAdd(s_sum[u >> 2u], s);
     if ((u & 3u) == 0u) s_d[u >> 2u] = d;
   }

@@ -36,8 +36,12 @@ int dot4_word(uint c, uint xa, uint xb) {
   return sb_sdot4x8(c & 0x0f0f0f0fu, xa, 0) + sb_sdot4x8((c >> 4u) & 0x0f0f0f0fu, xb, 0);
 }
 int dot4_block(uvec4 cw, uint qb) {
+  uvec4 x0 = s_q4[qb >> 2u], x1 = s_q4[(qb >> 2u) + 1u];  // qb is a multiple of 8: two 16-byte loads
   int iq = 0;
-  [[unroll]] for (uint w = 0u; w < 4u; ++w) iq += dot4_word(cw[w], s_q[qb + 2u * w], s_q[qb + 2u * w + 1u]);
+  iq += dot4_word(cw[0], x0.x, x0.y);
+  iq += dot4_word(cw[1], x0.z, x0.w);
+  iq += dot4_word(cw[2], x1.x, x1.y);
+  iq += dot4_word(cw[3], x1.z, x1.w);
   return iq;
 }
 
