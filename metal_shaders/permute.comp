@@ -98,7 +98,9 @@ void main() {
 // Stable ascending argsort by ranks: the rank of key i counts the keys smaller, or equal
 // with a lower index; out[rank] = i. Thread -> output: workgroup g ranks keys
 // [16g, 16g + 16); thread t counts key 16g + t % 16 against the (t / 16)-th sixteenth of
-// all keys (so n keys keep 16n threads busy), the counts summed in shared memory.
+// each chunk of kChunk keys, staged in shared memory by one round of coalesced loads (a
+// thread reading its sixteenth from global memory waited one load latency every 8 keys);
+// the counts summed in shared memory.
 // ARGSORT_MOE: also sorted[rank] = keys[i] and quot[rank] = i / div (div >= 1).
 layout(std430, binding = 0) readonly buffer K { int keys[]; };
 layout(std430, binding = 1) writeonly buffer O { int order[]; };
@@ -107,28 +109,59 @@ layout(std430, binding = 2) writeonly buffer S { int sorted[]; };
 layout(std430, binding = 3) writeonly buffer Q { int quot[]; };
 #endif
 layout(push_constant) uniform Args { SB_ARGSORT_ARGS } args;
+const uint kChunk = 4096u, kSlice = kChunk / 16u;  // keys a chunk, a thread's keys of it
+shared ivec4 s_keys[kChunk / 4u];  // the chunk, key c at [c / 4][c % 4]
 shared uint s_rank[16];
+
+// The keys of s_keys[4 q0 .. 4 q0 + kSlice) that count before key v: u < v, or u <= v where
+// every one of them has a lower index than v's (le).
+uint count_slice(uint q0, int v, bool le) {
+  uint n = 0u;
+  if (le) {
+    for (uint q = q0; q < q0 + kSlice / 4u; ++q) {
+      ivec4 u = s_keys[q];
+      n += uint(u.x <= v) + uint(u.y <= v) + uint(u.z <= v) + uint(u.w <= v);
+    }
+  } else {
+    for (uint q = q0; q < q0 + kSlice / 4u; ++q) {
+      ivec4 u = s_keys[q];
+      n += uint(u.x < v) + uint(u.y < v) + uint(u.z < v) + uint(u.w < v);
+    }
+  }
+  return n;
+}
 
 void main() {
   uint t = gl_LocalInvocationID.x;
   uint i = (sb_linear_id() >> 8u) * 16u + (t & 15u), part = t >> 4u;
   if (t < 16u) s_rank[t] = 0u;
-  barrier();
-  int v = 0;
-  if (i < args.n) {
-    v = keys[i];
-    uint span = (args.n + 15u) / 16u, rank = 0u;
-    uint lo = part * span, hi = min(args.n, (part + 1u) * span);
-    for (uint j0 = lo; j0 < hi; j0 += 8u) {  // 8 loads issued together (at clamped indices)
-      int u[8];
-      [[unroll]] for (uint d = 0u; d < 8u; ++d) u[d] = keys[min(j0 + d, hi - 1u)];
-      [[unroll]] for (uint d = 0u; d < 8u; ++d) {
-        uint j = j0 + d;
-        if (j < hi && (u[d] < v || (u[d] == v && j < i))) ++rank;
+  int v = i < args.n ? keys[i] : 0;
+  uint rank = 0u;
+  for (uint c0 = 0u; c0 < args.n; c0 += kChunk) {
+    int x[kChunk / 256u];
+    [[unroll]] for (uint u = 0u; u < kChunk / 256u; ++u) {
+      uint j = c0 + t + 256u * u;
+      x[u] = j < args.n ? keys[j] : 0;
+    }
+    barrier();  // the previous chunk's counts are done
+    [[unroll]] for (uint u = 0u; u < kChunk / 256u; ++u) {
+      uint c = t + 256u * u;
+      s_keys[c >> 2u][c & 3u] = x[u];
+    }
+    barrier();
+    uint lo = c0 + part * kSlice, hi = min(lo + kSlice, args.n);
+    if (i < args.n && lo < hi) {
+      if (hi - lo == kSlice && (hi <= i || lo > i)) {  // a whole slice on one side of i
+        rank += count_slice(part * (kSlice / 4u), v, hi <= i);
+      } else {
+        for (uint j = lo; j < hi; ++j) {
+          int u = s_keys[(j - c0) >> 2u][(j - c0) & 3u];
+          if (u < v || (u == v && j < i)) ++rank;
+        }
       }
     }
-    atomicAdd(s_rank[t & 15u], rank);
   }
+  if (i < args.n) atomicAdd(s_rank[t & 15u], rank);
   barrier();
   if (t < 16u && i < args.n) {
     order[s_rank[t]] = int(i);

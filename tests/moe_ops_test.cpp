@@ -75,7 +75,7 @@ RefTensor argsort_ref(const Tensor& x) {
 void check_argsort(const std::vector<int64_t>& v) {
   SCOPED_TRACE("argsort of " + std::to_string(v.size()));
   ProgramBuilder b;
-  b.output("order", b.argsort(b.input("x", kI32, {Dim::dynamic(0, 1024)})));
+  b.output("order", b.argsort(b.input("x", kI32, {Dim::dynamic(0, 8192)})));
   auto ref = [](const Inputs& in) { return Expected{{"order", argsort_ref(in.at("x"))}}; };
   check_op(b, {{"x", make_ints(kI32, {int64_t(v.size())}, v)}}, ref, Tolerance::exact());
 }
@@ -95,6 +95,14 @@ TEST(Argsort, RandomKeysWithNegatives) {
   for (int i = 0; i < 200; ++i) wide.push_back(rng.int_in(-50, 50) * (i % 3 == 0 ? 40000000 : 1));
   check_argsort(experts);
   check_argsort(wide);
+}
+
+// More keys than the GPU kernel stages at once (4,096): ranks summed over two chunks, a partial one.
+TEST(Argsort, KeysPastOneChunk) {
+  Rng rng(11);
+  std::vector<int64_t> experts;
+  for (int i = 0; i < 4096 + 999; ++i) experts.push_back(rng.int_in(0, 127));
+  check_argsort(experts);
 }
 
 TEST(Argsort, EmptyAndSingle) {
