@@ -180,9 +180,21 @@ void stage_block(uint bits, uint w[8], uint dst) {
 #endif
 }
 
+#ifdef SB_MMA_BITS4
+// The scales and biases staged once per group of the chunk, not once per block: block jb of a
+// chunk (which starts at a multiple of kCh) finds its group's in slot group_slot(jb) (the group's
+// first block in the chunk, or 0), where group_loader(jb)'s threads stored them. The loads this
+// saves read words other threads read too; they cost the kernel more than their bytes say.
+uint group_slot(uint jb, uint gshift) { return jb & ~(min(1u << gshift, kCh) - 1u); }
+// 16-bit scales, groups of 2 blocks, an even number of groups a column: a chunk's two groups'
+// scales (and biases) are one word, loaded by block 0's threads.
+bool pair16(uint gshift) { return sb_is16(SCALE_DT) && gshift == 1u && kCh == 4u && (Q_K / Q_GS) % 2u == 0u; }
+bool group_loader(uint jb, uint gshift) { return pair16(gshift) ? jb == 0u : group_slot(jb, gshift) == jb; }
+#endif
+
 // Where this thread's loads of chunk 0 start (mma_load); chunk j0 adds j0 blocks.
 // Load i of a thread is entry tid + 256 i: weight words of column e / kCh's block e % kCh,
-// the scale and bias of column e % 64 for block e / 64.
+// the scale and bias of column e % 64 for block e / 64 (4-bit kernels: group_loader's only).
 struct MmaBases {
   int xrow[kLa];  // Q8 row of load i's pair (tid + 256 i) / (2 kCh) (-1: none, or past 2 kTp kCh)
   int drow;       // Q8 row of pair tid / kCh for d and the code sum (-1: none, or tid >= kCh kTp)
@@ -201,6 +213,7 @@ struct MmaChunk {
   uint ds[2];
   uint w[kLd][8];
   float sb[kLd][2];
+  float sb2[kLd][2];  // pair16: the next group's (slot 2)
 };
 
 // This thread's global words of the chunk at block j0 (group_size is a power of two: a shift).
@@ -240,7 +253,24 @@ void mma_load(uint j0, uint blocks, uint bits, uint gshift, MmaBases b, out MmaC
       [[unroll]] for (uint i = 0u; i < 8u; ++i) c.w[l][i] = live && i < bits ? codes[base + i] : 0u;
 #endif
     }
+#ifdef SB_MMA_BITS4
+    if (!group_loader(e / 64u, gshift)) continue;  // uniform over each subgroup: its block's group is loaded by another
+#endif
     uint sidx = b.s[l] + (min(j0 + e / 64u, blocks - 1u) >> gshift);
+#ifdef SB_MMA_BITS4
+    if (pair16(gshift)) {
+#ifdef SB_MMA_GLU
+      uint ws = b.sup[l] ? up_scales[sidx >> 1u] : scales[sidx >> 1u], wb = b.sup[l] ? up_biases[sidx >> 1u] : biases[sidx >> 1u];
+#else
+      uint ws = scales[sidx >> 1u], wb = biases[sidx >> 1u];
+#endif
+      c.sb[l][0] = sb_decode(ws, SCALE_DT, 0u);
+      c.sb[l][1] = sb_decode(wb, SCALE_DT, 0u);
+      c.sb2[l][0] = sb_decode(ws, SCALE_DT, 1u);
+      c.sb2[l][1] = sb_decode(wb, SCALE_DT, 1u);
+      continue;
+    }
+#endif
 #ifdef SB_MMA_GLU
     if (b.sup[l]) {
       c.sb[l][0] = SB_LOAD(up_scales, SCALE_DT, sidx);
@@ -272,7 +302,7 @@ uint mma_prefetch(uint j0, uint blocks, uint bits, MmaBases b) {
 }
 
 // A chunk from registers into shared buffer `buf`.
-void mma_stage(uint bits, uint buf, MmaChunk c) {
+void mma_stage(uint bits, uint gshift, uint buf, MmaChunk c) {
   uint tid = gl_LocalInvocationID.x;
   [[unroll]] for (uint i = 0u; i < kLa; ++i) {
     uint e = tid + 256u * i;
@@ -297,9 +327,15 @@ void mma_stage(uint bits, uint buf, MmaChunk c) {
     uint e = tid + 256u * l;
     if (e >= kTn * kCh) break;  // uniform over each subgroup
 #ifdef SB_MMA_BITS4
-    uint sp = (buf * kCh + e / 64u) * (kTn / 2u) + (e % 64u) / 2u, half_ = 2u * (e & 1u);
-    s_sbp[sp][half_] = c.sb[l][0];
-    s_sbp[sp][half_ + 1u] = c.sb[l][1];
+    if (group_loader(e / 64u, gshift)) {
+      uint sp = (buf * kCh + e / 64u) * (kTn / 2u) + (e % 64u) / 2u, half_ = 2u * (e & 1u);
+      s_sbp[sp][half_] = c.sb[l][0];
+      s_sbp[sp][half_ + 1u] = c.sb[l][1];
+      if (pair16(gshift)) {
+        s_sbp[sp + kTn][half_] = c.sb2[l][0];  // slot 2: two blocks on
+        s_sbp[sp + kTn][half_ + 1u] = c.sb2[l][1];
+      }
+    }
 #else
     s_scale[(buf * kCh + e / 64u) * kTn + e % 64u] = c.sb[l][0];
     s_bias[(buf * kCh + e / 64u) * kTn + e % 64u] = c.sb[l][1];
@@ -326,7 +362,11 @@ void mma_chunk(uint j0, uint buf, uint blocks, uint per_group, uint bits, uint g
     bool first_block = (jg & (per_group - 1u)) == 0u, last_block = ((jg + 1u) & (per_group - 1u)) == 0u;  // uniform
     // Columns c0 + {0, 1, 8, 9} (past n, for odd f32 widths: column n - 1's scales,
     // not stored); element e has column c0 + 8 ((e / 2) % 2) + e % 2.
+#ifdef SB_MMA_BITS4
+    uint sat = (buf * kCh + group_slot(jb, uint(findLSB(per_group)))) * kTn + c0;
+#else
     uint sat = (buf * kCh + jb) * kTn + c0;
+#endif
     float sc[4], bc[4];
     if (last_block) {
 #ifdef SB_MMA_BITS4
@@ -524,7 +564,7 @@ void main() {
   MmaChunk ck;
   uint pf_sink = 0u;
   mma_load(0u, blocks, bits, gshift, mb, ck);
-  mma_stage(bits, 0u, ck);
+  mma_stage(bits, gshift, 0u, ck);
   barrier();
   uint mr = 16u * (warp & 1u), mc = 16u * (warp >> 1u);
   // Every chunk but the last (no uniform branch in the steady loop): the next chunk's loads, a
@@ -537,7 +577,7 @@ void main() {
     // Two buffers: the other one's last readers passed the previous barrier, this one's pass
     // the next. One: its readers are done first.
     if (kNb == 1u) barrier();
-    mma_stage(bits, (buf + 1u) % kNb, ck);
+    mma_stage(bits, gshift, (buf + 1u) % kNb, ck);
     barrier();
     pf_sink ^= pf_new;
   }
