@@ -43,9 +43,10 @@ uint first_pos() { return args.pos + dyn[args.pos_word]; }
 const uint kTile = SB_ATTENTION_TILE;  // query vectors a workgroup: 32
 const uint kVy = kTile / 16u;    // query vectors a thread accumulates values for
 const uint kPad = 33u;   // s_e's row stride (rows on different banks)
-// The block's keys at [p * 32 + key] (component c: dim p + 32 c, zero past hd); then its values
-// at [key * hd / 4 + d / 4].
-shared vec4 s_kv[1024];
+// The block's keys at [p * kKeyStride + key] (component c: dim p + 32 c, zero past hd); then its
+// values at [key * hd / 4 + d / 4]. The stride of 33 spreads a key's staged dims over banks.
+const uint kKeyStride = 33u;
+shared vec4 s_kv[32u * kKeyStride];
 shared float s_e[kTile * kPad];  // [v][key]: scores, then exps
 shared uint s_rng[kTile];        // v's visible keys in the block: lo | hi << 8 (lo == hi: none)
 shared uint s_mode[kTile];       // 0: v skips the block, 1: its first visible block, 2: a later one
@@ -91,14 +92,13 @@ void stage_queries() {
   }
 }
 
-// Staging task u of this thread (T = t + 256 u, lane l = T % 32, R = T / 32): dims d and d + 1 of
-// key kk. Keys: kk = (l % 8) + 8 (R % 4), d = 2 (R / 4) + 32 (l / 8), so a subgroup's stores fall
-// on 32 different banks; values: kk = T / 64, d = 2 (T % 64), so a subgroup loads one row's
-// consecutive words and stores them contiguously.
+// Staging task u of this thread (T = t + 256 u): dims d and d + 1 of key kk = T / 64, d = 2 (T % 64),
+// so a subgroup loads consecutive words of one row (one 128-byte line a load for 16-bit rows);
+// values are stored contiguously, keys 4-way over the banks (rows kKeyStride apart).
 void stage_task(bool values, uint u, out uint kk, out uint d) {
-  uint tk = gl_LocalInvocationID.x + 256u * u, l = tk & 31u, r = tk >> 5u;
-  kk = values ? tk >> 6u : (l & 7u) + 8u * (r & 3u);
-  d = values ? 2u * (tk & 63u) : 2u * (r >> 2u) + 32u * (l >> 3u);
+  uint tk = gl_LocalInvocationID.x + 256u * u;
+  kk = tk >> 6u;
+  d = 2u * (tk & 63u);
 }
 
 // A block's staging reads for this thread, as stored: task u's word (16-bit: both dims) in w0[u],
@@ -145,8 +145,8 @@ void stage_store(bool values, Staged g) {
         s_kv[kk * hd4 + d / 4u].zw = vec2(x0, x1);
       }
     } else {
-      s_kv[(d & 31u) * 32u + kk][d >> 5u] = x0;
-      s_kv[((d + 1u) & 31u) * 32u + kk][(d + 1u) >> 5u] = x1;
+      s_kv[(d & 31u) * kKeyStride + kk][d >> 5u] = x0;
+      s_kv[((d + 1u) & 31u) * kKeyStride + kk][(d + 1u) >> 5u] = x1;
     }
   }
 }
@@ -175,8 +175,8 @@ void quarter(uint base, uint vq, uint kq, out float res[4]) {
       [[unroll]] for (uint i = 0u; i < 2u; ++i) {
         qa[i] = qs[g_qs + pa * kTile + vq + 16u * i];
         qb[i] = qs[g_qs + pb * kTile + vq + 16u * i];
-        ka[i] = s_kv[pa * 32u + kq + 16u * i];
-        kb[i] = s_kv[pb * 32u + kq + 16u * i];
+        ka[i] = s_kv[pa * kKeyStride + kq + 16u * i];
+        kb[i] = s_kv[pb * kKeyStride + kq + 16u * i];
       }
       [[unroll]] for (uint j = 0u; j < 4u; ++j) {
         uint y = j >> 1u, x = j & 1u;
