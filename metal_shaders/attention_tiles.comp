@@ -95,7 +95,7 @@ void stage_queries() {
 // Staging task u of this thread (T = t + 256 u): dims d and d + 1 of key kk = T / 64, d = 2 (T % 64),
 // so a subgroup loads consecutive words of one row (one 128-byte line a load for 16-bit rows);
 // values are stored contiguously, keys 4-way over the banks (rows kKeyStride apart).
-void stage_task(bool values, uint u, out uint kk, out uint d) {
+void stage_task(uint u, out uint kk, out uint d) {
   uint tk = gl_LocalInvocationID.x + 256u * u;
   kk = tk >> 6u;
   d = 2u * (tk & 63u);
@@ -113,7 +113,7 @@ void stage_load(bool values, uint b0, out Staged g) {
   bool is16 = sb_is16(ADT);
   [[unroll]] for (uint u = 0u; u < 8u; ++u) {
     uint kk, d;
-    stage_task(values, u, kk, d);
+    stage_task(u, kk, d);
     g.w0[u] = 0u;
     g.w1[u] = 0u;
     if (d >= HD || b0 + kk >= args.cache) continue;
@@ -135,7 +135,7 @@ void stage_store(bool values, Staged g) {
   bool is16 = sb_is16(ADT);
   [[unroll]] for (uint u = 0u; u < 8u; ++u) {
     uint kk, d;
-    stage_task(values, u, kk, d);
+    stage_task(u, kk, d);
     float x0 = sb_decode(g.w0[u], ADT, 0u), x1 = is16 ? sb_decode(g.w0[u], ADT, 1u) : uintBitsToFloat(g.w1[u]);
     if (values) {
       if (d >= HD) continue;
